@@ -1,0 +1,41 @@
+# The README's two commands are `make demo` and `make test`; both set up .venv first.
+# torch is pinned here for setup (a CPU build on these machines); packages declare torch>=2.4.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.colibri-installed
+PACKAGES := model relay int4 stream eval
+TORCH_PIN ?= torch==2.13.0
+
+.PHONY: setup demo test test-fast lint bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml $(foreach p,$(PACKAGES),packages/colibri-$(p)/pyproject.toml)
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q "$(TORCH_PIN)"
+	$(PIP) install -q "$(TORCH_PIN)" \
+		-e packages/colibri-relay \
+		-e packages/colibri-int4 \
+		-e "packages/colibri-model[data]" \
+		-e packages/colibri-stream \
+		-e "packages/colibri-eval[lm-eval,hf]" \
+		-e ".[dev]"
+	touch $(STAMP)
+
+demo: setup
+	$(PY) -m colibri.demo
+
+test: setup
+	$(PY) -m pytest -q $(foreach p,$(PACKAGES),packages/colibri-$(p)/tests) tests
+
+lint: setup
+	$(VENV)/bin/ruff check src packages tests bench
+
+bench: setup
+	$(PY) bench/moe_layer.py
+
+clean:
+	rm -rf $(VENV)

@@ -1,0 +1,23 @@
+"""Typed exceptions of colibri-int4.
+
+`ContainerError` is raised for any problem with a `.coli` file (truncated, corrupted, wrong
+magic, unsupported version, hostile header); `CheckpointError` for a checkpoint directory that
+does not follow CHECKPOINT.md. Both derive from `Int4Error`, so a caller can catch either or
+both; both derive from `ValueError` because they describe bad input, not a bug.
+"""
+
+from __future__ import annotations
+
+
+class Int4Error(ValueError):
+    """Base class of every error colibri-int4 raises on purpose."""
+
+
+class ContainerError(Int4Error):
+    """A container file is unreadable: the message says what is wrong and where (byte offset,
+    tensor name or (layer, expert))."""
+
+
+class CheckpointError(Int4Error):
+    """A checkpoint directory (config.json + model.safetensors) is missing, malformed or does
+    not match the tensor names and shapes of CHECKPOINT.md."""

@@ -1,0 +1,251 @@
+"""Where every byte of a container goes, derived from the model config and the scheme alone.
+
+The exporter, the size estimator and the reader all call this module, so a reader recomputes
+every length it is told and never trusts a size from the file (FORMAT.md). Nothing here
+touches weights: planning a 28B-parameter model costs microseconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from .scheme import QuantScheme, ResidentDtype
+
+PAGE = 4096
+TENSOR_ALIGN = 64
+Encoding = Literal["f32", "bf16", "q4", "q8"]
+_ENCODING_OF_DTYPE: dict[str, Encoding] = {"int4": "q4", "int8": "q8", "bf16": "bf16"}
+
+
+def align(value: int, to: int = PAGE) -> int:
+    return -(-value // to) * to
+
+
+class ModelShape(BaseModel):
+    """The config fields that decide tensor shapes, with bounds that keep a hostile header
+    from asking for absurd sizes. Other config keys are ignored here (the checkpoint owns them)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    vocab_size: int = Field(ge=1, le=1 << 21)
+    d_model: int = Field(ge=1, le=1 << 16)
+    n_layers: int = Field(ge=1, le=1024)
+    n_dense_layers: int = Field(ge=0, le=1024)
+    n_heads: int = Field(ge=1, le=4096)
+    n_kv_heads: int = Field(ge=1, le=4096)
+    head_dim: int = Field(ge=1, le=4096)
+    qk_norm: bool
+    dense_ffn_dim: int = Field(ge=0, le=1 << 20)
+    n_experts: int = Field(ge=0, le=4096)
+    expert_dim: int = Field(ge=0, le=1 << 20)
+    shared_expert_dim: int = Field(ge=0, le=1 << 20)
+    tie_embeddings: bool
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ModelShape:
+        if self.n_dense_layers > self.n_layers:
+            raise ValueError(f"n_dense_layers {self.n_dense_layers} > n_layers {self.n_layers}")
+        if self.n_layers > self.n_dense_layers and (self.n_experts == 0 or self.expert_dim == 0):
+            raise ValueError("MoE layers need n_experts > 0 and expert_dim > 0")
+        return self
+
+    @property
+    def moe_layers(self) -> range:
+        return range(self.n_dense_layers, self.n_layers)
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    shape: tuple[int, ...]
+    encoding: Encoding
+
+
+def expert_tensor_names(layer: int) -> dict[str, str]:
+    """Checkpoint names of the stacked routed-expert tensors of one MoE layer."""
+    prefix = f"layers.{layer}.moe.experts."
+    return {part: prefix + f"{part}_proj" for part in ("gate", "up", "down")}
+
+
+def checkpoint_tensor_shapes(shape: ModelShape) -> dict[str, tuple[int, ...]]:
+    """Every tensor CHECKPOINT.md names for this config, in checkpoint order, routed experts
+    included (stacked, `[n_experts, out, in]`)."""
+    d, q_dim, kv_dim = shape.d_model, shape.n_heads * shape.head_dim, shape.n_kv_heads * shape.head_dim
+    out: dict[str, tuple[int, ...]] = {"embed.weight": (shape.vocab_size, d)}
+    for i in range(shape.n_layers):
+        p = f"layers.{i}."
+        out[p + "attn_norm.weight"] = (d,)
+        out[p + "attn.q_proj.weight"] = (q_dim, d)
+        out[p + "attn.k_proj.weight"] = (kv_dim, d)
+        out[p + "attn.v_proj.weight"] = (kv_dim, d)
+        out[p + "attn.o_proj.weight"] = (d, q_dim)
+        if shape.qk_norm:
+            out[p + "attn.q_norm.weight"] = (shape.head_dim,)
+            out[p + "attn.k_norm.weight"] = (shape.head_dim,)
+        out[p + "ffn_norm.weight"] = (d,)
+        if i < shape.n_dense_layers:
+            out[p + "ffn.gate_proj.weight"] = (shape.dense_ffn_dim, d)
+            out[p + "ffn.up_proj.weight"] = (shape.dense_ffn_dim, d)
+            out[p + "ffn.down_proj.weight"] = (d, shape.dense_ffn_dim)
+            continue
+        out[p + "moe.router.weight"] = (shape.n_experts, d)
+        out[p + "moe.router.expert_bias"] = (shape.n_experts,)
+        if shape.shared_expert_dim > 0:
+            out[p + "moe.shared.gate_proj.weight"] = (shape.shared_expert_dim, d)
+            out[p + "moe.shared.up_proj.weight"] = (shape.shared_expert_dim, d)
+            out[p + "moe.shared.down_proj.weight"] = (d, shape.shared_expert_dim)
+        names = expert_tensor_names(i)
+        out[names["gate"]] = (shape.n_experts, shape.expert_dim, d)
+        out[names["up"]] = (shape.n_experts, shape.expert_dim, d)
+        out[names["down"]] = (shape.n_experts, d, shape.expert_dim)
+    out["norm.weight"] = (d,)
+    if not shape.tie_embeddings:
+        out["lm_head.weight"] = (shape.vocab_size, d)
+    return out
+
+
+def resident_encoding(name: str, ndim: int, scheme: QuantScheme) -> Encoding:
+    """The encoding FORMAT.md assigns to a resident tensor."""
+    if ndim == 1:
+        return "f32"
+    if name.endswith("moe.router.weight"):
+        return "bf16"
+    dtype: ResidentDtype = scheme.embed_dtype if name in ("embed.weight", "lm_head.weight") else scheme.resident_dtype
+    return _ENCODING_OF_DTYPE[dtype]
+
+
+def resident_specs(shape: ModelShape, scheme: QuantScheme) -> list[TensorSpec]:
+    return [
+        TensorSpec(name, dims, resident_encoding(name, len(dims), scheme))
+        for name, dims in checkpoint_tensor_shapes(shape).items()
+        if ".moe.experts." not in name
+    ]
+
+
+def encoded_length(encoding: Encoding, dims: tuple[int, ...], scheme: QuantScheme) -> int:
+    """Bytes a tensor takes in the file (FORMAT.md, Encodings)."""
+    numel = 1
+    for size in dims:
+        numel *= size
+    if encoding == "f32":
+        return 4 * numel
+    if encoding == "bf16":
+        return 2 * numel
+    n_groups = numel // scheme.group_size
+    if encoding == "q8":
+        return numel + 2 * n_groups
+    return numel // 2 + 2 * n_groups * (1 if scheme.symmetric else 2)
+
+
+def check_groupable(encoding: Encoding, dims: tuple[int, ...], scheme: QuantScheme) -> str | None:
+    """Why `dims` cannot be stored as `encoding`, or None if it can."""
+    if encoding in ("q4", "q8"):
+        if len(dims) != 2:
+            return f"{encoding} needs a 2-D matrix, got shape {list(dims)}"
+        if dims[1] % scheme.group_size != 0:
+            return f"in_features {dims[1]} is not a multiple of the group size {scheme.group_size}"
+    return None
+
+
+@dataclass(frozen=True)
+class BlobSection:
+    """One array inside an expert blob: `kind` is "packed", "scales" or "zeros"."""
+
+    part: str
+    kind: str
+    offset: int
+    length: int
+    shape: tuple[int, int]
+
+
+@dataclass(frozen=True)
+class ExpertBlobLayout:
+    """Byte layout of one routed-expert blob (identical for every expert of a container)."""
+
+    sections: tuple[BlobSection, ...]
+    payload_length: int
+    blob_length: int
+    group_size: int
+    symmetric: bool
+    scale_dtype: str
+    weights_per_expert: int
+
+    @classmethod
+    def build(cls, shape: ModelShape, scheme: QuantScheme) -> ExpertBlobLayout:
+        mats = {
+            "gate": (shape.expert_dim, shape.d_model),
+            "up": (shape.expert_dim, shape.d_model),
+            "down": (shape.d_model, shape.expert_dim),
+        }
+        for part, dims in mats.items():
+            reason = check_groupable("q4", dims, scheme)
+            if reason:
+                raise ValueError(f"routed expert {part}_proj: {reason}")
+        sections: list[BlobSection] = []
+        cursor = 0
+        kinds = ["packed", "scales"] + ([] if scheme.symmetric else ["zeros"])
+        for kind in kinds:
+            for part, (rows, cols) in mats.items():
+                dims = (rows, cols // 2) if kind == "packed" else (rows, cols // scheme.group_size)
+                length = dims[0] * dims[1] * (1 if kind == "packed" else 2)
+                sections.append(BlobSection(part, kind, cursor, length, dims))
+                cursor += length
+        weights = sum(r * c for r, c in mats.values())
+        return cls(tuple(sections), cursor, align(cursor), scheme.group_size, scheme.symmetric,
+                   scheme.scale_dtype, weights)
+
+
+@dataclass(frozen=True)
+class PlacedTensor:
+    spec: TensorSpec
+    offset: int
+    length: int
+
+
+@dataclass(frozen=True)
+class ContainerPlan:
+    """Absolute offsets of every range of a container whose header region ends at
+    `header_end` (a multiple of 4096)."""
+
+    header_end: int
+    tokenizer_offset: int
+    tokenizer_length: int
+    resident_offset: int
+    resident_length: int
+    tensors: tuple[PlacedTensor, ...]
+    blob: ExpertBlobLayout | None
+    experts: tuple[tuple[int, int, int], ...]  # (layer, expert, offset)
+    file_size: int
+
+    @property
+    def expert_bytes(self) -> int:
+        return len(self.experts) * (self.blob.blob_length if self.blob else 0)
+
+
+def plan_container(shape: ModelShape, scheme: QuantScheme, header_end: int, tokenizer_length: int) -> ContainerPlan:
+    specs = resident_specs(shape, scheme)
+    for spec in specs:
+        reason = check_groupable(spec.encoding, spec.shape, scheme)
+        if reason:
+            raise ValueError(f"{spec.name}: {reason}")
+    tokenizer_offset = header_end if tokenizer_length else 0
+    resident_offset = align(header_end + tokenizer_length)
+    cursor = resident_offset
+    placed = []
+    for spec in specs:
+        length = encoded_length(spec.encoding, spec.shape, scheme)
+        placed.append(PlacedTensor(spec, cursor, length))
+        cursor = align(cursor + length, TENSOR_ALIGN)
+    resident_length = align(cursor - resident_offset)
+    blob = ExpertBlobLayout.build(shape, scheme) if len(shape.moe_layers) else None
+    cursor = resident_offset + resident_length
+    experts = []
+    for layer in shape.moe_layers:
+        for expert in range(shape.n_experts):
+            experts.append((layer, expert, cursor))
+            cursor += blob.blob_length
+    return ContainerPlan(header_end, tokenizer_offset, tokenizer_length, resident_offset, resident_length,
+                         tuple(placed), blob, tuple(experts), cursor)

@@ -1,0 +1,38 @@
+"""The quantization scheme of a container (part of the header, see FORMAT.md).
+
+A pydantic model, so that the CLI, the exporter, the estimator and the reader agree on one
+validated definition. Group size trades accuracy against bits per weight: each group of G
+weights carries one 16-bit scale (and one 16-bit zero when asymmetric), i.e. 4 + 16/G (or
+4 + 32/G) bits per weight.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+ScaleDtype = Literal["bf16", "fp16"]
+ResidentDtype = Literal["int4", "int8", "bf16"]
+GROUP_SIZES = (32, 64, 128)
+
+
+class QuantScheme(BaseModel):
+    """How weights are quantized. `resident_dtype` applies to attention, dense FFN and shared
+    experts; `embed_dtype` to `embed.weight` and `lm_head.weight`; routed experts are always
+    group-wise int4."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    bits: Literal[4] = 4
+    group_size: Literal[32, 64, 128] = 64
+    symmetric: bool = True
+    scale_dtype: ScaleDtype = "bf16"
+    resident_dtype: ResidentDtype = "int8"
+    embed_dtype: ResidentDtype = "bf16"
+
+    def expert_bits_per_weight(self) -> float:
+        """Bits per routed-expert weight before blob padding: nibble + scale (+ zero) per group."""
+        per_group = 16 * (1 if self.symmetric else 2)
+        return self.bits + per_group / self.group_size
+

@@ -1,0 +1,147 @@
+"""Model checkpoints: `config.json` + `model.safetensors` (+ optional `tokenizer.json`).
+
+The format is specified in CHECKPOINT.md; it is the seam other packages read. No pickle: the
+tensors are safetensors, everything else JSON. Files are written under temporary names and
+renamed into place, so a crash mid-save never leaves a file that looks whole but is not.
+
+`load_checkpoint` also accepts a Hugging Face repo id (`owner/name`) when huggingface_hub is
+installed and the Hub reachable, like `PyTorchModelHubMixin.from_pretrained`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from .config import ColibriConfig
+
+FORMAT_VERSION = "1.0"
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+TOKENIZER_FILE = "tokenizer.json"
+
+
+class CheckpointFormatError(ValueError):
+    """A checkpoint that this version cannot read; the message says which file and why."""
+
+
+def _major(version: str) -> str:
+    return str(version).split(".")[0]
+
+
+def config_to_checkpoint_json(config: ColibriConfig) -> str:
+    payload = {"format_version": FORMAT_VERSION, "model_type": "colibri", **config.model_dump()}
+    return json.dumps(payload, indent=2) + "\n"
+
+
+def read_config(directory: str | os.PathLike) -> ColibriConfig:
+    """Parse and validate `config.json` of a checkpoint directory."""
+    path = Path(directory) / CONFIG_FILE
+    if not path.is_file():
+        raise CheckpointFormatError(f"{path}: missing (not a Colibri checkpoint directory)")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise CheckpointFormatError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise CheckpointFormatError(f"{path}: expected a JSON object")
+    version = data.pop("format_version", None)
+    if version is None:
+        raise CheckpointFormatError(f"{path}: no format_version field")
+    if _major(version) != _major(FORMAT_VERSION):
+        raise CheckpointFormatError(
+            f"{path}: checkpoint format_version {version} is not supported "
+            f"(this colibri-model reads {FORMAT_VERSION})"
+        )
+    model_type = data.pop("model_type", "colibri")
+    if model_type != "colibri":
+        raise CheckpointFormatError(f"{path}: model_type {model_type!r} is not 'colibri'")
+    try:
+        return ColibriConfig.model_validate(data)
+    except ValueError as exc:
+        first = str(exc).splitlines()
+        raise CheckpointFormatError(f"{path}: invalid config: {' '.join(first[:3])}") from None
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def save_checkpoint(model, directory: str | os.PathLike, tokenizer_json: str | None = None) -> Path:
+    """Write `model`'s config and weights to `directory` (created if needed)."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tensors = {name: t.detach().contiguous().cpu() for name, t in model.state_dict().items()}
+    tmp = directory / (WEIGHTS_FILE + ".tmp")
+    save_file(tensors, str(tmp), metadata={"format": "pt", "format_version": FORMAT_VERSION})
+    os.replace(tmp, directory / WEIGHTS_FILE)
+    _atomic_write_text(directory / CONFIG_FILE, config_to_checkpoint_json(model.config))
+    if tokenizer_json is not None:
+        _atomic_write_text(directory / TOKENIZER_FILE, tokenizer_json)
+    return directory
+
+
+def _resolve(path: str | os.PathLike) -> Path:
+    local = Path(path)
+    if local.is_dir():
+        return local
+    text = str(path)
+    if text.count("/") == 1 and not local.exists() and not text.startswith((".", "/")):
+        try:
+            from huggingface_hub import snapshot_download
+        except ImportError:
+            raise CheckpointFormatError(
+                f"{text}: not a local directory, and huggingface_hub is not installed to fetch it"
+            ) from None
+        return Path(snapshot_download(text, allow_patterns=[CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE]))
+    raise CheckpointFormatError(f"{text}: no such checkpoint directory")
+
+
+def load_checkpoint(path: str | os.PathLike, dtype: torch.dtype | None = None, device=None):
+    """Build a ColibriForCausalLM from a checkpoint directory (or Hub repo id)."""
+    from .model import ColibriForCausalLM
+
+    directory = _resolve(path)
+    config = read_config(directory)
+    weights = directory / WEIGHTS_FILE
+    if not weights.is_file():
+        raise CheckpointFormatError(f"{weights}: missing")
+    try:
+        state = load_file(str(weights))
+    except (SafetensorError, OSError) as exc:
+        raise CheckpointFormatError(f"{weights}: unreadable safetensors file ({exc})") from None
+    with torch.device("meta"):
+        model = ColibriForCausalLM(config)
+    expected = set(model.state_dict())
+    missing, unexpected = expected - set(state), set(state) - expected
+    if missing or unexpected:
+        detail = []
+        if missing:
+            detail.append(f"missing {sorted(missing)[:3]}")
+        if unexpected:
+            detail.append(f"unexpected {sorted(unexpected)[:3]}")
+        raise CheckpointFormatError(f"{weights}: tensors do not match config.json ({'; '.join(detail)})")
+    for name, tensor in model.state_dict().items():
+        if tuple(state[name].shape) != tuple(tensor.shape):
+            raise CheckpointFormatError(
+                f"{weights}: {name} has shape {tuple(state[name].shape)}, config.json implies {tuple(tensor.shape)}"
+            )
+    model.load_state_dict(state, assign=True)
+    # Buffers that are not saved (token counters) must be materialised off the meta device.
+    for layer in model.moe_layers():
+        layer.router.tokens_per_expert = torch.zeros(config.n_experts, dtype=torch.float32)
+        layer.router.expert_bias = layer.router.expert_bias.float()
+    if dtype is not None:
+        model.to(dtype)
+        for layer in model.moe_layers():
+            layer.router.expert_bias = layer.router.expert_bias.float()
+    if device is not None:
+        model.to(device)
+    return model

@@ -1,0 +1,138 @@
+"""Dense building blocks: RMSNorm, rotary embeddings, grouped-query attention with QK-norm and a
+KV cache, and the SwiGLU feed-forward used by the dense layers and the shared expert.
+
+The math is specified in CHECKPOINT.md; colibri-stream runs these same modules (it only swaps
+the routed experts), so there is exactly one definition of attention and norms.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import ColibriConfig
+
+
+class RMSNorm(nn.Module):
+    """x * rsqrt(mean(x^2) + eps) * weight, computed in fp32 for stability under bf16."""
+
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (xf * self.weight.float()).to(x.dtype)
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotate-half RoPE. Tables are built lazily per device and grown on demand, so a model
+    created on the meta device or moved between devices needs no special care."""
+
+    def __init__(self, head_dim: int, theta: float):
+        super().__init__()
+        self.head_dim = head_dim
+        self.theta = theta
+        self._cos: torch.Tensor | None = None
+        self._sin: torch.Tensor | None = None
+
+    def _tables(self, length: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._cos is None or self._cos.shape[0] < length or self._cos.device != device:
+            size = max(length, 256)
+            inv_freq = 1.0 / (
+                self.theta ** (torch.arange(0, self.head_dim, 2, device=device, dtype=torch.float64) / self.head_dim)
+            )
+            angles = torch.outer(torch.arange(size, device=device, dtype=torch.float64), inv_freq)
+            angles = torch.cat([angles, angles], dim=-1)
+            self._cos, self._sin = angles.cos().float(), angles.sin().float()
+        return self._cos, self._sin
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """x: [B, H, T, D]; positions: [T] absolute positions of the T tokens."""
+        cos, sin = self._tables(int(positions.max()) + 1, x.device)
+        cos, sin = cos[positions], sin[positions]  # [T, D]
+        half = self.head_dim // 2
+        xf = x.float()
+        rotated = torch.cat([-xf[..., half:], xf[..., :half]], dim=-1)
+        return (xf * cos + rotated * sin).to(x.dtype)
+
+
+class KVCache:
+    """Keys and values of past positions for incremental decoding, one slot per layer.
+
+    Preallocated to `max_len` so a decode step is an in-place write, not a concatenation.
+    """
+
+    def __init__(self, config: ColibriConfig, batch_size: int, max_len: int, device=None, dtype=torch.float32):
+        shape = (batch_size, config.n_kv_heads, max_len, config.head_dim)
+        self.keys = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layers)]
+        self.values = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layers)]
+        self.length = 0  # positions filled, shared by all layers
+        self.max_len = max_len
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        start, end = self.length, self.length + k.shape[2]
+        if end > self.max_len:
+            raise ValueError(f"KV cache full: {end} positions exceed max_len={self.max_len}")
+        self.keys[layer][:, :, start:end] = k
+        self.values[layer][:, :, start:end] = v
+        return self.keys[layer][:, :, :end], self.values[layer][:, :, :end]
+
+
+class Attention(nn.Module):
+    """Grouped-query attention with per-head QK-norm, RoPE and SDPA (`enable_gqa`)."""
+
+    def __init__(self, config: ColibriConfig, layer_index: int):
+        super().__init__()
+        self.layer_index = layer_index
+        self.n_heads, self.n_kv_heads, self.head_dim = config.n_heads, config.n_kv_heads, config.head_dim
+        d = config.d_model
+        self.q_proj = nn.Linear(d, self.n_heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(d, self.n_kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(d, self.n_kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.n_heads * self.head_dim, d, bias=False)
+        if config.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, config.norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, config.norm_eps)
+        else:
+            self.q_norm = self.k_norm = None
+        self.rope = RotaryEmbedding(self.head_dim, config.rope_theta)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim)
+        k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H, T, D]
+        q, k = self.rope(q, positions), self.rope(k, positions)
+
+        past = 0
+        if cache is not None:
+            past = cache.length
+            k, v = cache.update(self.layer_index, k, v)
+        if past == 0:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        else:
+            # Decoding after a prefix: query i (absolute past + i) may see keys 0..past + i.
+            S = k.shape[2]
+            allowed = torch.arange(S, device=x.device)[None, :] <= (past + torch.arange(T, device=x.device))[:, None]
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, enable_gqa=True)
+        return self.o_proj(out.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
+
+
+class SwiGLU(nn.Module):
+    """down(silu(gate(x)) * up(x)): the dense FFN and the shared expert."""
+
+    def __init__(self, d_model: int, hidden: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(d_model, hidden, bias=False)
+        self.up_proj = nn.Linear(d_model, hidden, bias=False)
+        self.down_proj = nn.Linear(hidden, d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))

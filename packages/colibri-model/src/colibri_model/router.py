@@ -1,0 +1,102 @@
+"""The DeepSeek-V3-style router and its load statistics.
+
+- scores `s = sigmoid(x W_r^T)`, in fp32;
+- a per-expert `expert_bias` is added to the scores ONLY to choose the top-k; it never scales an
+  output, so it carries no gradient and can be nudged freely by the balancer (balancing.py);
+- gate weights are the chosen raw scores, divided by their sum (route_norm), times route_scale.
+
+NOTE: with route_norm at top_k=1 the gate is s/s = 1 for every token, so the LM loss sends the
+router no gradient at all: the router only learns at top_k >= 2. That is NanoColibri's lesson
+(train at top-2, serve at top-1) and a regression test. The normalisation runs in fp64 so that
+this zero is exact to ~1e-16 instead of fp32 rounding noise (it touches only N x k numbers).
+
+The router counts tokens per expert in a buffer that the balancer reads and resets after each
+optimizer step, so the count covers the whole accumulated batch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import ColibriConfig
+
+
+class Router(nn.Module):
+    def __init__(self, config: ColibriConfig):
+        super().__init__()
+        self.n_experts = config.n_experts
+        self.route_norm = config.route_norm
+        self.route_scale = config.route_scale
+        self.weight = nn.Parameter(torch.empty(config.n_experts, config.d_model))
+        # Persistent: the bias is part of the trained model (it decides routing at inference).
+        self.register_buffer("expert_bias", torch.zeros(config.n_experts, dtype=torch.float32))
+        # Not persistent: a running count since the last balancer step.
+        self.register_buffer(
+            "tokens_per_expert", torch.zeros(config.n_experts, dtype=torch.float32), persistent=False
+        )
+        self.count_tokens = True
+
+    def forward(self, x: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x: [N, d]. Returns (expert_ids [N, k] int64, gates [N, k] in x's dtype, scores [N, E] fp32)."""
+        scores = torch.sigmoid(F.linear(x.float(), self.weight.float()))
+        _, expert_ids = torch.topk(scores.detach() + self.expert_bias, top_k, dim=-1)
+        chosen = scores.gather(-1, expert_ids)
+        if self.route_norm:
+            chosen64 = chosen.double()
+            chosen = (chosen64 / chosen64.sum(-1, keepdim=True)).float()
+        gates = chosen * self.route_scale
+        if self.count_tokens:
+            with torch.no_grad():
+                self.tokens_per_expert += torch.bincount(
+                    expert_ids.flatten(), minlength=self.n_experts
+                ).float()
+        return expert_ids, gates.to(x.dtype), scores
+
+
+def sequence_aux_loss(scores: torch.Tensor, expert_ids: torch.Tensor, batch: int, top_k: int) -> torch.Tensor:
+    """DeepSeek-V3's complementary sequence-wise balance loss (before multiplying by alpha).
+
+    For each sequence: sum_i f_i * P_i, with f_i = E / (k T) * (tokens choosing i) and P_i the
+    mean over its tokens of s_i / sum_j s_j. Averaged over sequences.
+    """
+    n_tokens, n_experts = scores.shape
+    seq_len = n_tokens // batch
+    probs = (scores / scores.sum(-1, keepdim=True)).view(batch, seq_len, n_experts)
+    counts = torch.zeros(batch, n_experts, device=scores.device)
+    counts.scatter_add_(1, expert_ids.view(batch, -1), torch.ones(batch, seq_len * top_k, device=scores.device))
+    f = counts * n_experts / (top_k * seq_len)
+    return (f * probs.mean(1)).sum(-1).mean()
+
+
+@dataclass
+class RouterStats:
+    """Load of one MoE layer over a counting window (e.g. one optimizer step)."""
+
+    layer: int
+    load: list[float]  # share of routed slots per expert, sums to 1
+    max_vio: float  # max load / mean load - 1 (0 = perfectly balanced)
+    dead_experts: int  # experts that received no token
+    load_entropy: float  # entropy of the load share / log(E) (1 = uniform)
+
+    @classmethod
+    def from_counts(cls, layer: int, counts: torch.Tensor) -> RouterStats:
+        counts = counts.double()
+        total = float(counts.sum())
+        n = counts.numel()
+        if total == 0:
+            return cls(layer, [0.0] * n, 0.0, n, 0.0)
+        share = counts / total
+        nonzero = share[share > 0]
+        entropy = float(-(nonzero * nonzero.log()).sum()) / math.log(n) if n > 1 else 1.0
+        return cls(
+            layer=layer,
+            load=[round(float(v), 6) for v in share],
+            max_vio=float(counts.max() / counts.mean() - 1.0),
+            dead_experts=int((counts == 0).sum()),
+            load_entropy=entropy,
+        )

@@ -1,0 +1,107 @@
+"""Typed errors of colibri-relay: every failure a caller may want to handle has its own class.
+
+Store errors map the Hub's HTTP answers onto what they mean for a compare-and-swap protocol:
+412 -> `CasLost` (the branch head is not the parent you named), 409 -> `CommitLockBusy`
+(retry the SAME parent), 429 -> `RateLimited` (wait `retry_after_s`), 5xx / timeout on a write ->
+`OutcomeUnknown` (the commit may have landed: look for your nonce before doing anything else).
+"""
+
+from __future__ import annotations
+
+
+class RelayError(Exception):
+    """Base class of every error this package raises on purpose."""
+
+
+# --- store level -------------------------------------------------------------------------------
+
+
+class StoreError(RelayError):
+    """A store could not do what was asked (base class)."""
+
+
+class StoreSpecError(StoreError):
+    """A store spec string (`hf://OWNER/REPO` or a path) is malformed."""
+
+
+class StoreNotFound(StoreError):
+    """The repo / directory does not exist or holds no relay store."""
+
+
+class RevisionNotFound(StoreError):
+    """The revision (sha or tag) does not exist in the store."""
+
+
+class FileNotFoundInStore(StoreError):
+    """The file does not exist at the requested revision."""
+
+    def __init__(self, path: str, revision: str):
+        super().__init__(f"{path} does not exist at revision {revision}")
+        self.path = path
+        self.revision = revision
+
+
+class CasLost(StoreError):
+    """The branch head was not the expected parent: someone else wrote first (HTTP 412)."""
+
+
+class CommitLockBusy(StoreError):
+    """The repo's commit lock is held by another commit (HTTP 409): retry with the same parent."""
+
+
+class RateLimited(StoreError):
+    """The server refused because of rate limits (HTTP 429); wait `retry_after_s` seconds."""
+
+    def __init__(self, message: str, retry_after_s: float):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class OutcomeUnknown(StoreError):
+    """A write got no clear answer (5xx, timeout, dropped connection): it may have landed."""
+
+
+class TagExists(StoreError):
+    """The tag already exists (a second push of the same leg is refused here)."""
+
+    def __init__(self, tag: str, target: str | None):
+        super().__init__(f"tag {tag} already exists (points at {target})")
+        self.tag = tag
+        self.target = target
+
+
+class ChecksumMismatch(StoreError):
+    """A downloaded or stored file does not match its recorded checksum (corrupt or truncated)."""
+
+    def __init__(self, path: str, where: str, expected: str, actual: str, size: int | None = None):
+        msg = f"{path} at {where}: checksum mismatch (expected {expected}, got {actual}"
+        msg += f", {size} bytes)" if size is not None else ")"
+        super().__init__(msg)
+        self.path = path
+
+
+# --- relay level -------------------------------------------------------------------------------
+
+
+class RelayFileCorrupt(RelayError):
+    """RELAY.json or LEDGER.jsonl cannot be parsed / validated. Nothing is written in that case."""
+
+
+class SchemaVersionError(RelayFileCorrupt):
+    """A file declares a MAJOR schema version this reader does not know."""
+
+
+class LeaseHeld(RelayError):
+    """The lease is held by someone else and has not (yet) expired from our point of view."""
+
+
+class LeaseLost(RelayError):
+    """We are fenced: our lease was taken over, or we could not renew it in time. Stop training."""
+
+
+class NotInitialized(RelayError):
+    """The store exists but holds no RELAY.json: run `colibri-relay init` first."""
+
+
+class PayloadError(RelayError):
+    """The payload directory is unusable (reserved file name, not a directory, ...)."""
