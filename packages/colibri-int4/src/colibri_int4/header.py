@@ -237,6 +237,6 @@ def _check_experts(header: ContainerHeader, shape: ModelShape, blob: ExpertBlobL
 
 def _check_disjoint(ranges: list[tuple[int, int, str]], what: str) -> None:
     ranges.sort()
-    for (_, end, name), (start, _, other) in zip(ranges, ranges[1:]):
+    for (_, end, name), (start, _, other) in zip(ranges, ranges[1:], strict=False):
         if start < end:
             raise ContainerError(f"{what} ranges overlap: {name} and {other}")

@@ -125,6 +125,16 @@ def resident_specs(shape: ModelShape, scheme: QuantScheme) -> list[TensorSpec]:
     ]
 
 
+def effective_group(cols: int, group_size: int) -> int | None:
+    """The group size used for a matrix with `cols` input columns: `group_size` if it divides
+    `cols`, else the largest of 64, 32 below it that does (so a tiny model with d_model 64
+    still exports at group 128); None if none does."""
+    for group in (group_size, 64, 32):
+        if group <= group_size and cols % group == 0:
+            return group
+    return None
+
+
 def encoded_length(encoding: Encoding, dims: tuple[int, ...], scheme: QuantScheme) -> int:
     """Bytes a tensor takes in the file (FORMAT.md, Encodings)."""
     numel = 1
@@ -134,7 +144,7 @@ def encoded_length(encoding: Encoding, dims: tuple[int, ...], scheme: QuantSchem
         return 4 * numel
     if encoding == "bf16":
         return 2 * numel
-    n_groups = numel // scheme.group_size
+    n_groups = numel // effective_group(dims[-1], scheme.group_size)
     if encoding == "q8":
         return numel + 2 * n_groups
     return numel // 2 + 2 * n_groups * (1 if scheme.symmetric else 2)
@@ -145,8 +155,8 @@ def check_groupable(encoding: Encoding, dims: tuple[int, ...], scheme: QuantSche
     if encoding in ("q4", "q8"):
         if len(dims) != 2:
             return f"{encoding} needs a 2-D matrix, got shape {list(dims)}"
-        if dims[1] % scheme.group_size != 0:
-            return f"in_features {dims[1]} is not a multiple of the group size {scheme.group_size}"
+        if effective_group(dims[1], scheme.group_size) is None:
+            return f"in_features {dims[1]} is not a multiple of 32 (group size {scheme.group_size})"
     return None
 
 
@@ -168,7 +178,7 @@ class ExpertBlobLayout:
     sections: tuple[BlobSection, ...]
     payload_length: int
     blob_length: int
-    group_size: int
+    groups: dict[str, int]  # effective group size per part (see effective_group)
     symmetric: bool
     scale_dtype: str
     weights_per_expert: int
@@ -184,17 +194,18 @@ class ExpertBlobLayout:
             reason = check_groupable("q4", dims, scheme)
             if reason:
                 raise ValueError(f"routed expert {part}_proj: {reason}")
+        groups = {part: effective_group(cols, scheme.group_size) for part, (_, cols) in mats.items()}
         sections: list[BlobSection] = []
         cursor = 0
         kinds = ["packed", "scales"] + ([] if scheme.symmetric else ["zeros"])
         for kind in kinds:
             for part, (rows, cols) in mats.items():
-                dims = (rows, cols // 2) if kind == "packed" else (rows, cols // scheme.group_size)
+                dims = (rows, cols // 2) if kind == "packed" else (rows, cols // groups[part])
                 length = dims[0] * dims[1] * (1 if kind == "packed" else 2)
                 sections.append(BlobSection(part, kind, cursor, length, dims))
                 cursor += length
         weights = sum(r * c for r, c in mats.values())
-        return cls(tuple(sections), cursor, align(cursor), scheme.group_size, scheme.symmetric,
+        return cls(tuple(sections), cursor, align(cursor), groups, scheme.symmetric,
                    scheme.scale_dtype, weights)
 
 

@@ -25,10 +25,15 @@ _BLOCK_ELEMENTS = 1 << 22
 
 
 def f32_to_bf16_bits(values: np.ndarray) -> np.ndarray:
-    """fp32 -> bfloat16 bit patterns (uint16), round to nearest even."""
-    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
-    rounding = ((bits >> 16) & 1) + np.uint32(0x7FFF)
-    return ((bits + rounding) >> 16).astype(np.uint16)
+    """fp32 -> bfloat16 bit patterns (uint16), round to nearest even; in chunks, so converting
+    a 200 MB embedding needs ~16 MB of temporaries on top of input and output."""
+    flat = np.ascontiguousarray(values, dtype=np.float32).reshape(-1).view(np.uint32)
+    out = np.empty(flat.shape, dtype=np.uint16)
+    for start in range(0, flat.size, _BLOCK_ELEMENTS):
+        bits = flat[start : start + _BLOCK_ELEMENTS]
+        rounding = ((bits >> 16) & 1) + np.uint32(0x7FFF)
+        out[start : start + _BLOCK_ELEMENTS] = (bits + rounding) >> 16
+    return out.reshape(np.shape(values))
 
 
 def bf16_bits_to_f32(bits: np.ndarray) -> np.ndarray:

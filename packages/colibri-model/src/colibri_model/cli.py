@@ -7,6 +7,7 @@ import json
 import click
 
 from .config import PRESETS, count_params, get_preset
+from .training_cli import prepare, sft, train
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -37,6 +38,11 @@ def presets(as_json: bool) -> None:
             f"{r['name']:<8} {r['total_params'] / 1e9:>9.3f}B {r['active_params_train'] / 1e6:>12.1f}M"
             f" (k={r['top_k_train']}) {r['active_params_infer'] / 1e6:>8.1f}M (k={r['top_k_infer']})"
         )
+
+
+main.add_command(prepare)
+main.add_command(train)
+main.add_command(sft)
 
 
 if __name__ == "__main__":

@@ -39,7 +39,16 @@ from .errors import (
     StoreNotFound,
     TagExists,
 )
-from .store import SHA_RE, CommitRecord, DeleteFile, FileInfo, Operation, PutFile, RelayStore, title_with_nonce
+from .store import (
+    SHA_RE,
+    CommitRecord,
+    DeleteFile,
+    FileInfo,
+    Operation,
+    PutFile,
+    RelayStore,
+    title_with_nonce,
+)
 
 STORE_VERSION = "1.0"
 
@@ -65,6 +74,7 @@ class LocalStore(RelayStore):
         self.root = Path(root)
         self.spec = str(self.root)
         self.lock_timeout_s = lock_timeout_s
+        self._prepared: dict[tuple, dict] = {}
 
     def __repr__(self) -> str:
         return f"LocalStore({self.spec!r})"
@@ -215,9 +225,30 @@ class LocalStore(RelayStore):
             if os.path.exists(tmp):
                 os.unlink(tmp)
 
+    @staticmethod
+    def _source_key(op: PutFile) -> tuple | None:
+        if isinstance(op.source, bytes):
+            return None
+        st = os.stat(op.source)
+        return (str(op.source), st.st_size, st.st_mtime_ns)
+
+    def prepare(self, operations: list[Operation]) -> None:
+        """Copy large file contents into blobs/ now, so the commit itself is quick."""
+        self._check_exists()
+        for op in operations:
+            if isinstance(op, PutFile) and (key := self._source_key(op)) is not None:
+                self._prepared[key] = self._store_blob(op)
+
+    def _entry_for(self, op: PutFile) -> dict:
+        key = self._source_key(op)
+        entry = self._prepared.pop(key, None) if key is not None else None
+        if entry is not None and self._blob(entry["sha256"]).exists():
+            return entry
+        return self._store_blob(op)
+
     def commit(self, operations: list[Operation], *, parent: str, message: str, nonce: str) -> str:
         self._check_exists()
-        entries = {op.path: self._store_blob(op) for op in operations if isinstance(op, PutFile)}
+        entries = {op.path: self._entry_for(op) for op in operations if isinstance(op, PutFile)}
         try:
             lock = FileLock(str(self.root / "lock"), timeout=self.lock_timeout_s)
             lock.acquire()

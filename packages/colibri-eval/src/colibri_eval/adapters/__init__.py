@@ -1,0 +1,54 @@
+"""Model adapters: turn ``hf:PATH``, ``colibri:PATH`` or ``int4:PATH`` into a ``LoadedModel``.
+
+Each adapter imports its library only when asked for (``transformers``, ``colibri_model``,
+``colibri_stream`` are extras), so ``import colibri_eval`` needs numpy/click/tqdm/pydantic
+only. A ``LoadedModel`` bundles a tokenizer (``TextTokenizer``) and a ``TokenLogitsModel``;
+the scoring engine is the same for all three.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from colibri_eval.errors import ModelSpecError
+
+KINDS = ("hf", "colibri", "int4")
+
+
+@dataclass
+class LoadedModel:
+    spec: str  # what the user passed, e.g. "hf:/models/smollm2"
+    kind: str
+    path: str
+    tokenizer: Any  # TextTokenizer
+    model: Any  # TokenLogitsModel
+    info: dict[str, Any] = field(default_factory=dict)  # dtype, parameters, revision...
+
+
+def parse_model_spec(spec: str) -> tuple[str, str]:
+    kind, sep, path = spec.partition(":")
+    if not sep or kind not in KINDS or not path:
+        raise ModelSpecError(f"bad --model {spec!r}: expected hf:PATH, colibri:PATH or int4:PATH")
+    return kind, path
+
+
+def _missing(kind: str, exc: ImportError) -> ModelSpecError:
+    extra = {"hf": "hf", "colibri": "colibri", "int4": "colibri"}[kind]
+    return ModelSpecError(f"{kind}: models need an extra: pip install 'colibri-eval[{extra}]' ({exc})")
+
+
+def load_model(spec: str, dtype: str = "float32", ram_budget: str | None = None) -> LoadedModel:
+    """Load a model from its spec; raises ``ModelSpecError`` with one readable line."""
+    kind, path = parse_model_spec(spec)
+    try:
+        if kind == "hf":
+            from colibri_eval.adapters.hf_causal_lm import load_hf
+            return load_hf(spec, path, dtype)
+        if kind == "colibri":
+            from colibri_eval.adapters.colibri_checkpoint import load_colibri
+            return load_colibri(spec, path, dtype)
+        from colibri_eval.adapters.int4_stream import load_int4
+        return load_int4(spec, path, ram_budget)
+    except ImportError as exc:
+        raise _missing(kind, exc) from None

@@ -1,0 +1,60 @@
+"""Adapter for a colibri-model checkpoint directory (``colibri:PATH``).
+
+Uses only colibri-model's public API: ``ColibriForCausalLM.from_pretrained(path)``,
+``model(input_ids).logits`` ``[B, T, V]`` and ``load_tokenizer(path_or_None)`` (a
+``tokenizer.json`` in the checkpoint wins, else the bundled SmolLM2 49152 tokenizer).
+The model's forward always computes every position's logits, so there is no head-only or
+prefix-cache fast path here: requests are still length-batched by the scoring engine.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from colibri_eval.adapters import LoadedModel
+from colibri_eval.adapters.tokenizer_wrappers import TokenizersTokenizer
+from colibri_eval.errors import ModelSpecError
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+class ColibriCheckpointLM:
+    """``TokenLogitsModel`` over a ``ColibriForCausalLM``."""
+
+    supports_prefix_cache = False
+
+    def __init__(self, model: Any, max_length: int) -> None:
+        self.model = model.eval()
+        self.max_length = max_length
+
+    def logits_at(self, input_ids: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids).logits[rows, cols]
+
+
+def load_colibri(spec: str, path: str, dtype: str) -> LoadedModel:
+    from colibri_model import ColibriForCausalLM, load_tokenizer  # noqa: PLC0415 - the `colibri` extra
+
+    directory = Path(path)
+    if not directory.exists():
+        raise ModelSpecError(f"{path}: no such checkpoint")
+    if dtype not in _DTYPES:
+        raise ModelSpecError(f"unsupported dtype {dtype!r} (use float32 or bfloat16)")
+    try:
+        model = ColibriForCausalLM.from_pretrained(path, dtype=_DTYPES[dtype])
+    except (OSError, ValueError) as exc:
+        raise ModelSpecError(f"{path}: cannot load a colibri checkpoint ({str(exc).splitlines()[0]})") from None
+    has_tokenizer = directory.is_dir() and (directory / "tokenizer.json").is_file()
+    tokenizer = load_tokenizer(str(directory) if has_tokenizer else None)
+    config = getattr(model, "config", None)
+    max_length = int(getattr(config, "max_seq_len", 2048))
+    info = {
+        "dtype": dtype,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "architecture": type(model).__name__,
+        "max_length": max_length,
+        "tokenizer": "checkpoint" if has_tokenizer else "bundled smollm2-49152",
+    }
+    return LoadedModel(spec, "colibri", path, TokenizersTokenizer(tokenizer), ColibriCheckpointLM(model, max_length), info)

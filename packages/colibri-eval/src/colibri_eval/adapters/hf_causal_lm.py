@@ -1,0 +1,105 @@
+"""Adapter for any Hugging Face transformers causal LM (``hf:PATH``), the dense references.
+
+PATH is a directory that ``AutoModelForCausalLM.from_pretrained`` reads (config.json +
+weights + tokenizer), a Hub id when online, or a ``.gguf`` file (loaded with
+``gguf_file=``; needs the ``gguf`` package).
+
+Speed: ``logits_at`` runs the decoder body and applies the LM head only at the scored
+positions; ``prefix_forward``/``logits_after_prefix`` reuse ``past_key_values`` so a shared
+context is computed once. Models whose head is not a plain linear map (final logit
+soft-capping, logit scaling) fall back to the full ``model(...).logits``.
+``max_length`` follows lm-eval's hf backend: config ``n_positions`` /
+``max_position_embeddings`` / ``n_ctx``, else the tokenizer's ``model_max_length``, else 2048.
+"""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from colibri_eval.adapters import LoadedModel
+from colibri_eval.adapters.tokenizer_wrappers import HFTokenizer
+from colibri_eval.errors import ModelSpecError
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+_DEFAULT_MAX_LENGTH = 2048
+_HUGE_MODEL_MAX_LENGTH = 1000000000000000019884624838656  # transformers' "unset" sentinel
+
+
+def lm_eval_max_length(config: Any, tokenizer: Any) -> int:
+    for attr in ("n_positions", "max_position_embeddings", "n_ctx"):
+        if hasattr(config, attr):
+            return int(getattr(config, attr))
+    limit = getattr(tokenizer, "model_max_length", None)
+    if limit is not None and limit != _HUGE_MODEL_MAX_LENGTH:
+        return int(limit)
+    return _DEFAULT_MAX_LENGTH
+
+
+class HFCausalLM:
+    """``TokenLogitsModel`` over a transformers ``*ForCausalLM``."""
+
+    supports_prefix_cache = True
+
+    def __init__(self, model: Any, max_length: int) -> None:
+        self.model = model.eval()
+        self.max_length = max_length
+        config = model.config
+        self.decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+        self.head = model.get_output_embeddings()
+        plain_head = not getattr(config, "final_logit_softcapping", None) and not getattr(config, "logit_scale", None)
+        self.headless = self.decoder is not None and isinstance(self.head, torch.nn.Linear) and plain_head
+        self.supports_prefix_cache = self.headless
+        # transformers 5.2x renamed ``past_key_values`` to ``cache`` (argument and output)
+        params = inspect.signature(self.decoder.forward).parameters if self.decoder is not None else {}
+        self.cache_arg = "cache" if "cache" in params else "past_key_values"
+
+    def logits_at(self, input_ids: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        if self.headless:
+            hidden = self.decoder(input_ids=input_ids, use_cache=False).last_hidden_state
+            return self.head(hidden[rows, cols])
+        return self.model(input_ids=input_ids, use_cache=False).logits[rows, cols]
+
+    def prefix_forward(self, input_ids: torch.Tensor) -> tuple[Any, torch.Tensor]:
+        out = self.decoder(input_ids=input_ids, use_cache=True)
+        cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
+        return cache, self.head(out.last_hidden_state[0, -1])
+
+    def logits_after_prefix(self, state: Any, input_ids: torch.Tensor, rows: torch.Tensor,
+                            cols: torch.Tensor) -> torch.Tensor:
+        state.batch_repeat_interleave(input_ids.shape[0])
+        out = self.decoder(input_ids=input_ids, use_cache=True, **{self.cache_arg: state})
+        return self.head(out.last_hidden_state[rows, cols])
+
+
+def load_hf(spec: str, path: str, dtype: str) -> LoadedModel:
+    import transformers  # noqa: PLC0415 - the `hf` extra
+
+    if dtype not in _DTYPES:
+        raise ModelSpecError(f"unsupported dtype {dtype!r} (use float32 or bfloat16)")
+    source = Path(path)
+    kwargs: dict[str, Any] = {}
+    if source.suffix == ".gguf":
+        if not source.is_file():
+            raise ModelSpecError(f"{path}: no such GGUF file")
+        kwargs["gguf_file"] = source.name
+        location = str(source.parent)
+    else:
+        location = path
+    try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(location, **kwargs)
+        model = transformers.AutoModelForCausalLM.from_pretrained(location, dtype=_DTYPES[dtype], **kwargs)
+    except (OSError, ValueError) as exc:
+        raise ModelSpecError(f"{path}: cannot load a transformers causal LM ({str(exc).splitlines()[0]})") from None
+    max_length = lm_eval_max_length(model.config, tokenizer)
+    info = {
+        "dtype": dtype,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "architecture": type(model).__name__,
+        "max_length": max_length,
+        "revision": getattr(model.config, "_commit_hash", None),
+    }
+    return LoadedModel(spec, "hf", path, HFTokenizer(tokenizer), HFCausalLM(model, max_length), info)

@@ -1,0 +1,102 @@
+"""Run tasks against a loaded model: documents -> requests -> scores -> metrics -> results.
+
+All documents of all requested tasks are read and validated before the model scores
+anything, so a bad line fails in a second, not after an hour. Each task's documents go to
+the scoring engine as one call (one group per document, so shared contexts are shared),
+with a progress bar per task. ``on_sample`` receives one JSON-able dict per document, the
+fields of lm-eval's ``--log_samples`` that matter for comparison: task, doc_id, target,
+arguments, per-request (log-likelihood, is_greedy), prediction(s) and metrics.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from colibri_eval.adapters import LoadedModel
+from colibri_eval.metrics import DEFAULT_BOOTSTRAP_ITERS, aggregate, multiple_choice_metrics
+from colibri_eval.request_encoding import encode_requests
+from colibri_eval.results import EvalResults, MetricValue, TaskResult, finite_or_none
+from colibri_eval.scoring_engine import ScoringEngine
+from colibri_eval.task_data import BUNDLED, Document, load_documents
+from colibri_eval.tasks import Task
+
+SampleSink = Callable[[dict[str, Any]], None]
+
+
+def _source(task: Task, data_dir: str | Path | None) -> str:
+    if data_dir is None:
+        return f"hf:{task.hf_path}" + (f"/{task.hf_name}" if task.hf_name else "") + f"[{task.hf_split}]"
+    if str(data_dir) == BUNDLED:
+        return f"bundled:{task.name}.jsonl"
+    return str(Path(data_dir) / f"{task.name}.jsonl")
+
+
+def score_task(task: Task, documents: Sequence[Document], engine: ScoringEngine, tokenizer: Any,
+               progress: bool = False) -> list[dict[str, Any]]:
+    """Score every document; return one sample dict per document (metrics included)."""
+    groups = [encode_requests(tokenizer, doc.item.requests) for doc in documents]
+    scores = engine.score(groups, progress=progress, desc=task.name)
+    samples = []
+    for doc, results in zip(documents, scores):
+        lls = [ll for ll, _ in results]
+        greedy = [g for _, g in results]
+        sample: dict[str, Any] = {
+            "task": task.name,
+            "doc_id": doc.index,
+            "target": doc.item.gold,
+            "arguments": [list(pair) for pair in doc.item.requests],
+            "loglikelihoods": lls,
+            "is_greedy": greedy,
+        }
+        if task.output_type == "loglikelihood":
+            sample["metrics"] = {"perplexity": lls[0], "acc": float(greedy[0])}
+        else:
+            metrics, pred, pred_norm = multiple_choice_metrics(lls, doc.item.choices, doc.item.gold, task.metrics)
+            sample.update(pred=pred, pred_norm=pred_norm, metrics=metrics)
+        samples.append(sample)
+    return samples
+
+
+def evaluate(
+    loaded: LoadedModel,
+    tasks: Sequence[Task],
+    data_dir: str | Path | None,
+    limit: int | None = None,
+    *,
+    progress: bool = False,
+    bootstrap_iters: int = DEFAULT_BOOTSTRAP_ITERS,
+    batch_tokens: int = 4096,
+    on_sample: SampleSink | None = None,
+    documents: dict[str, list[Document]] | None = None,
+) -> EvalResults:
+    """Score ``tasks``; ``documents`` (task name -> docs) skips reading them again."""
+    from colibri_eval import __version__  # noqa: PLC0415 - avoid an import cycle
+
+    started = time.perf_counter()
+    loaded_docs = documents if documents is not None else {
+        task.name: load_documents(task, data_dir, limit) for task in tasks}
+    engine = ScoringEngine(loaded.model, batch_tokens=batch_tokens)
+    task_results: dict[str, TaskResult] = {}
+    for task in tasks:
+        task_started = time.perf_counter()
+        documents = loaded_docs[task.name]
+        samples = score_task(task, documents, engine, loaded.tokenizer, progress=progress)
+        metrics = {}
+        if samples:
+            for name in task.metrics:
+                value, stderr = aggregate(name, [s["metrics"][name] for s in samples], bootstrap_iters)
+                metrics[name] = MetricValue(value=value, stderr=finite_or_none(stderr))
+        task_results[task.name] = TaskResult(
+            task=task.name, task_version=task.version, n=len(samples), n_full=task.full_size,
+            source=_source(task, data_dir), metrics=metrics, seconds=round(time.perf_counter() - task_started, 3))
+        if on_sample is not None:
+            for sample in samples:
+                on_sample(sample)
+    return EvalResults(
+        model=loaded.spec, model_kind=loaded.kind, model_path=loaded.path, model_info=loaded.info,
+        colibri_eval_version=__version__, created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        limit=limit, bootstrap_iters=bootstrap_iters, tasks=task_results,
+        total_seconds=round(time.perf_counter() - started, 3))

@@ -1,0 +1,192 @@
+"""Batched log-likelihood scoring of token requests: the one scoring path every model uses.
+
+Input: groups of ``TokenRequest`` (one group = one document's requests). Output, per
+request, ``(sum of log p(continuation tokens), is_greedy)`` where is_greedy means every
+continuation token is the argmax at its position: lm-eval's ``(ll, is_greedy)``.
+
+How the work is laid out, and why:
+- Left truncation like lm-eval: the model sees ``(ctx + cont)[-(max_length + 1):][:-1]`` and
+  the last ``len(cont)`` positions are scored.
+- Requests are sorted by length (longest first) and packed into right-padded batches of at
+  most ``batch_tokens`` padded tokens. No attention mask is needed: the model is causal, so
+  padding after a row's end never reaches its scored positions (lm-eval does the same).
+- Only the scored positions go through the LM head / log-softmax (``logits_at``): for a
+  135M model with a 49152 vocabulary the head is ~20% of the FLOPs per token and the full
+  ``[B, T, V]`` log-softmax dominates memory; lm-eval computes both for every position.
+- Shared prefixes: when the model supports a prefix cache (the HF adapter, through
+  ``past_key_values``) and a group's inputs share a long token prefix (hellaswag's context
+  before its four endings, arc/piqa/openbookqa questions, winogrande's sentence up to the
+  blank) the prefix runs once and only the suffixes run, batched per group. Logits then
+  differ from a full forward by float rounding only (~1e-6 relative in fp32).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol, Sequence
+
+import torch
+from tqdm.auto import tqdm
+
+from colibri_eval.request_encoding import TokenRequest
+
+# Shorter shared prefixes are not worth a separate forward.
+MIN_SHARED_PREFIX = 4
+
+
+class TokenLogitsModel(Protocol):
+    """What an adapter gives the scoring engine."""
+
+    max_length: int
+    supports_prefix_cache: bool
+
+    def logits_at(self, input_ids: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        """Logits ``[N, V]`` at positions ``(rows[n], cols[n])`` of a ``[B, T]`` batch."""
+        ...
+
+    def prefix_forward(self, input_ids: torch.Tensor) -> tuple[Any, torch.Tensor]:
+        """Run a ``[1, P]`` prefix; return (opaque cache state, logits ``[V]`` at its last position)."""
+        ...
+
+    def logits_after_prefix(
+        self, state: Any, input_ids: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor
+    ) -> torch.Tensor:
+        """Logits ``[N, V]`` for ``[k, S]`` suffixes that all continue the prefix in ``state``."""
+        ...
+
+
+@dataclass
+class _Work:
+    slot: int  # index in the flat output
+    inp: list[int]
+    cont: list[int]
+
+
+def _prepare(request: TokenRequest, max_length: int, slot: int) -> _Work:
+    if not request.continuation:
+        raise ValueError("a request has an empty continuation (nothing to score)")
+    if len(request.continuation) > max_length:
+        raise ValueError(f"continuation of {len(request.continuation)} tokens exceeds max_length {max_length}")
+    full = list(request.context) + list(request.continuation)
+    return _Work(slot, full[-(max_length + 1):][:-1], list(request.continuation))
+
+
+def _shared_prefix_length(works: list[_Work]) -> int:
+    first = works[0].inp
+    limit = min(len(w.inp) for w in works) - 1  # every suffix keeps at least one token
+    # every scored position must be at or after the prefix's last position
+    limit = min(limit, min(len(w.inp) - len(w.cont) + 1 for w in works))
+    length = 0
+    while length < limit and all(w.inp[length] == first[length] for w in works[1:]):
+        length += 1
+    return length
+
+
+def _score_rows(logits: torch.Tensor, targets: torch.Tensor, counts: list[int]) -> list[tuple[float, bool]]:
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    token_lp = logp.gather(1, targets[:, None]).squeeze(1).double()
+    hits = logits.argmax(dim=-1) == targets
+    out = []
+    start = 0
+    for count in counts:
+        out.append((float(token_lp[start:start + count].sum()), bool(hits[start:start + count].all())))
+        start += count
+    return out
+
+
+class ScoringEngine:
+    """Scores token requests against one ``TokenLogitsModel``.
+
+    >>> engine = ScoringEngine(model)                        # doctest: +SKIP
+    >>> engine.score([[TokenRequest((1, 2), (3,))]])         # doctest: +SKIP
+    [[(-10.2, False)]]
+    """
+
+    def __init__(self, model: TokenLogitsModel, batch_tokens: int = 4096, share_prefixes: bool = True) -> None:
+        self.model = model
+        self.batch_tokens = batch_tokens
+        self.share_prefixes = share_prefixes and bool(getattr(model, "supports_prefix_cache", False))
+
+    def score(
+        self, groups: Sequence[Sequence[TokenRequest]], progress: bool = False, desc: str = "scoring"
+    ) -> list[list[tuple[float, bool]]]:
+        flat: list[tuple[float, bool] | None] = []
+        singles: list[_Work] = []
+        shared: list[tuple[int, list[_Work]]] = []
+        for group in groups:
+            works = [_prepare(request, self.model.max_length, len(flat) + i) for i, request in enumerate(group)]
+            flat.extend([None] * len(works))
+            if self.share_prefixes and len(works) > 1:
+                prefix = _shared_prefix_length(works)
+                if prefix >= MIN_SHARED_PREFIX:
+                    shared.append((prefix, works))
+                    continue
+            singles.extend(works)
+
+        with torch.inference_mode(), tqdm(total=len(flat), desc=desc, disable=not progress, unit="req") as bar:
+            for prefix, works in shared:
+                for work, result in zip(works, self._score_shared(prefix, works)):
+                    flat[work.slot] = result
+                bar.update(len(works))
+            for batch in self._length_batches(singles):
+                for work, result in zip(batch, self._score_batch(batch)):
+                    flat[work.slot] = result
+                bar.update(len(batch))
+
+        out: list[list[tuple[float, bool]]] = []
+        position = 0
+        for group in groups:
+            out.append([r for r in flat[position:position + len(group)] if r is not None])
+            position += len(group)
+        return out
+
+    def _length_batches(self, works: list[_Work]) -> list[list[_Work]]:
+        ordered = sorted(works, key=lambda w: -len(w.inp))
+        batches: list[list[_Work]] = []
+        current: list[_Work] = []
+        for work in ordered:
+            # ordered longest first, so current[0] sets the padded width
+            if current and (len(current) + 1) * len(current[0].inp) > self.batch_tokens:
+                batches.append(current)
+                current = []
+            current.append(work)
+        if current:
+            batches.append(current)
+        return batches
+
+    def _score_batch(self, batch: list[_Work]) -> list[tuple[float, bool]]:
+        width = len(batch[0].inp)
+        ids = torch.zeros((len(batch), width), dtype=torch.long)
+        rows, cols, targets, counts = [], [], [], []
+        for r, work in enumerate(batch):
+            ids[r, :len(work.inp)] = torch.tensor(work.inp, dtype=torch.long)
+            start = len(work.inp) - len(work.cont)
+            rows.extend([r] * len(work.cont))
+            cols.extend(range(start, len(work.inp)))
+            targets.extend(work.cont)
+            counts.append(len(work.cont))
+        logits = self.model.logits_at(ids, torch.tensor(rows), torch.tensor(cols))
+        return _score_rows(logits, torch.tensor(targets), counts)
+
+    def _score_shared(self, prefix: int, works: list[_Work]) -> list[tuple[float, bool]]:
+        state, last_logits = self.model.prefix_forward(torch.tensor([works[0].inp[:prefix]], dtype=torch.long))
+        width = max(len(w.inp) for w in works) - prefix
+        ids = torch.zeros((len(works), width), dtype=torch.long)
+        rows, cols, targets, counts, from_prefix = [], [], [], [], []
+        for r, work in enumerate(works):
+            suffix = work.inp[prefix:]
+            ids[r, :len(suffix)] = torch.tensor(suffix, dtype=torch.long)
+            start = len(work.inp) - len(work.cont)
+            for position in range(start, len(work.inp)):
+                # position prefix-1 was computed by the prefix pass; the rest by the suffix pass
+                from_prefix.append(position == prefix - 1)
+                rows.append(r)
+                cols.append(max(position - prefix, 0))
+            targets.extend(work.cont)
+            counts.append(len(work.cont))
+        logits = self.model.logits_after_prefix(state, ids, torch.tensor(rows), torch.tensor(cols))
+        mask = torch.tensor(from_prefix)
+        if bool(mask.any()):
+            logits = logits.clone()
+            logits[mask] = last_logits.to(logits.dtype)
+        return _score_rows(logits, torch.tensor(targets), counts)

@@ -1,0 +1,185 @@
+"""`colibri-int4`: export, inspect, verify, dequantize and estimate containers.
+
+Errors in the user's input (a bad checkpoint, a corrupted container) print one line and exit
+1; bad usage (unknown flag, bad choice) exits 2 as click does; `verify` exits 1 when any
+checksum fails.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+from tqdm import tqdm
+
+from .container import Container
+from .errors import Int4Error
+from .scheme import QuantScheme
+
+_DTYPES = click.Choice(["int4", "int8", "bf16"])
+
+
+def _scheme_options(func):
+    options = [
+        click.option("--group", "group_size", type=click.Choice(["32", "64", "128"]), default="64", show_default=True,
+                     help="Weights per int4 group (one 16-bit scale each)."),
+        click.option("--sym/--asym", "symmetric", default=True, show_default=True,
+                     help="Symmetric groups (scale only) or asymmetric (scale + zero: +16/G bits)."),
+        click.option("--scale-dtype", type=click.Choice(["bf16", "fp16"]), default="bf16", show_default=True,
+                     help="Storage dtype of scales and zeros."),
+        click.option("--resident-dtype", type=_DTYPES, default="int8", show_default=True,
+                     help="Attention, dense FFN and shared experts."),
+        click.option("--embed-dtype", type=_DTYPES, default="bf16", show_default=True,
+                     help="embed.weight and lm_head.weight."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def _scheme(group_size: str, symmetric: bool, scale_dtype: str, resident_dtype: str, embed_dtype: str) -> QuantScheme:
+    return QuantScheme(group_size=int(group_size), symmetric=symmetric, scale_dtype=scale_dtype,
+                       resident_dtype=resident_dtype, embed_dtype=embed_dtype)
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:,.1f} MB"
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def main() -> None:
+    """The Colibri int4 container: one file with a resident region and 4 KiB-aligned,
+    checksummed routed-expert blobs (see FORMAT.md)."""
+
+
+@main.command()
+@click.argument("checkpoint_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("out", type=click.Path(dir_okay=False, path_type=Path))
+@_scheme_options
+@click.option("--progress/--no-progress", default=True, help="Show a progress bar on stderr.")
+def export(checkpoint_dir: Path, out: Path, progress: bool, **scheme_args) -> None:
+    """Quantize CHECKPOINT_DIR (config.json + model.safetensors) into the container OUT,
+    streaming tensor by tensor."""
+    from .export import export_checkpoint
+
+    try:
+        report = export_checkpoint(checkpoint_dir, out, _scheme(**scheme_args), progress=progress)
+        with Container.open(out) as container:
+            bpw = container.bits_per_weight
+    except Int4Error as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(
+        f"wrote {out}: {_mb(report.file_size)} (resident {_mb(report.resident_bytes)}, experts "
+        f"{_mb(report.expert_bytes)}, {bpw:.3f} bits/weight) in {report.seconds:.1f} s, "
+        f"{report.mb_per_s:.1f} MB/s of checkpoint"
+    )
+
+
+def _summary(container: Container, with_experts: bool) -> dict:
+    c = container.shape
+    summary = {
+        "path": str(container.path),
+        "format_version": f"{container.version[0]}.{container.version[1]}",
+        "config": container.config,
+        "quantization": container.scheme.model_dump(),
+        "file_size": container.file_size,
+        "resident_bytes": container.resident_bytes,
+        "expert_bytes": container.expert_bytes,
+        "blob_length": container.blob_length,
+        "n_routed_experts": len(container.header.experts.entries),
+        "bits_per_weight": container.bits_per_weight,
+        "bits_per_weight_total": 8 * container.file_size / container.total_weights(),
+        "total_params": container.total_weights(),
+        "expert_params": container.expert_weights(),
+        "moe_layers": [c.moe_layers.start, c.moe_layers.stop],
+        "tokenizer_bytes": container.header.tokenizer.length if container.header.tokenizer else 0,
+        "tensors": [t.model_dump(exclude={"crc32"}) for t in container.header.tensors],
+    }
+    if with_experts:
+        summary["experts"] = [e.model_dump() for e in container.header.experts.entries]
+    return summary
+
+
+@main.command()
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable: includes every expert's offset and length.")
+def inspect(file: Path, as_json: bool) -> None:
+    """Summarise a container: config, scheme, sizes, bits per weight."""
+    try:
+        with Container.open(file) as container:
+            summary = _summary(container, with_experts=as_json)
+    except Int4Error as exc:
+        raise click.ClickException(str(exc)) from None
+    if as_json:
+        click.echo(json.dumps(summary, indent=1))
+        return
+    q = summary["quantization"]
+    cfg = summary["config"]
+    click.echo(f"{file}  (colibri-int4 {summary['format_version']})")
+    click.echo(f"  model      d_model {cfg.get('d_model')}, {cfg.get('n_layers')} layers, {cfg.get('n_experts')} experts "
+               f"x {cfg.get('expert_dim')}, vocab {cfg.get('vocab_size')}; {summary['total_params']:,} params")
+    click.echo(f"  scheme     int4 group {q['group_size']} {'sym' if q['symmetric'] else 'asym'}, scales {q['scale_dtype']}, "
+               f"resident {q['resident_dtype']}, embeddings {q['embed_dtype']}")
+    click.echo(f"  file       {_mb(summary['file_size'])} = resident {_mb(summary['resident_bytes'])} + experts "
+               f"{_mb(summary['expert_bytes'])} ({summary['n_routed_experts']} blobs of {summary['blob_length']:,} B)")
+    click.echo(f"  bits/weight experts {summary['bits_per_weight']:.3f}, whole file {summary['bits_per_weight_total']:.3f}")
+
+
+@main.command()
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--progress/--no-progress", default=True, help="Show a progress bar on stderr.")
+def verify(file: Path, progress: bool) -> None:
+    """Check the header and every checksum; exit 1 on any failure."""
+    try:
+        with Container.open(file) as container:
+            bar = tqdm(total=container.file_size, unit="B", unit_scale=True, desc="verify", disable=not progress)
+            report = container.verify(progress=bar.update)
+            bar.close()
+    except Int4Error as exc:
+        click.echo(f"FAILED: {exc}", err=True)
+        sys.exit(1)
+    for failure in report.failures:
+        click.echo(f"FAILED: {failure}", err=True)
+    if not report.ok:
+        sys.exit(1)
+    click.echo(f"OK: {report.checked} checksummed ranges, {_mb(report.bytes_checked)} verified")
+
+
+@main.command()
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("out_dir", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--dtype", type=click.Choice(["f32", "bf16"]), default="f32", show_default=True,
+              help="dtype of the written matrices (1-D tensors stay fp32).")
+@click.option("--progress/--no-progress", default=True, help="Show a progress bar on stderr.")
+def dequantize(file: Path, out_dir: Path, dtype: str, progress: bool) -> None:
+    """Turn a container back into a checkpoint directory (CHECKPOINT.md)."""
+    from .dequantize import dequantize_container
+
+    try:
+        dequantize_container(file, out_dir, dtype=dtype, progress=progress)
+    except Int4Error as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"wrote {out_dir}")
+
+
+@main.command()
+@click.argument("config_json", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@_scheme_options
+@click.option("--json", "as_json", is_flag=True, help="Print the estimate as JSON.")
+def estimate(config_json: Path, as_json: bool, **scheme_args) -> None:
+    """Exact container size for a config.json and scheme, without any weights."""
+    from .estimate import estimate_container_size
+
+    try:
+        config = json.loads(config_json.read_text(encoding="utf-8"))
+        result = estimate_container_size(config, _scheme(**scheme_args))
+    except (ValueError, OSError) as exc:
+        raise click.ClickException(f"{config_json}: {exc}") from None
+    if as_json:
+        click.echo(json.dumps(result.as_dict(), indent=1))
+        return
+    click.echo(f"{_mb(result.file_size)} = resident {_mb(result.resident_bytes)} + experts {_mb(result.expert_bytes)}; "
+               f"{result.total_params:,} params, experts {result.bits_per_weight:.3f} bits/weight, "
+               f"whole file {result.bits_per_weight_total:.3f}")

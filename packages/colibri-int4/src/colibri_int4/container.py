@@ -1,0 +1,219 @@
+"""Reading a container: `Container.open(path)`, the resident region, expert blobs, verify.
+
+Opening reads and validates only the header (preamble + JSON), so it costs milliseconds even
+for a 15 GB file. The resident region is one sequential `preadv`; each expert is one range
+the runtime may read itself (offsets/lengths from `expert_entry`) with O_DIRECT into its own
+aligned buffers and pass to `ExpertBlob.parse`, or read through `read_expert_into`.
+
+    >>> with Container.open("model.coli") as c:                      # doctest: +SKIP
+    ...     weights = c.read_resident()                                # name -> fp32 array
+    ...     buf = bytearray(c.blob_length)
+    ...     blob = c.read_expert_into(1, 0, buf)                       # verified views
+    ...     gate = blob.dequantize()["gate"]
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .checkpoint import read_exact
+from .errors import ContainerError
+from .expert_blob import ExpertBlob
+from .header import (
+    PREAMBLE_SIZE,
+    ContainerHeader,
+    ExpertEntry,
+    parse_header_json,
+    read_preamble,
+    validate_ranges,
+)
+from .layout import ExpertBlobLayout, ModelShape, checkpoint_tensor_shapes
+from .tensor_codec import RawTensor, decode_tensor
+
+
+@dataclass
+class VerifyReport:
+    checked: int = 0
+    bytes_checked: int = 0
+    failures: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+
+class Container:
+    """An open container file. Use `Container.open(path)`; close it (or use `with`)."""
+
+    def __init__(self, path: Path, fd: int, header: ContainerHeader, shape: ModelShape,
+                 blob_layout: ExpertBlobLayout | None, version: tuple[int, int]):
+        self.path, self._fd, self.header, self.shape = path, fd, header, shape
+        self.blob_layout, self.version = blob_layout, version
+        self._experts = {(e.layer, e.expert): e for e in header.experts.entries}
+
+    @classmethod
+    def open(cls, path: str | os.PathLike) -> Container:
+        """Open and validate the header; raises `ContainerError` on any defect."""
+        path = Path(path)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError as exc:
+            raise ContainerError(f"cannot open {path}: {exc.strerror}") from None
+        try:
+            size = os.fstat(fd).st_size
+            preamble = _read(fd, min(PREAMBLE_SIZE, size), 0, "preamble")
+            major, minor, json_length, json_crc = read_preamble(preamble, size)
+            header = parse_header_json(bytes(_read(fd, json_length, PREAMBLE_SIZE, "header JSON")), json_crc, minor)
+            shape, blob_layout = validate_ranges(header, size, PREAMBLE_SIZE + json_length)
+        except BaseException:
+            os.close(fd)
+            raise
+        return cls(path, fd, header, shape, blob_layout, (major, minor))
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __enter__(self) -> Container:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # --- sizes -------------------------------------------------------------------------
+    @property
+    def config(self) -> dict:
+        return self.header.config
+
+    @property
+    def scheme(self):
+        return self.header.quantization
+
+    @property
+    def file_size(self) -> int:
+        return self.header.file_size
+
+    @property
+    def resident_bytes(self) -> int:
+        return self.header.resident.length
+
+    @property
+    def blob_length(self) -> int:
+        return self.header.experts.blob_length
+
+    @property
+    def expert_bytes(self) -> int:
+        return self.blob_length * len(self._experts)
+
+    def expert_weights(self) -> int:
+        return len(self._experts) * (self.blob_layout.weights_per_expert if self.blob_layout else 0)
+
+    def total_weights(self) -> int:
+        return sum(int(np.prod(dims)) for dims in checkpoint_tensor_shapes(self.shape).values())
+
+    @property
+    def bits_per_weight(self) -> float:
+        """Routed-expert bits per weight, blob padding included (the headline figure)."""
+        weights = self.expert_weights()
+        return 8 * self.expert_bytes / weights if weights else 0.0
+
+    # --- experts -----------------------------------------------------------------------
+    def expert_entry(self, layer: int, expert: int) -> ExpertEntry:
+        """Offset, length (multiples of 4096) and CRC-32 of one blob, for the runtime's own I/O."""
+        try:
+            return self._experts[(layer, expert)]
+        except KeyError:
+            raise KeyError(f"no routed expert (layer {layer}, expert {expert}) in {self.path}") from None
+
+    def read_expert_into(self, layer: int, expert: int, buffer, verify: bool = True) -> ExpertBlob:
+        """Read one blob into `buffer` (writable, >= `blob_length` bytes; e.g. a page-aligned
+        mmap) with one `preadv`, verify its CRC, and return views over the buffer."""
+        entry = self.expert_entry(layer, expert)
+        view = memoryview(buffer).cast("B")
+        if len(view) < entry.length:
+            raise ValueError(f"buffer has {len(view)} bytes, expert blobs need {entry.length}")
+        view = view[: entry.length]
+        done = 0
+        while done < entry.length:
+            n = os.preadv(self._fd, [view[done:]], entry.offset + done)
+            if n == 0:
+                raise ContainerError(f"expert (layer {layer}, expert {expert}): file ends at byte {entry.offset + done}")
+            done += n
+        return ExpertBlob.parse(view, self.blob_layout, entry.crc32 if verify else None,
+                                where=f"expert (layer {layer}, expert {expert}) at byte {entry.offset}")
+
+    def read_expert(self, layer: int, expert: int) -> dict[str, np.ndarray]:
+        """Verified, dequantized fp32 gate/up/down of one routed expert."""
+        return self.read_expert_into(layer, expert, bytearray(self.blob_length)).dequantize()
+
+    # --- resident region -----------------------------------------------------------------
+    def read_resident_region(self) -> np.ndarray:
+        """The whole resident region as one uint8 array, read in one sequential read."""
+        region = self.header.resident
+        return np.frombuffer(_read(self._fd, region.length, region.offset, "resident region"), dtype=np.uint8)
+
+    def read_resident(self, dequantize: bool = True, verify: bool = True) -> dict[str, np.ndarray] | dict[str, RawTensor]:
+        """Every resident tensor: fp32 arrays (`dequantize=True`) or `RawTensor` views of the
+        stored encoding (packed nibbles, int8, bf16 bits, scales) over one region buffer."""
+        region = self.read_resident_region()
+        base = self.header.resident.offset
+        out = {}
+        for t in self.header.tensors:
+            chunk = region[t.offset - base : t.offset - base + t.length]
+            if verify and f"{zlib.crc32(chunk) & 0xFFFFFFFF:08x}" != t.crc32:
+                raise ContainerError(f"tensor '{t.name}' at bytes [{t.offset}, {t.offset + t.length}): checksum mismatch")
+            raw = decode_tensor(chunk, t.name, t.encoding, tuple(t.shape), self.scheme)
+            out[t.name] = raw.dequantize() if dequantize else raw
+        return out
+
+    def read_tokenizer_json(self) -> str | None:
+        """The checkpoint's tokenizer.json carried in the container, verified, or None."""
+        tok = self.header.tokenizer
+        if tok is None:
+            return None
+        data = _read(self._fd, tok.length, tok.offset, "tokenizer")
+        if f"{zlib.crc32(data) & 0xFFFFFFFF:08x}" != tok.crc32:
+            raise ContainerError(f"tokenizer at bytes [{tok.offset}, {tok.offset + tok.length}): checksum mismatch")
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ContainerError("tokenizer is not valid UTF-8") from None
+
+    # --- verification ------------------------------------------------------------------
+    def verify(self, progress=None) -> VerifyReport:
+        """Check every CRC (tokenizer, each resident tensor, each expert blob); collects all
+        failures instead of stopping at the first. `progress(n_bytes)` is called as it goes."""
+        report = VerifyReport()
+        checks = []
+        if self.header.tokenizer:
+            tok = self.header.tokenizer
+            checks.append(("tokenizer", tok.offset, tok.length, tok.crc32))
+        checks += [(f"tensor '{t.name}'", t.offset, t.length, t.crc32) for t in self.header.tensors]
+        checks += [(f"expert (layer {e.layer}, expert {e.expert})", e.offset, e.length, e.crc32)
+                   for e in self.header.experts.entries]
+        for what, offset, length, crc in checks:
+            try:
+                data = _read(self._fd, length, offset, what)
+            except ContainerError as exc:
+                report.failures.append(str(exc))
+                continue
+            if f"{zlib.crc32(data) & 0xFFFFFFFF:08x}" != crc:
+                report.failures.append(f"{what} at bytes [{offset}, {offset + length}): checksum mismatch")
+            report.checked += 1
+            report.bytes_checked += length
+            if progress:
+                progress(length)
+        return report
+
+
+def _read(fd: int, length: int, offset: int, what: str) -> bytearray:
+    try:
+        return read_exact(fd, length, offset)
+    except EOFError:
+        raise ContainerError(f"truncated: {what} needs bytes [{offset}, {offset + length})") from None

@@ -1,0 +1,179 @@
+"""Streaming export: checkpoint directory -> one `.coli` container.
+
+Memory: the layout depends only on config + scheme (layout.py), so every offset is known
+before any weight is read. We then read one resident tensor (or one expert's three matrices)
+at a time, quantize it, `pwrite` it at its final offset and drop it; the header (with the
+CRCs) is written last, at offset 0. Peak memory is about the largest resident tensor (the
+embedding: vocab x d fp32, 200 MB for nano) plus quantizer temporaries, independent of the
+number of experts; a Grande export fits a 16 GB machine. The file is written as `OUT.tmp` and
+renamed when complete, so an interrupted export never leaves a file that looks valid.
+
+No torch: bf16 checkpoints are widened to fp32 with numpy bit shifts (exact).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from .checkpoint import SafetensorsFile, check_tensors, load_config
+from .errors import CheckpointError
+from .expert_blob import encode_expert_blob
+from .header import (
+    FORMAT_NAME,
+    PREAMBLE_SIZE,
+    VERSION_MAJOR,
+    VERSION_MINOR,
+    BlobRef,
+    ContainerHeader,
+    ExpertEntry,
+    ExpertIndex,
+    RegionRef,
+    TensorEntry,
+    pack_preamble,
+)
+from .layout import PAGE, ContainerPlan, align, expert_tensor_names, plan_container
+from .scheme import QuantScheme
+from .tensor_codec import encode_tensor
+
+_PLACEHOLDER_CRC = "00000000"
+
+
+@dataclass
+class ExportReport:
+    path: Path
+    file_size: int
+    resident_bytes: int
+    expert_bytes: int
+    input_bytes: int
+    seconds: float
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.input_bytes / 1e6 / max(self.seconds, 1e-9)
+
+
+def _build_header(config: dict, scheme: QuantScheme, plan: ContainerPlan, crcs: dict) -> ContainerHeader:
+    tokenizer = None
+    if plan.tokenizer_length:
+        tokenizer = BlobRef(offset=plan.tokenizer_offset, length=plan.tokenizer_length,
+                            crc32=crcs.get("tokenizer", _PLACEHOLDER_CRC))
+    tensors = [
+        TensorEntry(name=t.spec.name, encoding=t.spec.encoding, shape=list(t.spec.shape), offset=t.offset,
+                    length=t.length, crc32=crcs.get(t.spec.name, _PLACEHOLDER_CRC))
+        for t in plan.tensors
+    ]
+    blob_length = plan.blob.blob_length if plan.blob else 0
+    experts = [
+        ExpertEntry(layer=layer, expert=expert, offset=offset, length=blob_length,
+                    crc32=crcs.get((layer, expert), _PLACEHOLDER_CRC))
+        for layer, expert, offset in plan.experts
+    ]
+    return ContainerHeader(
+        container_version=f"{VERSION_MAJOR}.{VERSION_MINOR}", format_name=FORMAT_NAME, file_size=plan.file_size,
+        config=config, quantization=scheme, tokenizer=tokenizer,
+        resident=RegionRef(offset=plan.resident_offset, length=plan.resident_length),
+        tensors=tensors, experts=ExpertIndex(blob_length=blob_length, entries=experts),
+    )
+
+
+def plan_with_header(config: dict, shape, scheme: QuantScheme, tokenizer_length: int) -> tuple[ContainerPlan, int]:
+    """The plan whose reserved header region fits the header JSON. CRCs are fixed-width hex, so
+    the JSON length with placeholders equals the final one; two rounds converge."""
+    header_end = PAGE
+    while True:
+        plan = plan_container(shape, scheme, header_end, tokenizer_length)
+        json_length = len(_build_header(config, scheme, plan, {}).to_json_bytes())
+        if PREAMBLE_SIZE + json_length <= header_end:
+            return plan, json_length
+        header_end = align(PREAMBLE_SIZE + json_length)
+
+
+def _pwrite_all(fd: int, data, offset: int) -> None:
+    view = memoryview(data).cast("B")
+    while view:
+        n = os.pwrite(fd, view, offset)
+        view, offset = view[n:], offset + n
+
+
+def export_checkpoint(
+    checkpoint_dir: str | os.PathLike, out_path: str | os.PathLike, scheme: QuantScheme | None = None,
+    progress: bool = False,
+) -> ExportReport:
+    """Quantize a checkpoint directory (CHECKPOINT.md) into a container at `out_path`.
+
+    >>> export_checkpoint("ckpt/", "model.coli", QuantScheme(group_size=64))  # doctest: +SKIP
+    """
+    scheme = scheme or QuantScheme()
+    checkpoint_dir, out_path = Path(checkpoint_dir), Path(out_path)
+    config, shape = load_config(checkpoint_dir)
+    tokenizer_path = checkpoint_dir / "tokenizer.json"
+    tokenizer = tokenizer_path.read_bytes() if tokenizer_path.is_file() else b""
+    started = time.perf_counter()
+    with SafetensorsFile(checkpoint_dir / "model.safetensors") as st:
+        check_tensors(st, shape)
+        try:
+            plan, json_length = plan_with_header(config, shape, scheme, len(tokenizer))
+        except ValueError as exc:
+            raise CheckpointError(f"{checkpoint_dir}: cannot quantize with this scheme: {exc}") from None
+        input_bytes = sum(st.nbytes(name) for name in st.entries)
+        tmp = out_path.with_name(out_path.name + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.ftruncate(fd, plan.file_size)
+            bar = tqdm(total=input_bytes, unit="B", unit_scale=True, desc="export", disable=not progress)
+            crcs = _write_body(fd, st, plan, scheme, tokenizer, bar)
+            bar.close()
+            json_bytes = _build_header(config, scheme, plan, crcs).to_json_bytes()
+            if len(json_bytes) != json_length:  # fixed-width CRCs make this impossible; guard anyway
+                raise RuntimeError("header length changed between planning and writing")
+            _pwrite_all(fd, pack_preamble(json_bytes) + json_bytes, 0)
+            os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            tmp.unlink(missing_ok=True)
+            raise
+        os.close(fd)
+        os.replace(tmp, out_path)
+    return ExportReport(out_path, plan.file_size, plan.resident_length, plan.expert_bytes, input_bytes,
+                        time.perf_counter() - started)
+
+
+def _write_body(fd: int, st: SafetensorsFile, plan: ContainerPlan, scheme: QuantScheme, tokenizer: bytes, bar) -> dict:
+    crcs: dict = {}
+    if tokenizer:
+        _pwrite_all(fd, tokenizer, plan.tokenizer_offset)
+        crcs["tokenizer"] = f"{zlib.crc32(tokenizer):08x}"
+    for placed in plan.tensors:
+        name = placed.spec.name
+        try:
+            sections = encode_tensor(st.read(name), placed.spec.encoding, scheme)
+        except ValueError as exc:
+            raise CheckpointError(f"tensor '{name}': {exc}") from None
+        offset, crc = placed.offset, 0
+        for section in sections:
+            data = memoryview(np.ascontiguousarray(section)).cast("B")  # no copy
+            _pwrite_all(fd, data, offset)
+            crc, offset = zlib.crc32(data, crc), offset + len(data)
+        if offset - placed.offset != placed.length:
+            raise RuntimeError(f"{name}: wrote {offset - placed.offset} bytes, planned {placed.length}")
+        crcs[name] = f"{crc:08x}"
+        bar.update(st.nbytes(name))
+    for layer, expert, offset in plan.experts:
+        names = expert_tensor_names(layer)
+        matrices = [st.read(names[part], index=expert) for part in ("gate", "up", "down")]
+        try:
+            blob = encode_expert_blob(*matrices, plan.blob, scheme)
+        except ValueError as exc:
+            raise CheckpointError(f"routed expert (layer {layer}, expert {expert}): {exc}") from None
+        _pwrite_all(fd, blob, offset)
+        crcs[(layer, expert)] = f"{zlib.crc32(blob):08x}"
+        n_experts = st.entries[names["gate"]][1][0]
+        bar.update(sum(st.nbytes(names[part]) for part in ("gate", "up", "down")) // n_experts)
+    return crcs

@@ -1,0 +1,90 @@
+"""Encode and decode one resident tensor in its container encoding (f32, bf16, q4, q8).
+
+Decoding is zero-copy where it can be: raw views (`RawTensor`) are numpy views over the
+caller's buffer, so a runtime that keeps the resident region in one buffer pays for it once;
+`dequantize=True` materialises fp32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .layout import Encoding, effective_group
+from .quantize import (
+    bf16_bits_to_f32,
+    decode_half,
+    dequantize_q4,
+    dequantize_q8,
+    f32_to_bf16_bits,
+    quantize_q4,
+    quantize_q8,
+)
+from .scheme import QuantScheme
+
+
+@dataclass
+class RawTensor:
+    """A tensor as stored. `data`: fp32 (f32), uint16 bf16 bits (bf16), uint8 packed nibbles
+    `[rows, cols/2]` (q4) or int8 (q8); `scales`/`zeros`: uint16 bit patterns of
+    `scale_dtype`, `[rows, cols/group_size]` (None for f32/bf16). `group_size` is the
+    effective one for this tensor (layout.effective_group)."""
+
+    name: str
+    encoding: Encoding
+    shape: tuple[int, ...]
+    data: np.ndarray
+    scales: np.ndarray | None
+    zeros: np.ndarray | None
+    group_size: int
+    scale_dtype: str
+
+    def scales_f32(self) -> np.ndarray | None:
+        return None if self.scales is None else decode_half(self.scales, self.scale_dtype)
+
+    def zeros_f32(self) -> np.ndarray | None:
+        return None if self.zeros is None else decode_half(self.zeros, self.scale_dtype)
+
+    def dequantize(self) -> np.ndarray:
+        if self.encoding == "f32":
+            return np.array(self.data, dtype=np.float32)
+        if self.encoding == "bf16":
+            return bf16_bits_to_f32(self.data)
+        if self.encoding == "q8":
+            return dequantize_q8(self.data, self.scales, self.group_size, self.scale_dtype)
+        return dequantize_q4(self.data, self.scales, self.zeros, self.group_size, self.scale_dtype)
+
+
+def encode_tensor(array: np.ndarray, encoding: Encoding, scheme: QuantScheme) -> list[np.ndarray]:
+    """The byte sections of `array` in `encoding` (FORMAT.md), to be written back to back."""
+    if encoding == "f32":
+        return [np.ascontiguousarray(array, dtype="<f4")]
+    if encoding == "bf16":
+        return [f32_to_bf16_bits(array)]
+    group = effective_group(array.shape[-1], scheme.group_size)
+    if encoding == "q8":
+        return quantize_q8(array, group, scheme.scale_dtype).sections()
+    return quantize_q4(array, group, scheme.symmetric, scheme.scale_dtype).sections()
+
+
+def decode_tensor(
+    buffer, name: str, encoding: Encoding, shape: tuple[int, ...], scheme: QuantScheme
+) -> RawTensor:
+    """Views over `buffer` (exactly the tensor's bytes) as a `RawTensor`; no copy."""
+    raw = np.frombuffer(buffer, dtype=np.uint8)
+    group = effective_group(shape[-1], scheme.group_size) or scheme.group_size
+    if encoding == "f32":
+        return RawTensor(name, encoding, shape, raw.view("<f4").reshape(shape), None, None, group, scheme.scale_dtype)
+    if encoding == "bf16":
+        return RawTensor(name, encoding, shape, raw.view("<u2").reshape(shape), None, None, group, scheme.scale_dtype)
+    rows, cols = shape
+    n_groups = cols // group
+    data_len = rows * cols if encoding == "q8" else rows * cols // 2
+    data = raw[:data_len].view(np.int8 if encoding == "q8" else np.uint8).reshape(rows, -1)
+    scales = raw[data_len : data_len + 2 * rows * n_groups].view("<u2").reshape(rows, n_groups)
+    zeros = None
+    if encoding == "q4" and not scheme.symmetric:
+        start = data_len + 2 * rows * n_groups
+        zeros = raw[start : start + 2 * rows * n_groups].view("<u2").reshape(rows, n_groups)
+    return RawTensor(name, encoding, shape, data, scales, zeros, group, scheme.scale_dtype)

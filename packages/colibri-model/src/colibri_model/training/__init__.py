@@ -1,0 +1,39 @@
+"""Training: the Trainer (pretraining and SFT, single process or torchrun DDP) and its parts.
+
+- config.py        TrainConfig (global batch, schedule, eval/save cadence, precision)
+- schedules.py     WSD (1-sqrt decay, on command) and cosine learning rates
+- trainer.py       the loop: accumulation, clipping, skip of non-finite steps, metrics, checkpoints
+- state.py         training_state.json (step, loader, RNG, schedule, config hash, parent id)
+- optimizer_io.py  AdamW and its state in safetensors
+- checkpointing.py atomic checkpoint directories under RUN/checkpoints/
+- metrics.py       metrics.jsonl schema (metrics_version) and MFU
+- distributed.py   torchrun environment, gloo/NCCL process group
+"""
+
+from .checkpointing import latest_checkpoint, list_checkpoints
+from .config import TrainConfig, TrainConfigError
+from .metrics import METRICS_VERSION, MetricsRecord, read_metrics
+from .optimizer_io import OptimizerStateError
+from .schedules import ScheduleError, lr_at
+from .state import TrainingState, TrainingStateError, read_training_state
+from .trainer import CheckpointMismatchError, Trainer, TrainingDivergedError, TrainResult
+
+__all__ = [
+    "METRICS_VERSION",
+    "CheckpointMismatchError",
+    "MetricsRecord",
+    "OptimizerStateError",
+    "ScheduleError",
+    "TrainConfig",
+    "TrainConfigError",
+    "TrainResult",
+    "Trainer",
+    "TrainingDivergedError",
+    "TrainingState",
+    "TrainingStateError",
+    "latest_checkpoint",
+    "list_checkpoints",
+    "lr_at",
+    "read_metrics",
+    "read_training_state",
+]

@@ -1,0 +1,89 @@
+"""Training checkpoints: atomic directories under RUN/checkpoints/.
+
+    RUN/checkpoints/step_00001000/
+        config.json, model.safetensors, tokenizer.json   the model checkpoint (CHECKPOINT.md)
+        optimizer.safetensors                            AdamW moments (optimizer_io.py)
+        training_state.json                              step, loader, RNG, schedule (state.py)
+
+A checkpoint is written into `RUN/checkpoints/.tmp-step_00001000-<id>/`, every file flushed,
+then the directory is renamed to its final name in one `rename(2)`. A crash mid-save leaves
+only a `.tmp-*` directory, which readers never consider and the next run deletes; a directory
+named `step_*` is therefore always complete. The newest `keep` checkpoints are kept.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+
+from .optimizer_io import OPTIMIZER_FILE, save_optimizer
+from .state import TRAINING_STATE_FILE, TrainingState, write_training_state
+
+CHECKPOINTS_DIR = "checkpoints"
+_NAME = re.compile(r"^step_(\d{8,})$")
+
+
+def checkpoint_name(step: int) -> str:
+    return f"step_{step:08d}"
+
+
+def list_checkpoints(run_dir: str | os.PathLike) -> list[Path]:
+    """Complete checkpoints of a run, oldest first."""
+    root = Path(run_dir) / CHECKPOINTS_DIR
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if p.is_dir() and _NAME.match(p.name) and (p / TRAINING_STATE_FILE).is_file()]
+    return sorted(found, key=lambda p: int(_NAME.match(p.name).group(1)))
+
+
+def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
+    found = list_checkpoints(run_dir)
+    return found[-1] if found else None
+
+
+def remove_partial_checkpoints(run_dir: str | os.PathLike) -> None:
+    root = Path(run_dir) / CHECKPOINTS_DIR
+    if root.is_dir():
+        for p in root.glob(".tmp-*"):
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_checkpoint(run_dir: str | os.PathLike, model, optimizer, state: TrainingState,
+                     tokenizer_json: str | None, keep: int) -> Path:
+    """Write one complete checkpoint atomically; returns its final path."""
+    root = Path(run_dir) / CHECKPOINTS_DIR
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / checkpoint_name(state.step)
+    if final.exists():  # a second save at the same step (e.g. end right after a periodic save)
+        return final
+    tmp = root / f".tmp-{final.name}-{state.checkpoint_id[:8]}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    model.save_pretrained(tmp, tokenizer_json=tokenizer_json)
+    save_optimizer(tmp / OPTIMIZER_FILE, model, optimizer)
+    write_training_state(tmp, state)
+    for f in tmp.iterdir():
+        with open(f, "rb") as handle:
+            os.fsync(handle.fileno())
+    _fsync_dir(tmp)
+    os.rename(tmp, final)
+    _fsync_dir(root)
+    for old in list_checkpoints(run_dir)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final

@@ -1,0 +1,104 @@
+"""AdamW construction and its state in safetensors (no pickle, no torch.load).
+
+`optimizer.safetensors` holds one tensor per (parameter, state key), named
+`{parameter name}::{key}` (e.g. `layers.1.moe.router.weight::exp_avg`, `...::step`), and in its
+metadata `optimizer_state_version` plus the param groups as JSON with parameter NAMES instead of
+positions. Naming by parameter makes the file readable and lets a loader check that every
+tensor belongs to the model it is loaded into (shape mismatches are an error, not a crash later).
+
+Parameter groups: matrices (2-D and the stacked 3-D experts) get weight decay; norms do not.
+The expert bias is a buffer, never seen by the optimizer (the balancer moves it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from .config import TrainConfig
+
+OPTIMIZER_FILE = "optimizer.safetensors"
+OPTIMIZER_STATE_VERSION = "1.0"
+
+
+class OptimizerStateError(ValueError):
+    """An optimizer state file that does not fit the model or cannot be read."""
+
+
+def build_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
+    decay, no_decay = [], []
+    for param in model.parameters():
+        if param.requires_grad:
+            (decay if param.dim() >= 2 else no_decay).append(param)
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    kwargs = {"fused": True} if device.type == "cuda" else {}
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, **kwargs)
+
+
+def _names(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[list[str]]:
+    by_id = {id(p): n for n, p in model.named_parameters()}
+    return [[by_id[id(p)] for p in group["params"]] for group in optimizer.param_groups]
+
+
+def save_optimizer(path: str | os.PathLike, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    names = _names(model, optimizer)
+    flat_names = [n for group in names for n in group]
+    state = optimizer.state_dict()
+    tensors = {}
+    for index, entries in state["state"].items():
+        for key, value in entries.items():
+            tensor = value if torch.is_tensor(value) else torch.tensor(value)
+            tensors[f"{flat_names[index]}::{key}"] = tensor.detach().contiguous().cpu()
+    groups = []
+    for group, group_names in zip(state["param_groups"], names):
+        groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": group_names})
+    metadata = {"optimizer_state_version": OPTIMIZER_STATE_VERSION, "optimizer": "AdamW",
+                "param_groups": json.dumps(groups)}
+    save_file(tensors, str(path), metadata=metadata)
+
+
+def load_optimizer(path: str | os.PathLike, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    path = Path(path)
+    if not path.is_file():
+        raise OptimizerStateError(f"{path}: missing")
+    try:
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="pt") as f:
+            metadata = f.metadata() or {}
+        tensors = load_file(str(path))
+    except (SafetensorError, OSError) as exc:
+        raise OptimizerStateError(f"{path}: unreadable safetensors file ({exc})") from None
+    version = metadata.get("optimizer_state_version", "")
+    if version.split(".")[0] != OPTIMIZER_STATE_VERSION.split(".")[0]:
+        raise OptimizerStateError(f"{path}: optimizer_state_version {version or '(missing)'} is not supported "
+                                  f"(this colibri-model reads {OPTIMIZER_STATE_VERSION})")
+    saved_groups = json.loads(metadata["param_groups"])
+    names = _names(model, optimizer)
+    if [g["params"] for g in saved_groups] != names:
+        raise OptimizerStateError(f"{path}: parameter groups do not match this model's parameters")
+    params = dict(model.named_parameters())
+    flat_names = [n for group in names for n in group]
+    state: dict[int, dict] = {}
+    for index, name in enumerate(flat_names):
+        entries = {key.split("::", 1)[1]: t for key, t in tensors.items() if key.split("::", 1)[0] == name}
+        for key, t in entries.items():
+            if key != "step" and t.shape != params[name].shape:
+                raise OptimizerStateError(f"{path}: {name}::{key} has shape {tuple(t.shape)}, "
+                                          f"the parameter has {tuple(params[name].shape)}")
+        if entries:
+            state[index] = entries
+    position = 0
+    groups = []
+    # Hyper-parameters come from the CURRENT optimizer (this run's config and device, e.g. fused
+    # on CUDA); only the moments and step counts come from the file.
+    for current, group_names in zip(optimizer.param_groups, names):
+        options = {k: v for k, v in current.items() if k != "params"}
+        groups.append({**options, "params": list(range(position, position + len(group_names)))})
+        position += len(group_names)
+    optimizer.load_state_dict({"state": state, "param_groups": groups})

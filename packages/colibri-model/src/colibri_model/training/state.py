@@ -1,0 +1,121 @@
+"""`training_state.json`: everything besides weights and optimizer moments that resume needs.
+
+Step and tokens seen, the schedule phase, the loader position, the RNG states (base64 of torch's
+byte states; numpy's and Python's as JSON), the hash of the model config (a checkpoint of
+another model is refused), the full TrainConfig, and the checkpoint's id and its parent's id
+(legs of one run form a chain; a WSD decay branch names the stable checkpoint it left from).
+JSON, never pickle; spec in TRAINING.md.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import random
+from pathlib import Path
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from ..config import ColibriConfig
+from ..data.loader import LoaderPosition
+from .schedules import ScheduleState
+
+TRAINING_STATE_FILE = "training_state.json"
+TRAINING_STATE_VERSION = "1.0"
+
+
+class TrainingStateError(ValueError):
+    """A training_state.json that is missing, corrupt, or of an unknown version."""
+
+
+class RngState(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    torch_cpu: str
+    torch_cuda: list[str] | None = None
+    numpy: list
+    python: list
+
+
+class TrainingState(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    training_state_version: str = TRAINING_STATE_VERSION
+    kind: str = "pretrain"  # pretrain | sft
+    checkpoint_id: str
+    parent_checkpoint_id: str | None = None
+    step: int
+    tokens_seen: int
+    skipped_steps: int = 0
+    bad_steps_in_row: int = 0
+    schedule: ScheduleState
+    loader: LoaderPosition
+    rng: RngState
+    config_hash: str
+    train_config: dict
+    data_fingerprint: str
+    world_size: int
+    created_at: float
+
+
+def config_hash(config: ColibriConfig) -> str:
+    """sha256 of the model config (every field but the display name)."""
+    payload = config.model_dump()
+    payload.pop("name", None)
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def _b64(t: torch.Tensor) -> str:
+    return base64.b64encode(t.numpy().tobytes()).decode()
+
+
+def _unb64(text: str) -> torch.Tensor:
+    return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8).clone()
+
+
+def capture_rng() -> RngState:
+    np_state = np.random.get_state()
+    cuda = [_b64(s) for s in torch.cuda.get_rng_state_all()] if torch.cuda.is_available() else None
+    py = random.getstate()
+    return RngState(
+        torch_cpu=_b64(torch.get_rng_state()),
+        torch_cuda=cuda,
+        numpy=[np_state[0], np_state[1].tolist(), *np_state[2:]],
+        python=[py[0], list(py[1]), py[2]],
+    )
+
+
+def restore_rng(rng: RngState) -> None:
+    torch.set_rng_state(_unb64(rng.torch_cpu))
+    if rng.torch_cuda and torch.cuda.is_available() and len(rng.torch_cuda) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all([_unb64(s) for s in rng.torch_cuda])
+    n = rng.numpy
+    np.random.set_state((n[0], np.asarray(n[1], dtype=np.uint32), *n[2:]))
+    p = rng.python
+    random.setstate((p[0], tuple(p[1]), p[2]))
+
+
+def read_training_state(directory: str | os.PathLike) -> TrainingState:
+    path = Path(directory) / TRAINING_STATE_FILE
+    if not path.is_file():
+        raise TrainingStateError(f"{path}: missing (a model checkpoint, but not a resumable training checkpoint)")
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise TrainingStateError(f"{path}: not valid JSON ({exc})") from None
+    version = str(data.get("training_state_version", "")) if isinstance(data, dict) else ""
+    if version.split(".")[0] != TRAINING_STATE_VERSION.split(".")[0]:
+        raise TrainingStateError(
+            f"{path}: training_state_version {version or '(missing)'} is not supported "
+            f"(this colibri-model reads {TRAINING_STATE_VERSION})"
+        )
+    try:
+        return TrainingState.model_validate(data)
+    except ValidationError as exc:
+        raise TrainingStateError(f"{path}: invalid training state: {' '.join(str(exc).splitlines()[:3])}") from None
+
+
+def write_training_state(directory: str | os.PathLike, state: TrainingState) -> None:
+    (Path(directory) / TRAINING_STATE_FILE).write_text(state.model_dump_json(indent=2) + "\n")

@@ -1,0 +1,63 @@
+"""torchrun (DDP, gloo, 2 processes) matches one process with the same global batch."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import torch
+from safetensors.torch import load_file
+
+from colibri_model.corpus import prose_files
+from colibri_model.data import prepare
+
+ARGS = ["--preset", "tiny", "--seq-len", "32", "--batch-size", "4", "--lr", "3e-3", "--warmup", "2",
+        "--eval-every", "0", "--eval-batches", "2", "--save-every", "0", "--no-progress", "--device", "cpu"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run(cmd):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, (done.stdout[-1500:], done.stderr[-3000:])
+    return done
+
+
+def _metrics(run):
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_ddp_two_processes_match_single_process(tmp_path):
+    text = tmp_path / "text.txt"
+    text.write_text(prose_files()[-1].read_text()[:60_000])
+    data = tmp_path / "data"
+    prepare([str(text)], data, shard_tokens=4000, val_fraction=0.05, text_doc_chars=1000, progress=False)
+    single, ddp = tmp_path / "single", tmp_path / "ddp"
+    # one process, one micro-batch of 4 sequences
+    _run([sys.executable, "-m", "colibri_model.cli", "train", "--data", str(data), "--out", str(single),
+          "--steps", "4", "--micro-batch", "4", *ARGS])
+    # two processes x 2 sequences: the same global batch of 4
+    _run([sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
+          "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
+          "-m", "colibri_model.cli", "train", "--data", str(data), "--out", str(ddp), "--steps", "4", *ARGS])
+
+    a, b = _metrics(single), _metrics(ddp)
+    assert [r["step"] for r in a] == [r["step"] for r in b] == [0, 1, 2, 3, 4]  # rank 0 alone writes
+    for ra, rb in zip(a, b):
+        for key in ("loss", "val_loss", "grad_norm"):
+            if ra[key] is not None:
+                assert abs(ra[key] - rb[key]) <= 1e-4 * max(1.0, abs(ra[key])), (ra["step"], key, ra[key], rb[key])
+        assert ra["router"] == [] or [r["load"] for r in ra["router"]] == [r["load"] for r in rb["router"]]
+    wa = load_file(str(single / "checkpoints/step_00000004/model.safetensors"))
+    wb = load_file(str(ddp / "checkpoints/step_00000004/model.safetensors"))
+    for key in wa:
+        assert torch.allclose(wa[key], wb[key], atol=2e-5, rtol=1e-4), key
+    assert not list((ddp / "checkpoints").glob(".tmp-*"))

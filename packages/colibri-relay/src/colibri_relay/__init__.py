@@ -1,0 +1,51 @@
+"""colibri-relay: turn-based training on one Hub repo, with a compare-and-swap lease.
+
+Public API: `Relay` (init/status/claim/leg), `Leg` (pull/check/push/release), `LegSummary`,
+`open_store` / `RelayStore` / `HubStore` / `LocalStore`, the typed errors, and the file schemas
+`RelayState` (RELAY.json) and `LedgerEntry` (LEDGER.jsonl). See RELAY.md for the protocol.
+"""
+
+from .errors import (
+    CasLost,
+    ChecksumMismatch,
+    CommitLockBusy,
+    FileNotFoundInStore,
+    LeaseHeld,
+    LeaseLost,
+    NotInitialized,
+    OutcomeUnknown,
+    PayloadError,
+    RateLimited,
+    RelayError,
+    RelayFileCorrupt,
+    RevisionNotFound,
+    SchemaVersionError,
+    StoreError,
+    StoreNotFound,
+    StoreSpecError,
+    TagExists,
+)
+from .ledger import LedgerEntry, LegSummary
+from .local_store import LocalStore
+from .relay import Leg, PushResult, Relay
+from .relay_state import PayloadFile, RelayState
+from .store import CommitRecord, DeleteFile, FileInfo, PutFile, RelayStore, open_store
+
+__version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    if name == "HubStore":  # lazy: importing huggingface_hub costs ~1 s
+        from .hub_store import HubStore
+
+        return HubStore
+    raise AttributeError(name)
+
+
+__all__ = [
+    "Relay", "Leg", "PushResult", "LegSummary", "LedgerEntry", "RelayState", "PayloadFile",
+    "RelayStore", "LocalStore", "HubStore", "open_store", "PutFile", "DeleteFile", "FileInfo", "CommitRecord",
+    "RelayError", "StoreError", "StoreSpecError", "StoreNotFound", "RevisionNotFound", "FileNotFoundInStore",
+    "CasLost", "CommitLockBusy", "RateLimited", "OutcomeUnknown", "TagExists", "ChecksumMismatch",
+    "RelayFileCorrupt", "SchemaVersionError", "LeaseHeld", "LeaseLost", "NotInitialized", "PayloadError",
+]

@@ -1,0 +1,321 @@
+"""`HubStore`: the RelayStore interface on a Hugging Face Hub model repo, via the unmodified client.
+
+Rules this file enforces (why: see RELAY.md, "Why these rules"):
+
+* every write is ONE `HfApi.create_commit(parent_commit=<full 40-hex sha>)`; never
+  `upload_folder` / `upload_large_folder` (they split commits and only the first gets the parent);
+* every write carries a nonce in its title. `create_commit` returns the *current head* without a
+  server call when no file changed, so after each commit we check that the returned sha is new and
+  that its parent (first page of the commit listing) is the parent we named;
+* 412 -> CasLost, 409 -> CommitLockBusy, 429 -> RateLimited(retry_after_s),
+  5xx / timeout / dropped connection -> look for the nonce in the commits newer than the parent:
+  found -> the write landed (return its sha); not found -> OutcomeUnknown;
+* downloads are pinned to a full sha and verified: sha256 for LFS files, the git blob sha1 for
+  regular files, before they replace anything in the destination.
+
+The token is handed to HfApi only; it is never printed, logged or stored by this package.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi, hf_hub_download
+from huggingface_hub.errors import (
+    EntryNotFoundError,
+    HfHubHTTPError,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+)
+from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+
+from .errors import (
+    CasLost,
+    ChecksumMismatch,
+    CommitLockBusy,
+    FileNotFoundInStore,
+    OutcomeUnknown,
+    RateLimited,
+    RevisionNotFound,
+    StoreError,
+    StoreNotFound,
+    TagExists,
+)
+from .store import (
+    SHA_RE,
+    CommitRecord,
+    DeleteFile,
+    FileInfo,
+    Operation,
+    PutFile,
+    RelayStore,
+    check_full_sha,
+    git_blob_sha1,
+    title_with_nonce,
+)
+
+
+def _retry_after(err: HfHubHTTPError) -> float:
+    headers = err.response.headers
+    try:
+        from huggingface_hub.utils import parse_ratelimit_headers
+
+        info = parse_ratelimit_headers(headers)
+        if info is not None:
+            return float(info.reset_in_seconds)
+    except Exception:  # noqa: BLE001 - header parsing is best effort; fall back below
+        pass
+    try:
+        return float(headers.get("Retry-After", "5"))
+    except ValueError:
+        return 5.0
+
+
+class HubStore(RelayStore):
+    """A relay store in the Hub model repo `repo_id`.
+
+    >>> store = HubStore("me/my-run", endpoint="http://127.0.0.1:8123")   # doctest: +SKIP
+    >>> store.create(); store.head()                                       # doctest: +SKIP
+    """
+
+    def __init__(self, repo_id: str, *, endpoint: str | None = None, token: str | None = None,
+                 api: HfApi | None = None):
+        self.repo_id = repo_id
+        self.spec = f"hf://{repo_id}"
+        self.api = api or HfApi(endpoint=endpoint, token=token)
+        self._token = token
+
+    def __repr__(self) -> str:  # never show the token
+        return f"HubStore({self.repo_id!r}, endpoint={self.api.endpoint!r})"
+
+    def _read_error(self, exc: Exception, what: str, path: str | None = None, revision: str | None = None):
+        if isinstance(exc, RepositoryNotFoundError):
+            return StoreNotFound(f"Hub repo {self.repo_id} not found at {self.api.endpoint}")
+        if isinstance(exc, RevisionNotFoundError):
+            return RevisionNotFound(f"revision {revision} not found in {self.repo_id}")
+        if isinstance(exc, EntryNotFoundError) and path is not None:
+            return FileNotFoundInStore(path, revision or "?")
+        if isinstance(exc, HfHubHTTPError) and exc.response is not None and exc.response.status_code == 429:
+            return RateLimited(f"{what}: rate limited by the Hub", _retry_after(exc))
+        return StoreError(f"{what} on {self.repo_id} failed: {type(exc).__name__}: {str(exc).splitlines()[0]}")
+
+    # --- reads ---------------------------------------------------------------------------------
+    def create(self) -> str:
+        try:
+            self.api.create_repo(self.repo_id, repo_type="model", exist_ok=True)
+        except HfHubHTTPError as exc:
+            raise self._read_error(exc, "create repo") from None
+        return self.head()
+
+    def head(self) -> str:
+        try:
+            return self.api.model_info(self.repo_id, revision="main").sha
+        except Exception as exc:  # noqa: BLE001 - mapped to typed errors
+            raise self._read_error(exc, "read head", revision="main") from None
+
+    def _resolve(self, revision: str) -> str:
+        if SHA_RE.match(revision):
+            return revision
+        try:
+            return self.api.model_info(self.repo_id, revision=revision).sha
+        except Exception as exc:  # noqa: BLE001
+            raise self._read_error(exc, "resolve revision", revision=revision) from None
+
+    def list_files(self, revision: str) -> dict[str, FileInfo]:
+        sha = self._resolve(revision)
+        try:
+            entries = self.api.list_repo_tree(self.repo_id, revision=sha, recursive=True)
+            out = {}
+            for e in entries:
+                if hasattr(e, "blob_id"):
+                    out[e.path] = FileInfo(e.path, e.size, e.lfs.sha256 if e.lfs else None, e.blob_id)
+            return out
+        except Exception as exc:  # noqa: BLE001
+            raise self._read_error(exc, "list files", revision=sha) from None
+
+    def _info(self, path: str, sha: str) -> FileInfo:
+        try:
+            infos = self.api.get_paths_info(self.repo_id, [path], revision=sha)
+        except Exception as exc:  # noqa: BLE001
+            raise self._read_error(exc, "paths-info", path, sha) from None
+        for e in infos:
+            if e.path == path and hasattr(e, "blob_id"):
+                return FileInfo(path, e.size, e.lfs.sha256 if e.lfs else None, e.blob_id)
+        raise FileNotFoundInStore(path, sha)
+
+    def _download_one(self, path: str, sha: str, staging: Path) -> Path:
+        info = self._info(path, sha)
+        try:
+            local = Path(hf_hub_download(self.repo_id, path, revision=sha, local_dir=staging,
+                                         endpoint=self.api.endpoint, token=self._token))
+        except Exception as exc:  # noqa: BLE001
+            raise self._read_error(exc, f"download {path}", path, sha) from None
+        where = f"{self.spec}@{sha[:12]}"
+        if info.sha256:
+            h = hashlib.sha256()
+            with open(local, "rb") as f:
+                while block := f.read(1 << 20):
+                    h.update(block)
+            if h.hexdigest() != info.sha256:
+                raise ChecksumMismatch(path, where, info.sha256, h.hexdigest(), local.stat().st_size)
+        else:
+            actual = git_blob_sha1(local.read_bytes())
+            if actual != info.git_oid:
+                raise ChecksumMismatch(path, where, str(info.git_oid), actual, local.stat().st_size)
+        return local
+
+    def read_file(self, path: str, revision: str) -> bytes:
+        sha = self._resolve(revision)
+        staging = Path(tempfile.mkdtemp(prefix="relay-read-"))
+        try:
+            return self._download_one(path, sha, staging).read_bytes()
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+    def download(self, paths: list[str], revision: str, dest_dir: Path) -> dict[str, Path]:
+        sha = self._resolve(revision)
+        dest_dir = Path(dest_dir)
+        dest_dir.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".relay-download-", dir=dest_dir))
+        try:
+            fetched = {p: self._download_one(p, sha, staging) for p in paths}
+            out = {}
+            for p, local in fetched.items():  # only after every file verified
+                target = dest_dir / p
+                target.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(local, target)
+                out[p] = target
+            return out
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+    def _commits_page(self, revision: str, page: int = 0) -> tuple[list[dict], bool]:
+        """One page of the commit listing (the public client only offers the whole list)."""
+        url = f"{self.api.endpoint}/api/models/{self.repo_id}/commits/{revision}"
+        resp = get_session().get(url, headers=build_hf_headers(token=self._token), params={"p": page})
+        hf_raise_for_status(resp)
+        return resp.json(), "next" in resp.links
+
+    def history(self, revision: str | None = None, *, stop_at: str | None = None) -> list[CommitRecord]:
+        rev = self._resolve(revision) if revision else self.head()
+        out: list[CommitRecord] = []
+        page = 0
+        try:
+            while True:
+                items, more = self._commits_page(rev, page)
+                for item in items:
+                    rec = CommitRecord(item["id"], item.get("title", ""), item.get("date", ""))
+                    if out:  # the listing is linear: each commit's parent is the next one
+                        prev = out[-1]
+                        out[-1] = CommitRecord(prev.sha, prev.title, prev.timestamp, rec.sha)
+                    out.append(rec)
+                    if rec.sha == stop_at:
+                        return out
+                if not more:
+                    return out
+                page += 1
+        except Exception as exc:  # noqa: BLE001
+            raise self._read_error(exc, "list commits", revision=rev) from None
+
+    # --- writes --------------------------------------------------------------------------------
+    def _hub_ops(self, operations: list[Operation]):
+        out = []
+        for op in operations:
+            if isinstance(op, PutFile):
+                src = op.source if isinstance(op.source, bytes) else str(op.source)
+                out.append(CommitOperationAdd(path_in_repo=op.path, path_or_fileobj=src))
+            elif isinstance(op, DeleteFile):
+                out.append(CommitOperationDelete(path_in_repo=op.path))
+        return out
+
+    def prepare(self, operations: list[Operation]) -> None:
+        """Upload LFS blobs now; the later commit skips them (content-addressed, no visible change)."""
+        adds = [op for op in self._hub_ops(operations) if isinstance(op, CommitOperationAdd)]
+        if adds:
+            try:
+                self.api.preupload_lfs_files(self.repo_id, additions=adds, revision="main")
+            except Exception as exc:  # noqa: BLE001
+                raise self._read_error(exc, "pre-upload") from None
+
+    def commit(self, operations: list[Operation], *, parent: str, message: str, nonce: str) -> str:
+        check_full_sha(parent)
+        title = title_with_nonce(message, nonce)
+        try:
+            info = self.api.create_commit(self.repo_id, self._hub_ops(operations), commit_message=title,
+                                          parent_commit=parent, revision="main")
+        except HfHubHTTPError as exc:
+            status = exc.response.status_code if exc.response is not None else None
+            if status == 412:
+                raise CasLost(f"{self.spec}: head moved away from parent {parent[:12]} (HTTP 412)") from None
+            if status == 409:
+                raise CommitLockBusy(f"{self.spec}: commit lock busy (HTTP 409)") from None
+            if status == 429:
+                raise RateLimited(f"{self.spec}: commit rate limited (HTTP 429)", _retry_after(exc)) from None
+            if status is not None and status < 500:
+                raise StoreError(f"{self.spec}: commit refused (HTTP {status}): {str(exc).splitlines()[0]}") from None
+            return self._resolve_unknown(parent, nonce, f"HTTP {status}")
+        except (RepositoryNotFoundError, RevisionNotFoundError) as exc:
+            raise self._read_error(exc, "commit") from None
+        except (OSError, ValueError, RuntimeError) as exc:
+            if isinstance(exc, ValueError) and "parent_commit" in str(exc):
+                raise
+            return self._resolve_unknown(parent, nonce, f"{type(exc).__name__}")
+        except Exception as exc:  # noqa: BLE001 - transport errors of the HTTP library (timeouts, resets)
+            return self._resolve_unknown(parent, nonce, f"{type(exc).__name__}")
+        sha = info.oid
+        if sha == parent:
+            # create_commit skipped the server (no file changed) and returned the head.
+            raise StoreError(f"{self.spec}: commit made no change (every relay write must carry a nonce)")
+        self._check_parent(sha, parent)
+        return sha
+
+    def _check_parent(self, sha: str, parent: str) -> None:
+        try:
+            items, _ = self._commits_page(sha)
+        except Exception:  # noqa: BLE001 - the commit landed; a failed check read is not a failure
+            return
+        if len(items) < 2 or items[0]["id"] != sha or items[1]["id"] != parent:
+            got = items[1]["id"] if len(items) > 1 else None
+            raise CasLost(f"{self.spec}: new commit {sha[:12]} has parent {str(got)[:12]}, not {parent[:12]}")
+
+    def _resolve_unknown(self, parent: str, nonce: str, why: str) -> str:
+        """The write may have landed: look for our nonce among the commits newer than `parent`."""
+        for attempt in range(3):
+            try:
+                for rec in self.history(stop_at=parent):
+                    if rec.nonce == nonce:
+                        if rec.parent != parent:
+                            raise CasLost(f"{self.spec}: our commit {rec.sha[:12]} landed on an unexpected parent")
+                        return rec.sha
+                    if rec.sha == parent:
+                        break
+                if self.head() != parent:
+                    # Not in the chain and the head moved on: our commit can no longer land.
+                    raise CasLost(f"{self.spec}: head moved past {parent[:12]} without our commit ({why})")
+            except (StoreNotFound, RevisionNotFound, RateLimited, OutcomeUnknown):
+                pass
+            except CasLost:
+                if attempt == 2:
+                    raise
+            time.sleep(0.2 * (attempt + 1))
+        raise OutcomeUnknown(f"{self.spec}: commit outcome unknown ({why}); nonce {nonce} not found in history")
+
+    def create_tag(self, tag: str, revision: str) -> None:
+        try:
+            self.api.create_tag(self.repo_id, tag=tag, revision=revision)
+        except HfHubHTTPError as exc:
+            if exc.response is not None and exc.response.status_code == 409:
+                raise TagExists(tag, self.list_tags().get(tag)) from None
+            raise self._read_error(exc, f"create tag {tag}") from None
+
+    def list_tags(self) -> dict[str, str]:
+        try:
+            refs = self.api.list_repo_refs(self.repo_id)
+        except Exception as exc:  # noqa: BLE001
+            raise self._read_error(exc, "list refs") from None
+        return {t.name: t.target_commit for t in refs.tags}

@@ -1,0 +1,258 @@
+"""`Relay`: the trainer-facing API (init, status, claim, the `leg()` context, pull, push, release).
+
+    relay = Relay("hf://me/run", holder="alice@box", lease_duration_s=1200, heartbeat_s=300)
+    with relay.leg() as leg:               # claim (waits for the baton), heartbeat starts
+        leg.pull("ckpt/")                  # payload at OUR claim commit, checksums verified
+        for step in range(n):
+            leg.check()                    # raises LeaseLost once fenced: stop, push nothing
+            ...
+        leg.push("ckpt/", LegSummary(steps=n, tokens=t, loss_start=a, loss_end=b, hardware="1xH100"))
+    # leaving the block releases the baton (unless fenced)
+
+Push = blob upload (heartbeat keeps running) + ONE commit {payload, RELAY.json (leg + 1), LEDGER.jsonl
++ 1 line, LEDGER.md} whose parent is our last commit, then the tag `leg-N`.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import socket
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from .claim import claim_lease, repair_after_claim
+from .errors import (
+    FileNotFoundInStore,
+    LeaseHeld,
+    LeaseLost,
+    NotInitialized,
+    RelayError,
+    RelayFileCorrupt,
+    StoreError,
+    StoreNotFound,
+    TagExists,
+)
+from .lease import Lease, log
+from .ledger import (
+    LEDGER_JSONL,
+    LEDGER_MD,
+    LedgerEntry,
+    LegSummary,
+    append_entry,
+    parse_ledger,
+    render_ledger_md,
+)
+from .payload import build_manifest, pull_payload, scan_payload
+from .relay_state import RELAY_FILE, RelayState, parse_relay_state
+from .store import DeleteFile, PutFile, RelayStore, open_store
+
+
+def default_holder() -> str:
+    try:
+        user = getpass.getuser()
+    except Exception:  # noqa: BLE001 - no user name in some containers
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}:{os.getpid()}"
+
+
+@dataclass(frozen=True)
+class PushResult:
+    leg: int
+    commit: str
+    tag: str
+
+
+class Relay:
+    """A relay on one store. Timers default to the Hub's commit limits (heartbeat 5 min, lease 20 min)."""
+
+    def __init__(self, store: RelayStore | str, *, holder: str | None = None, lease_duration_s: float = 1200.0,
+                 heartbeat_s: float = 300.0, token: str | None = None):
+        self.store = open_store(store, token=token) if isinstance(store, str) else store
+        self.holder = holder or default_holder()
+        if heartbeat_s >= lease_duration_s / 2:
+            raise ValueError(f"heartbeat_s ({heartbeat_s}) must be well under lease_duration_s ({lease_duration_s})")
+        self.lease_duration_s = lease_duration_s
+        self.heartbeat_s = heartbeat_s
+
+    # --- reads ---------------------------------------------------------------------------------
+    def read_state(self, revision: str) -> RelayState:
+        try:
+            raw = self.store.read_file(RELAY_FILE, revision)
+        except FileNotFoundInStore:
+            raise NotInitialized(f"{self.store.spec} has no {RELAY_FILE} at {revision[:12]}: run "
+                                 f"`colibri-relay init --store {self.store.spec}`") from None
+        return parse_relay_state(raw, f"{self.store.spec}@{revision[:12]} {RELAY_FILE}")
+
+    def status(self) -> tuple[str, RelayState]:
+        """(head sha, RELAY.json at head)."""
+        head = self.store.head()
+        return head, self.read_state(head)
+
+    def ledger(self, revision: str | None = None) -> list[LedgerEntry]:
+        rev = revision or self.store.head()
+        try:
+            raw = self.store.read_file(LEDGER_JSONL, rev)
+        except FileNotFoundInStore:
+            raise NotInitialized(f"{self.store.spec} has no {LEDGER_JSONL} at {rev[:12]}") from None
+        return parse_ledger(raw, f"{self.store.spec}@{rev[:12]} {LEDGER_JSONL}")
+
+    # --- init ----------------------------------------------------------------------------------
+    def init(self) -> tuple[str, RelayState]:
+        """Create the store and an empty relay (baton free, leg 0, empty ledger). Idempotent: an
+        existing valid relay is left alone; an existing corrupt RELAY.json is an error (nothing lost)."""
+        head = self.store.create()
+        try:
+            return head, self.read_state(head)
+        except NotInitialized:
+            pass
+        state = RelayState(lease_duration_s=self.lease_duration_s, heartbeat_s=self.heartbeat_s).next_write()
+        ops = [PutFile(LEDGER_JSONL, b""), PutFile(LEDGER_MD, render_ledger_md([])),
+               PutFile(RELAY_FILE, state.to_bytes())]
+        sha = self.store.commit(ops, parent=head, message="relay: init", nonce=state.nonce)
+        return sha, state
+
+    def force_release(self, lease_id: str | None = None) -> tuple[str, RelayState]:
+        """Free the baton from outside the holder: one CAS write on the head. If `lease_id` is
+        given, only that lease is released. A live holder is fenced by its next heartbeat."""
+        head, state = self.status()
+        if state.status == "free":
+            return head, state
+        if lease_id is not None and state.lease_id != lease_id:
+            raise LeaseHeld(f"baton held by lease {state.lease_id} ({state.holder}), not {lease_id}")
+        leg_commit = state.leg_commit if (state.leg == 0 or state.leg_commit) else head
+        new = state.next_write(status="free", holder=None, lease_id=None, leg_commit=leg_commit)
+        sha = self.store.commit([PutFile(RELAY_FILE, new.to_bytes())], parent=head,
+                                message=f"relay: forced release of {state.holder} by {self.holder}", nonce=new.nonce)
+        return sha, new
+
+    # --- the lease -----------------------------------------------------------------------------
+    def claim(self, *, wait: bool = True, timeout_s: float | None = None, poll_s: float | None = None) -> Leg:
+        """Take the baton: at once if free; if held, after watching it unchanged for the lease
+        duration + margin (wait=False raises LeaseHeld instead). Starts the heartbeat thread."""
+        return claim_lease(self, wait=wait, timeout_s=timeout_s, poll_s=poll_s)
+
+    def _adopt(self, state: RelayState, commit: str, sent_at: float) -> Leg:
+        started = repair_after_claim(self, state)
+        return Leg(self, Lease(self.store, state, commit, sent_at, started_at=started))
+
+    @contextmanager
+    def leg(self, *, wait: bool = True, timeout_s: float | None = None, poll_s: float | None = None) -> Iterator[Leg]:
+        """Claim, yield the Leg, release on exit (also on errors; not when fenced)."""
+        leg = self.claim(wait=wait, timeout_s=timeout_s, poll_s=poll_s)
+        try:
+            yield leg
+        finally:
+            try:
+                leg.release()
+            except RelayError as exc:
+                log.warning("release failed (the lease will expire): %s", exc)
+
+
+class Leg:
+    """One held lease seen from the trainer. `number` is the leg a push will create."""
+
+    def __init__(self, relay: Relay, lease: Lease):
+        self.relay = relay
+        self.lease = lease
+
+    @property
+    def number(self) -> int:
+        return self.lease.state.leg + 1
+
+    @property
+    def state(self) -> RelayState:
+        return self.lease.state
+
+    @property
+    def claim_commit(self) -> str:
+        return self.lease.claim_commit
+
+    def check(self) -> None:
+        """Raise LeaseLost once fenced (no I/O)."""
+        self.lease.check()
+
+    def time_left_s(self) -> float:
+        return self.lease.time_left_s()
+
+    def pull(self, dest_dir: str | Path) -> dict[str, Path]:
+        """Download the payload at our lease commit into `dest_dir` (verified; {} at leg 0)."""
+        self.check()
+        # Our own last commit: its tree holds exactly the payload its RELAY.json manifest names.
+        lease = self.lease
+        return pull_payload(self.relay.store, lease.commit, lease.state.payload, Path(dest_dir))
+
+    def _current_ledger(self) -> bytes:
+        store, rev = self.relay.store, self.lease.commit
+        last: Exception | None = None
+        for attempt in range(5):
+            try:
+                raw = store.read_file(LEDGER_JSONL, rev)
+                break
+            except FileNotFoundInStore:
+                raw = b""
+                break
+            except (StoreError, StoreNotFound) as exc:
+                last = exc
+                time.sleep(0.2 * (attempt + 1))
+        else:
+            raise StoreError(f"cannot read {LEDGER_JSONL} at {rev[:12]}: {last}")
+        entries = parse_ledger(raw, f"{store.spec}@{rev[:12]} {LEDGER_JSONL}")
+        if len(entries) != self.lease.state.leg:
+            raise RelayFileCorrupt(f"{store.spec}@{rev[:12]} {LEDGER_JSONL}: {len(entries)} entries but "
+                                   f"{RELAY_FILE} says leg {self.lease.state.leg}")
+        return raw
+
+    def push(self, src_dir: str | Path, summary: LegSummary | dict | None = None) -> PushResult:
+        """Publish `src_dir` as leg `number`: one CAS commit, then the tag leg-N. Raises LeaseLost."""
+        self.check()
+        lease, store = self.lease, self.relay.store
+        summary = LegSummary.model_validate(summary or {}) if not isinstance(summary, LegSummary) else summary
+        files = scan_payload(Path(src_dir))
+        manifest = build_manifest(files)
+        puts = [PutFile(rel, path) for rel, path in files.items()]
+        store.prepare(puts)  # large blobs upload here, outside the write lock: heartbeats continue
+        ledger_raw = self._current_ledger()
+        entries = parse_ledger(ledger_raw, LEDGER_JSONL)
+
+        def make(state: RelayState):
+            leg = state.leg + 1
+            entry = LedgerEntry(
+                **summary.model_dump(), leg=leg, holder=str(state.holder), lease_id=str(state.lease_id),
+                epoch=state.epoch, started_at=lease.started_at,
+                finished_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                hours=(time.monotonic() - lease.claimed_mono) / 3600, base_commit=lease.claim_commit,
+                payload_files=len(manifest), payload_bytes=sum(m.size for m in manifest.values()),
+            )
+            new_raw = append_entry(ledger_raw, entry)
+            stale = [DeleteFile(p) for p in state.payload if p not in manifest]
+            ops = [*puts, *stale, PutFile(LEDGER_JSONL, new_raw), PutFile(LEDGER_MD, render_ledger_md([*entries, entry]))]
+            return state.next_write(leg=leg, leg_commit=None, payload=manifest), ops
+
+        sha = lease.write(make, f"relay: push leg {self.number}")
+        leg = lease.state.leg
+        tag = f"leg-{leg}"
+        try:
+            store.create_tag(tag, sha)
+        except TagExists as exc:
+            if exc.target != sha:
+                raise RelayError(f"leg {leg} pushed twice: {tag} already points at {exc.target}, ours is {sha}") from None
+        except StoreError as exc:  # the next claimant repairs a missing tag
+            log.warning("could not create tag %s (the next claim will): %s", tag, exc)
+        return PushResult(leg, sha, tag)
+
+    def release(self) -> bool:
+        """Free the baton. Returns False if we were already fenced (nothing written)."""
+        return self.lease.release()
+
+    def close(self) -> None:
+        """Stop the heartbeat without releasing (the lease then expires)."""
+        self.lease._fence("closed", expected=True)
+        self.lease.stop_heartbeat()
+
+
+__all__ = ["Relay", "Leg", "PushResult", "LeaseLost"]

@@ -1,0 +1,91 @@
+"""HubStore against the fake Hub's injected faults: each maps to its typed error or is resolved."""
+
+import pytest
+
+from colibri_relay import CasLost, ChecksumMismatch, CommitLockBusy, OutcomeUnknown, PutFile, RateLimited, StoreError
+
+
+@pytest.mark.parametrize("fault", ["commit_drop_reply_after_apply", "commit_500_after_apply"])
+def test_unknown_outcome_is_resolved_by_finding_the_nonce(hub_store, fake_hub, fault):
+    h0 = hub_store.head()
+    fake_hub.faults.inject(fault)
+    sha = hub_store.commit([PutFile("x", b"1")], parent=h0, message="m", nonce="abcdef01")
+    assert fake_hub.faults.injected[fault] == 1
+    assert hub_store.head() == sha
+    assert hub_store.history()[0].parent == h0
+
+
+def test_409_is_commit_lock_busy_and_the_same_parent_then_works(hub_store, fake_hub):
+    h0 = hub_store.head()
+    fake_hub.faults.inject("commit_409")
+    with pytest.raises(CommitLockBusy):
+        hub_store.commit([PutFile("x", b"1")], parent=h0, message="m", nonce="abcdef02")
+    assert hub_store.head() == h0
+    assert hub_store.commit([PutFile("x", b"1")], parent=h0, message="m", nonce="abcdef03") == hub_store.head()
+
+
+def test_429_is_rate_limited_with_the_reset_from_headers(hub_store, fake_hub):
+    fake_hub.faults.set(retry_after_s=7)
+    fake_hub.faults.inject("commit_429")
+    h0 = hub_store.head()
+    with pytest.raises(RateLimited) as err:
+        hub_store.commit([PutFile("x", b"1")], parent=h0, message="m", nonce="abcdef04")
+    assert err.value.retry_after_s == 7
+    assert hub_store.head() == h0
+
+
+def test_stale_head_reads_cannot_break_cas(hub_store, fake_hub):
+    h0 = hub_store.head()
+    h1 = hub_store.commit([PutFile("x", b"1")], parent=h0, message="m", nonce="abcdef05")
+    fake_hub.faults.set(stale_head_read=1.0)
+    assert hub_store.head() == h0  # the stale read the knob promises
+    with pytest.raises(CasLost):
+        hub_store.commit([PutFile("x", b"2")], parent=h0, message="m", nonce="abcdef06")
+    fake_hub.faults.set(stale_head_read=0.0)
+    assert hub_store.head() == h1
+
+
+def test_dropped_reply_on_a_losing_commit_is_cas_lost_not_success(hub_store, fake_hub):
+    h0 = hub_store.head()
+    hub_store.commit([PutFile("x", b"1")], parent=h0, message="m", nonce="abcdef07")
+    with pytest.raises(CasLost):
+        hub_store.commit([PutFile("x", b"2")], parent=h0, message="m", nonce="abcdef08")
+
+
+def test_unresolvable_outcome_raises_outcome_unknown(hub_store, fake_hub, monkeypatch):
+    """A 5xx whose commit never lands and a head that did not move: we cannot know -> OutcomeUnknown."""
+    import colibri_relay.hub_store as hs
+
+    monkeypatch.setattr(hs.time, "sleep", lambda s: None)
+    h0 = hub_store.head()
+
+    def boom(*a, **k):
+        raise ConnectionResetError("peer reset")
+
+    monkeypatch.setattr(hub_store.api, "create_commit", boom)
+    with pytest.raises(OutcomeUnknown):
+        hub_store.commit([PutFile("x", b"1")], parent=h0, message="m", nonce="abcdef09")
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate"])
+def test_corrupt_blob_on_the_server_is_caught_and_destination_untouched(hub_store, fake_hub, tmp_path, damage):
+    big = tmp_path / "w.safetensors"
+    big.write_bytes(b"A" * 200_000)
+    h1 = hub_store.commit([PutFile("w.safetensors", big)], parent=hub_store.head(), message="m",
+                          nonce="abcdef1" + str(len(damage)))
+    sha256 = hub_store.list_files(h1)["w.safetensors"].sha256
+    blob = fake_hub.state.blob_path(sha256)
+    blob.write_bytes(b"A" * 100_000 if damage == "truncate" else b"A" * 199_999 + b"B")
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    (dest / "w.safetensors").write_bytes(b"previous")
+    with pytest.raises(StoreError, match="w.safetensors") as err:
+        hub_store.download(["w.safetensors"], h1, dest)
+    if damage == "flip":
+        assert isinstance(err.value, ChecksumMismatch)
+    assert (dest / "w.safetensors").read_bytes() == b"previous"
+    assert [p.name for p in dest.iterdir()] == ["w.safetensors"]
+
+
+def test_token_is_not_in_repr(hub_store):
+    assert "hf_fake_token" not in repr(hub_store)
