@@ -90,7 +90,7 @@ def train_tiny(tokens: np.ndarray, steps: int, seq_len: int, out: Path) -> Path:
         loss.backward()
         opt.step()
         if step % 100 == 0 or step == steps - 1:
-            print(json.dumps({"train_step": step, "loss": round(float(loss), 4)}), file=sys.stderr)
+            print(json.dumps({"train_step": step, "loss": round(float(loss.detach()), 4)}), file=sys.stderr)
     model.save_pretrained(out, tokenizer_json=tokenizer_json(load_tokenizer()))
     return out
 

@@ -135,3 +135,37 @@ def test_error_summary_reports_every_tensor_type(tiny_container, tmp_path):
     assert {"embed.weight", "attn.q_proj.weight", "moe.experts.gate_proj", "moe.router.weight"} <= set(summary)
     assert summary["moe.experts.gate_proj"]["tensors"] == 8 and 0.01 < summary["moe.experts.gate_proj"]["relative_rmse"] < 0.15
     assert summary["attn_norm.weight"]["relative_rmse"] == 0.0
+
+
+def test_blob_reads_with_o_direct_into_an_aligned_buffer(tiny_container):
+    """What colibri-stream will do: its own O_DIRECT fd, a page-aligned mmap buffer, one preadv
+    at the index's offset/length, then ExpertBlob.parse on the buffer."""
+    import mmap
+    import os
+
+    from colibri_int4 import ExpertBlob
+
+    path = tiny_container[0]
+    if not hasattr(os, "O_DIRECT"):
+        pytest.skip("no O_DIRECT on this platform")
+    with Container.open(path) as c:
+        entry = c.expert_entry(2, 1)
+        expected = c.read_expert(2, 1)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+        except OSError:
+            pytest.skip("this filesystem refuses O_DIRECT")
+        buf = mmap.mmap(-1, entry.length)  # anonymous mmaps are page-aligned
+        try:
+            try:
+                n = os.preadv(fd, [buf], entry.offset)
+            except OSError:
+                pytest.skip("this filesystem refuses O_DIRECT reads")
+            assert n == entry.length
+            blob = ExpertBlob.parse(buf, c.blob_layout, entry.crc32)
+            for part, array in blob.dequantize().items():
+                np.testing.assert_array_equal(array, expected[part])
+            del blob
+        finally:
+            os.close(fd)
+            buf.close()

@@ -7,7 +7,6 @@ other exception (IndexError, MemoryError, ValueError from numpy, ...) fails the 
 
 import json
 import struct
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -39,7 +38,7 @@ def same(a: dict, b: dict) -> bool:
 
 
 @pytest.fixture(scope="module")
-def corpus(tiny_container):
+def corpus(tiny_container, tmp_path_factory):
     path = tiny_container[0]
     data = path.read_bytes()
     (json_length,) = struct.unpack_from("<Q", data, 16)
@@ -57,7 +56,7 @@ def corpus(tiny_container):
             leaves.append(trail)
 
     walk(header, [])
-    workdir = Path(tempfile.mkdtemp(prefix="coli-fuzz-"))
+    workdir = tmp_path_factory.mktemp("fuzz")
     return data, 32 + json_length, read_everything(path), leaves, workdir
 
 

@@ -6,7 +6,6 @@ os.environ["HF_HUB_DISABLE_XET"] = "1"  # before huggingface_hub is imported any
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 import pytest  # noqa: E402
-
 from colibri_relay import LocalStore  # noqa: E402
 
 pytest_plugins = ["colibri_relay.testing.pytest_plugin"]

@@ -3,7 +3,6 @@
 import json
 
 import pytest
-
 from colibri_relay import ChecksumMismatch, PutFile, Relay, RelayFileCorrupt, SchemaVersionError
 from colibri_relay.ledger import LEDGER_JSONL
 from colibri_relay.relay_state import RELAY_FILE, RelayState, parse_relay_state

@@ -1,8 +1,15 @@
 """HubStore against the fake Hub's injected faults: each maps to its typed error or is resolved."""
 
 import pytest
-
-from colibri_relay import CasLost, ChecksumMismatch, CommitLockBusy, OutcomeUnknown, PutFile, RateLimited, StoreError
+from colibri_relay import (
+    CasLost,
+    ChecksumMismatch,
+    CommitLockBusy,
+    OutcomeUnknown,
+    PutFile,
+    RateLimited,
+    StoreError,
+)
 
 
 @pytest.mark.parametrize("fault", ["commit_drop_reply_after_apply", "commit_500_after_apply"])

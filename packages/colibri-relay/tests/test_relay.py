@@ -5,7 +5,6 @@ import os
 import time
 
 import pytest
-
 from colibri_relay import LeaseHeld, LeaseLost, LegSummary, PutFile, Relay
 from colibri_relay.ledger import LEDGER_JSONL, LEDGER_MD
 from colibri_relay.relay_state import RELAY_FILE

@@ -3,8 +3,7 @@
 import os
 
 import pytest
-
-from colibri_relay import CasLost, ChecksumMismatch, DeleteFile, FileNotFoundInStore, PutFile, TagExists
+from colibri_relay import CasLost, DeleteFile, FileNotFoundInStore, PutFile, TagExists
 from colibri_relay.store import SHA_RE
 
 

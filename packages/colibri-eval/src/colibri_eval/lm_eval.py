@@ -13,8 +13,9 @@ def main() -> None:
     from colibri_eval.lm_eval_compat import import_lm_eval  # noqa: PLC0415
 
     import_lm_eval()
-    import colibri_eval.lm_eval_model  # noqa: F401, PLC0415 - registers the "colibri" model type
     from lm_eval.__main__ import cli_evaluate  # noqa: PLC0415
+
+    import colibri_eval.lm_eval_model  # noqa: F401, PLC0415 - registers the "colibri" model type
 
     cli_evaluate()
 

@@ -43,7 +43,7 @@ def import_lm_eval() -> ModuleType:
     try:
         import transformers  # noqa: F401, PLC0415
     except ImportError:
-        transformers = None
+        pass
     module = sys.modules.get("transformers")
     if module is not None and "AutoModelForVision2Seq" not in vars(module):
         try:

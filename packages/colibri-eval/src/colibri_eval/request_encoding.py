@@ -13,8 +13,9 @@ Contexts repeat across choices, so their encodings are memoised per call.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Protocol
 
 
 class TextTokenizer(Protocol):

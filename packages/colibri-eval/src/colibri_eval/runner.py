@@ -11,9 +11,10 @@ arguments, per-request (log-likelihood, is_greedy), prediction(s) and metrics.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from colibri_eval.adapters import LoadedModel
 from colibri_eval.metrics import DEFAULT_BOOTSTRAP_ITERS, aggregate, multiple_choice_metrics
@@ -40,7 +41,7 @@ def score_task(task: Task, documents: Sequence[Document], engine: ScoringEngine,
     groups = [encode_requests(tokenizer, doc.item.requests) for doc in documents]
     scores = engine.score(groups, progress=progress, desc=task.name)
     samples = []
-    for doc, results in zip(documents, scores):
+    for doc, results in zip(documents, scores, strict=True):
         lls = [ll for ll, _ in results]
         greedy = [g for _, g in results]
         sample: dict[str, Any] = {

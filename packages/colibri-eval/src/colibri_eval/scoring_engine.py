@@ -22,8 +22,9 @@ How the work is laid out, and why:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence
+from typing import Any, Protocol
 
 import torch
 from tqdm.auto import tqdm
@@ -125,11 +126,11 @@ class ScoringEngine:
 
         with torch.inference_mode(), tqdm(total=len(flat), desc=desc, disable=not progress, unit="req") as bar:
             for prefix, works in shared:
-                for work, result in zip(works, self._score_shared(prefix, works)):
+                for work, result in zip(works, self._score_shared(prefix, works), strict=True):
                     flat[work.slot] = result
                 bar.update(len(works))
             for batch in self._length_batches(singles):
-                for work, result in zip(batch, self._score_batch(batch)):
+                for work, result in zip(batch, self._score_batch(batch), strict=True):
                     flat[work.slot] = result
                 bar.update(len(batch))
 

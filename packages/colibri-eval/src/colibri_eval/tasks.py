@@ -25,8 +25,9 @@ must be kept in step with lm-eval by hand; the parity test in tests/ catches dri
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from colibri_eval.errors import UnknownTaskError
 

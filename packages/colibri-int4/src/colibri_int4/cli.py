@@ -134,7 +134,8 @@ def verify(file: Path, progress: bool) -> None:
     """Check the header and every checksum; exit 1 on any failure."""
     try:
         with Container.open(file) as container:
-            bar = tqdm(total=container.file_size, unit="B", unit_scale=True, desc="verify", disable=not progress)
+            covered = container.resident_bytes + container.expert_bytes  # an upper bound of the checked bytes
+            bar = tqdm(total=covered, unit="B", unit_scale=True, desc="verify", disable=not progress)
             report = container.verify(progress=bar.update)
             bar.close()
     except Int4Error as exc:

@@ -89,6 +89,7 @@ class HubStore(RelayStore):
         self.spec = f"hf://{repo_id}"
         self.api = api or HfApi(endpoint=endpoint, token=token)
         self._token = token
+        self._prepared: dict[tuple, CommitOperationAdd] = {}
 
     def __repr__(self) -> str:  # never show the token
         return f"HubStore({self.repo_id!r}, endpoint={self.api.endpoint!r})"
@@ -223,10 +224,22 @@ class HubStore(RelayStore):
             raise self._read_error(exc, "list commits", revision=rev) from None
 
     # --- writes --------------------------------------------------------------------------------
+    @staticmethod
+    def _source_key(op: PutFile) -> tuple | None:
+        if isinstance(op.source, bytes):
+            return None
+        st = os.stat(op.source)
+        return (op.path, str(op.source), st.st_size, st.st_mtime_ns)
+
     def _hub_ops(self, operations: list[Operation]):
         out = []
         for op in operations:
             if isinstance(op, PutFile):
+                key = self._source_key(op)
+                cached = self._prepared.get(key) if key is not None else None
+                if cached is not None and not cached._is_committed:
+                    out.append(cached)  # already hashed and uploaded by prepare()
+                    continue
                 src = op.source if isinstance(op.source, bytes) else str(op.source)
                 out.append(CommitOperationAdd(path_in_repo=op.path, path_or_fileobj=src))
             elif isinstance(op, DeleteFile):
@@ -234,12 +247,19 @@ class HubStore(RelayStore):
         return out
 
     def prepare(self, operations: list[Operation]) -> None:
-        """Upload LFS blobs now; the later commit skips them (content-addressed, no visible change)."""
-        adds = [op for op in self._hub_ops(operations) if isinstance(op, CommitOperationAdd)]
+        """Upload LFS blobs now (no visible change); the commit reuses these hashed, uploaded
+        operations, so a retry after CasLost / an unknown outcome uploads nothing again."""
+        self._prepared.clear()
+        adds = []
+        for op in operations:
+            if isinstance(op, PutFile) and (key := self._source_key(op)) is not None:
+                self._prepared[key] = CommitOperationAdd(path_in_repo=op.path, path_or_fileobj=str(op.source))
+                adds.append(self._prepared[key])
         if adds:
             try:
                 self.api.preupload_lfs_files(self.repo_id, additions=adds, revision="main")
             except Exception as exc:  # noqa: BLE001
+                self._prepared.clear()
                 raise self._read_error(exc, "pre-upload") from None
 
     def commit(self, operations: list[Operation], *, parent: str, message: str, nonce: str) -> str:
@@ -284,25 +304,24 @@ class HubStore(RelayStore):
             raise CasLost(f"{self.spec}: new commit {sha[:12]} has parent {str(got)[:12]}, not {parent[:12]}")
 
     def _resolve_unknown(self, parent: str, nonce: str, why: str) -> str:
-        """The write may have landed: look for our nonce among the commits newer than `parent`."""
-        for attempt in range(3):
+        """The write may have landed: look for our nonce among the commits newer than `parent`.
+
+        Head reads may be stale, so "not found" only counts when the walk from the head reached
+        `parent` (the head is at or past it): then a head past `parent` without our nonce means
+        our commit can no longer land (CasLost). Otherwise we cannot tell (OutcomeUnknown)."""
+        for attempt in range(4):
             try:
-                for rec in self.history(stop_at=parent):
-                    if rec.nonce == nonce:
-                        if rec.parent != parent:
-                            raise CasLost(f"{self.spec}: our commit {rec.sha[:12]} landed on an unexpected parent")
-                        return rec.sha
-                    if rec.sha == parent:
-                        break
-                if self.head() != parent:
-                    # Not in the chain and the head moved on: our commit can no longer land.
-                    raise CasLost(f"{self.spec}: head moved past {parent[:12]} without our commit ({why})")
-            except (StoreNotFound, RevisionNotFound, RateLimited, OutcomeUnknown):
-                pass
-            except CasLost:
-                if attempt == 2:
-                    raise
-            time.sleep(0.2 * (attempt + 1))
+                recs = self.history(stop_at=parent)
+            except (StoreNotFound, RevisionNotFound, RateLimited, StoreError):
+                recs = []
+            for rec in recs:
+                if rec.nonce == nonce:
+                    if rec.parent != parent:
+                        raise CasLost(f"{self.spec}: our commit {rec.sha[:12]} landed on an unexpected parent")
+                    return rec.sha
+            if recs and recs[-1].sha == parent and recs[0].sha != parent:
+                raise CasLost(f"{self.spec}: head moved past {parent[:12]} without our commit ({why})")
+            time.sleep(0.1 * (attempt + 1))
         raise OutcomeUnknown(f"{self.spec}: commit outcome unknown ({why}); nonce {nonce} not found in history")
 
     def create_tag(self, tag: str, revision: str) -> None:

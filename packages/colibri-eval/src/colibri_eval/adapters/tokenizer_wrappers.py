@@ -8,7 +8,8 @@ document separator of the pretraining shards.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 
 class HFTokenizer:

@@ -44,7 +44,7 @@ class TrainConfig(BaseModel):
     seed: int = 0
     log_every: int = Field(1, gt=0)
     eval_every: int = Field(100, ge=0, description="0: only at the end")
-    eval_batches: int = Field(8, gt=0)
+    eval_batches: int = Field(8, gt=0, description="validation size in global batches of batch_size sequences")
     eval_both_top_k: bool = True
     save_every: int = Field(500, ge=0, description="0: only at the end")
     keep_checkpoints: int = Field(2, ge=1)

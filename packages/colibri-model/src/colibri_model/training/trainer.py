@@ -127,8 +127,14 @@ class Trainer:
         self.balancer.attach(self.optimizer)
         self.loader = PackedLoader(train_source, train_config.seq_len, seed=train_config.seed,
                                    position=state.loader if state else None)
-        self.val_batches = fixed_batches(val_source, train_config.seq_len, train_config.micro_batch,
-                                         train_config.eval_batches)
+        # The validation set is the first eval_batches x batch_size (global) sequences of the
+        # validation stream, so it is the same whatever the world size or micro-batch; each rank
+        # scores every world_size-th of them.
+        val = fixed_batches(val_source, train_config.seq_len, 1, train_config.eval_batches * train_config.batch_size)
+        mine = val[self.ctx.rank::self.ctx.world_size]
+        mb = train_config.micro_batch
+        self.val_batches = [(torch.cat([x for x, _ in mine[i:i + mb]]), torch.cat([y for _, y in mine[i:i + mb]]))
+                            for i in range(0, len(mine), mb)]
         self.step = state.step if state else 0
         self.tokens_seen = state.tokens_seen if state else 0
         self.skipped_steps = state.skipped_steps if state else 0
@@ -291,7 +297,7 @@ class Trainer:
             r.count_tokens = False  # validation must not leak into the balancer's counts
         total = torch.zeros(2, dtype=torch.float64, device=self.device)
         try:
-            for x, y in self.val_batches[self.ctx.rank::self.ctx.world_size]:
+            for x, y in self.val_batches:
                 x, y = x.to(self.device), y.to(self.device)
                 n = float((y != IGNORE_INDEX).sum())
                 if n == 0:

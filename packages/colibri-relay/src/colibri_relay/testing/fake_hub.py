@@ -40,17 +40,23 @@ class _Server(ThreadingHTTPServer):
     allow_reuse_address = True
     request_queue_size = 128
 
+    def handle_error(self, request, client_address):
+        # Clients killed mid-request (the chaos test does this on purpose) are not server errors.
+        pass
+
 
 class FakeHub:
     """The fake Hub: `endpoint` is `http://127.0.0.1:PORT`. Use as a context manager or start/stop."""
 
     def __init__(self, port: int = 0, data_dir: Path | None = None, *, lfs_threshold: int = 10 * 1024 * 1024,
-                 faults: FaultKnobs | None = None, commit_hold_s: float = 0.0):
+                 faults: FaultKnobs | None = None, commit_hold_s: float = 0.0,
+                 upload_bytes_per_s: float | None = None):
         self._own_dir = data_dir is None
         self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="fake-hub-"))
         self.state = FakeHubState(self.data_dir, lfs_threshold=lfs_threshold)
         self.faults = faults or FaultKnobs()
         self.commit_hold_s = commit_hold_s
+        self.upload_bytes_per_s = upload_bytes_per_s  # throttle LFS uploads (a slow link)
         self.requests = 0
         handler = type("Handler", (_Handler,), {"hub": self})
         self._server = _Server(("127.0.0.1", port), handler)
@@ -134,7 +140,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _error(self, err: HubHTTPError):
         # The request body may be unread: close rather than desynchronise a keep-alive connection.
         self.close_connection = True
-        headers = {"X-Error-Message": err.message}
+        headers = {"X-Error-Message": err.message, "Connection": "close"}
         if err.error_code:
             headers["X-Error-Code"] = err.error_code
         if err.repo_commit:
@@ -158,6 +164,8 @@ class _Handler(BaseHTTPRequestHandler):
             raise HubHTTPError(404, f"no fake-Hub route for {self.command} {path}")
         except HubHTTPError as err:
             self._error(err)
+        except (ValueError, KeyError) as exc:  # malformed request (e.g. a client killed mid-body)
+            self._error(HubHTTPError(400, f"bad request: {exc}"))
         except _DropConnection:
             self.close_connection = True
             try:
@@ -299,6 +307,8 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             with os.fdopen(fd, "wb") as f:
                 for block in self._body_chunks():
+                    if self.hub.upload_bytes_per_s:
+                        time.sleep(len(block) / self.hub.upload_bytes_per_s)
                     h.update(block)
                     f.write(block)
                     n += len(block)

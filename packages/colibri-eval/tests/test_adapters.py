@@ -1,0 +1,63 @@
+"""Model specs and the colibri / int4 adapters (skipped when their packages are absent)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+from colibri_eval import ModelSpecError, get_task, load_documents
+from colibri_eval.adapters import parse_model_spec
+
+
+def test_model_spec_parsing():
+    assert parse_model_spec("hf:/a/b") == ("hf", "/a/b")
+    assert parse_model_spec("int4:x.c4") == ("int4", "x.c4")
+    for bad in ("/a/b", "gguf:/x", "hf:"):
+        with pytest.raises(ModelSpecError, match="expected hf:PATH, colibri:PATH or int4:PATH"):
+            parse_model_spec(bad)
+
+
+def test_missing_hf_dir_is_one_line(tmp_path):
+    pytest.importorskip("transformers")
+    from colibri_eval import load_model
+
+    with pytest.raises(ModelSpecError) as info:
+        load_model(f"hf:{tmp_path / 'nope'}")
+    assert "\n" not in str(info.value)
+
+
+def _has(module: str, attr: str) -> bool:
+    if importlib.util.find_spec(module) is None:
+        return False
+    try:
+        return hasattr(importlib.import_module(module), attr)
+    except Exception:  # noqa: BLE001 - a half-written package counts as absent
+        return False
+
+
+@pytest.mark.skipif(not _has("colibri_model", "ColibriForCausalLM"), reason="colibri-model not installed")
+def test_colibri_checkpoint_adapter(tmp_path):
+    import torch
+    from colibri_eval import load_model
+    from colibri_eval.request_encoding import encode_requests
+    from colibri_eval.scoring_engine import ScoringEngine
+    from colibri_model import ColibriForCausalLM, get_preset
+
+    torch.manual_seed(0)
+    model = ColibriForCausalLM(get_preset("tiny"))
+    model.save_pretrained(tmp_path)
+    loaded = load_model(f"colibri:{tmp_path}")
+    doc = load_documents(get_task("piqa"), "bundled", limit=1)[0]
+    requests = encode_requests(loaded.tokenizer, doc.item.requests)
+    [scores] = ScoringEngine(loaded.model).score([requests])
+    for request, (ll, _) in zip(requests, scores, strict=True):
+        full = torch.tensor([list(request.context) + list(request.continuation)[:-1]])
+        with torch.no_grad():
+            logp = torch.log_softmax(model.eval()(full).logits[0].float(), -1)[-len(request.continuation):]
+        want = float(logp.gather(1, torch.tensor(request.continuation)[:, None]).sum())
+        assert ll == pytest.approx(want, rel=1e-4, abs=1e-3)
+
+
+@pytest.mark.skipif(not _has("colibri_stream", "Engine"), reason="colibri-stream Engine not available yet")
+def test_int4_adapter_opens_a_container():
+    pytest.skip("needs an int4 container fixture from colibri-int4's exporter; see README")

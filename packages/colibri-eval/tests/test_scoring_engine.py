@@ -1,0 +1,71 @@
+"""The batched engine (length batching, head-only logits, shared prefixes) equals a naive
+one-request-at-a-time full forward."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from colibri_eval import get_task, load_documents  # noqa: E402
+from colibri_eval.request_encoding import TokenRequest, encode_requests  # noqa: E402
+from colibri_eval.scoring_engine import ScoringEngine  # noqa: E402
+
+
+def naive_score(hf_model, request: TokenRequest, max_length: int) -> tuple[float, bool]:
+    full = list(request.context) + list(request.continuation)
+    inp = torch.tensor([full[-(max_length + 1):][:-1]])
+    with torch.no_grad():
+        logp = torch.log_softmax(hf_model(inp).logits[0].float(), dim=-1)
+    cont = torch.tensor(request.continuation)
+    picked = logp[-len(cont):]
+    return float(picked.gather(1, cont[:, None]).sum()), bool((picked.argmax(-1) == cont).all())
+
+
+@pytest.fixture(scope="module")
+def groups(tiny_hf_model):
+    out = []
+    for name in ("hellaswag", "winogrande", "lambada_openai", "arc_challenge"):
+        for doc in load_documents(get_task(name), "bundled", limit=4):
+            out.append(encode_requests(tiny_hf_model.tokenizer, doc.item.requests))
+    return out
+
+
+def test_engine_matches_naive_forward(tiny_hf_model, groups):
+    hf_model = tiny_hf_model.model.model
+    expected = [[naive_score(hf_model, r, tiny_hf_model.model.max_length) for r in g] for g in groups]
+    for share in (True, False):
+        for batch_tokens in (64, 100_000):
+            got = ScoringEngine(tiny_hf_model.model, batch_tokens=batch_tokens, share_prefixes=share).score(groups)
+            for got_group, want_group in zip(got, expected, strict=True):
+                for (ll, greedy), (want_ll, want_greedy) in zip(got_group, want_group, strict=True):
+                    assert ll == pytest.approx(want_ll, rel=1e-5, abs=1e-3)
+                    assert greedy == want_greedy
+
+
+def test_prefix_sharing_is_used_for_multiple_choice(tiny_hf_model, groups):
+    calls = {"prefix": 0}
+    model = tiny_hf_model.model
+    original = model.prefix_forward
+
+    def counting(input_ids):
+        calls["prefix"] += 1
+        return original(input_ids)
+
+    model.prefix_forward = counting
+    try:
+        ScoringEngine(model).score(groups)
+    finally:
+        del model.prefix_forward
+    assert calls["prefix"] >= 8  # hellaswag and arc groups at least
+
+
+def test_left_truncation_to_max_length(tiny_hf_model):
+    model = tiny_hf_model.model
+    long_context = tuple(range(10, 10 + model.max_length + 40))
+    request = TokenRequest(long_context, (7, 8))
+    [[(ll, _)]] = ScoringEngine(model).score([[request]])
+    want, _ = naive_score(model.model, request, model.max_length)
+    assert ll == pytest.approx(want, rel=1e-5, abs=1e-3)
+    with pytest.raises(ValueError, match="empty continuation"):
+        ScoringEngine(model).score([[TokenRequest((1,), ())]])

@@ -1,0 +1,140 @@
+"""Tolerant reading of `metrics.jsonl` for display: what parses is shown, what does not is reported.
+
+The dashboard reads metrics written by someone else's trainer, possibly while it is still writing,
+so unlike a trainer's own reader it never raises on content:
+
+* a last line without its newline is a line being appended: skipped, noted as "incomplete";
+* a line that is not a JSON object is skipped and reported with its line number;
+* a line whose `metrics_version` has an unknown MAJOR is refused (reported naming both versions);
+  a line with no `metrics_version` at all is read as a generic record (relays whose payload is not
+  a Colibri model need not carry one);
+* a record without `step` gets its line index as its x position (reported once per file).
+
+What is plotted: every top-level numeric field (bools excluded) becomes a series; `router` (a list
+of per-layer dicts with `load`, `max_vio`, `dead_experts`, as colibri-model writes them) becomes the
+MoE views. Trade-off: nested numbers other than `router` are ignored, to keep "generic" predictable.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+
+METRICS_FILE = "metrics.jsonl"
+SUPPORTED_METRICS_VERSION = "1.0"
+# Numeric fields that are coordinates or bookkeeping, not series worth a chart.
+NOT_SERIES = {"step", "time", "metrics_version"}
+
+
+@dataclass
+class RouterLayer:
+    """One MoE layer's routing statistics at one step."""
+
+    layer: int
+    load: list[float]
+    max_vio: float | None
+    dead_experts: int | None
+
+
+@dataclass
+class MetricsPoint:
+    """One parsed metrics line: its step, its numeric fields and its router stats."""
+
+    step: float
+    values: dict[str, float]
+    router: list[RouterLayer] = field(default_factory=list)
+    kind: str | None = None
+
+
+@dataclass
+class ParsedMetrics:
+    """The readable part of one metrics file, plus what could not be read and why."""
+
+    points: list[MetricsPoint]
+    problems: list[str]
+    incomplete_tail: bool = False
+
+
+def _finite_number(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    number = float(value)
+    return number if math.isfinite(number) else None
+
+
+def _router_layers(raw: object) -> list[RouterLayer]:
+    if not isinstance(raw, list):
+        return []
+    layers = []
+    for index, item in enumerate(raw):
+        if not isinstance(item, dict) or not isinstance(item.get("load"), list):
+            continue
+        load = [_finite_number(v) for v in item["load"]]
+        if not load or any(v is None for v in load):
+            continue
+        layer = item.get("layer", index)
+        dead = item.get("dead_experts")
+        layers.append(RouterLayer(
+            layer=layer if isinstance(layer, int) else index,
+            load=[float(v) for v in load],  # type: ignore[arg-type]
+            max_vio=_finite_number(item.get("max_vio")),
+            dead_experts=dead if isinstance(dead, int) and not isinstance(dead, bool) else None,
+        ))
+    return layers
+
+
+def parse_metrics(raw: bytes, where: str, *, max_problems: int = 20) -> ParsedMetrics:
+    """Parse `raw` metrics.jsonl bytes; `where` names the file in every problem reported."""
+    text = raw.decode("utf-8", errors="replace")
+    lines = text.split("\n")
+    incomplete = bool(lines) and lines[-1] != ""
+    if incomplete:
+        lines = lines[:-1]  # the writer has not finished this line yet
+    points: list[MetricsPoint] = []
+    problems: list[str] = []
+    stepless = 0
+
+    def report(message: str) -> None:
+        if len(problems) < max_problems:
+            problems.append(message)
+        elif len(problems) == max_problems:
+            problems.append(f"{where}: more problems not shown")
+
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            data = json.loads(line)
+        except json.JSONDecodeError as exc:
+            report(f"{where} line {lineno}: not valid JSON ({exc.msg}); skipped")
+            continue
+        if not isinstance(data, dict):
+            report(f"{where} line {lineno}: not a JSON object; skipped")
+            continue
+        version = data.get("metrics_version")
+        if version is not None:
+            major = str(version).split(".")[0]
+            if major != SUPPORTED_METRICS_VERSION.split(".")[0]:
+                report(f"{where} line {lineno}: metrics_version {version} is not supported by this dashboard "
+                       f"(supports {SUPPORTED_METRICS_VERSION}); skipped")
+                continue
+        step = _finite_number(data.get("step"))
+        if step is None:
+            stepless += 1
+            step = float(len(points))
+        values = {key: num for key, value in data.items()
+                  if key not in NOT_SERIES and (num := _finite_number(value)) is not None}
+        kind = data.get("kind") if isinstance(data.get("kind"), str) else None
+        points.append(MetricsPoint(step=step, values=values, router=_router_layers(data.get("router")), kind=kind))
+    if stepless:
+        report(f"{where}: {stepless} line(s) have no numeric 'step'; their line order is used as the step")
+    return ParsedMetrics(points=dedupe_by_step(points), problems=problems, incomplete_tail=incomplete)
+
+
+def dedupe_by_step(points: list[MetricsPoint]) -> list[MetricsPoint]:
+    """Sorted by step; a step logged twice (a resumed run re-logging it) keeps its last record."""
+    by_step: dict[float, MetricsPoint] = {}
+    for point in points:
+        by_step[point.step] = point
+    return [by_step[s] for s in sorted(by_step)]

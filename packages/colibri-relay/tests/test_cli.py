@@ -1,0 +1,78 @@
+"""The `colibri-relay` command through click's runner (and one real subprocess for fake-hub)."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+from click.testing import CliRunner
+from colibri_relay.cli import main
+
+
+def run(*args, env=None):
+    return CliRunner().invoke(main, list(args), env=env, catch_exceptions=False)
+
+
+def test_help_lists_every_command():
+    out = run("--help").output
+    for cmd in ("init", "status", "claim", "release", "ledger", "fake-hub"):
+        assert cmd in out
+
+
+def test_init_status_claim_release_ledger_on_a_local_store(tmp_path):
+    s = str(tmp_path / "relay")
+    r = run("init", "--store", s, "--lease-s", "3", "--heartbeat-s", "0.5")
+    assert r.exit_code == 0, r.output
+    r = run("status", "--store", s, "--json")
+    data = json.loads(r.output)
+    assert data["state"]["status"] == "free" and len(data["head"]) == 40 and data["state"]["leg"] == 0
+    r = run("claim", "--store", s, "--holder", "me", "--hold-s", "0.3", "--lease-s", "3", "--heartbeat-s", "0.5")
+    assert r.exit_code == 0 and "claimed" in r.output and "released" in r.output, r.output
+    assert json.loads(run("status", "--store", s, "--json").output)["state"]["epoch"] == 1
+    assert "no legs pushed yet" in run("ledger", "--store", s).output
+    assert json.loads(run("ledger", "--store", s, "--json").output) == []
+    assert "baton:   free" in run("status", "--store", s).output
+
+
+def test_release_needs_a_lease_id_or_force(tmp_path):
+    s = str(tmp_path / "relay")
+    run("init", "--store", s)
+    r = CliRunner().invoke(main, ["release", "--store", s])
+    assert r.exit_code == 2 and "--lease-id" in r.output
+    r = run("release", "--store", s, "--force")
+    assert r.exit_code == 0 and "baton free" in r.output
+
+
+def test_errors_are_one_line_without_traceback(tmp_path):
+    r = CliRunner().invoke(main, ["status", "--store", str(tmp_path / "nothing-here")])
+    assert r.exit_code == 1
+    assert r.output.startswith("error:") and r.output.count("\n") == 1 and "Traceback" not in r.output
+    r = CliRunner().invoke(main, ["status", "--store", "s3://bucket/x"])
+    assert r.exit_code == 1 and "unknown store scheme" in r.output
+    r = CliRunner().invoke(main, ["status"])
+    assert r.exit_code == 2 and "--store" in r.output
+    r = CliRunner().invoke(main, ["claim", "--store", str(tmp_path), "--lease-s", "1", "--heartbeat-s", "1"])
+    assert r.exit_code == 2 and "heartbeat_s" in r.output
+
+
+def test_fake_hub_command_serves_the_unmodified_client(tmp_path):
+    env = {**os.environ, "HF_HUB_DISABLE_XET": "1", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "colibri_relay.cli", "fake-hub", "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+    try:
+        endpoint = proc.stdout.readline().strip()
+        assert endpoint.startswith("http://127.0.0.1:")
+        env["HF_ENDPOINT"] = endpoint
+        for args in (["init", "--store", "hf://team/run"], ["status", "--store", "hf://team/run", "--json"]):
+            out = subprocess.run([sys.executable, "-m", "colibri_relay.cli", *args], env=env, capture_output=True,
+                                 text=True, timeout=60)
+            assert out.returncode == 0, out.stderr
+        assert json.loads(out.stdout)["state"]["status"] == "free"
+        from huggingface_hub import HfApi
+
+        assert HfApi(endpoint=endpoint, token="anything").model_info("team/run").sha == json.loads(out.stdout)["head"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    time.sleep(0)

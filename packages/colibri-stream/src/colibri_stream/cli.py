@@ -1,0 +1,201 @@
+"""The `colibri-stream` command line: generate, chat, plan.
+
+    colibri-stream generate model.coli --prompt "Once upon a time" --ram-budget 600MB --max-new-tokens 64
+    colibri-stream generate model.coli --prompt "..." --ram-budget 1GiB --max-new-tokens 64 --json
+    colibri-stream chat model.coli --ram-budget 600MB
+    colibri-stream plan model.coli --ram-budget 600MB
+
+Errors are one line on stderr: exit code 2 for bad usage (a malformed size, a budget below the
+minimum, which the message names), 1 for a damaged container or a failed read.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import warnings
+
+import click
+
+from .errors import BudgetError, SizeFormatError, StreamError
+from .sizes import format_size, parse_size
+
+
+class SizeType(click.ParamType):
+    name = "SIZE"
+
+    def convert(self, value, param, ctx):
+        try:
+            return parse_size(value)
+        except SizeFormatError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+SIZE = SizeType()
+
+
+def _engine_options(f):
+    options = [
+        click.option("--ram-budget", type=SIZE, required=True,
+                     help="RAM for weights, caches and buffers: bytes or with a unit (KB, MB, GB, KiB, MiB, GiB)."),
+        click.option("--compute", type=click.Choice(["auto", "int4", "dequant"]), default="auto", show_default=True,
+                     help="Routed-expert kernels: torch's CPU int4 kernels, or dequantized matmuls (reference)."),
+        click.option("--dtype", type=click.Choice(["f32", "bf16"]), default="f32", show_default=True,
+                     help="Dtype of resident weights and activations."),
+        click.option("--top-k", type=click.IntRange(min=1), default=None,
+                     help="Experts per token (default: the config's top_k_infer)."),
+        click.option("--max-context", type=click.IntRange(min=1), default=None,
+                     help="KV cache length (default: the config's max_seq_len)."),
+        click.option("--no-direct-io", is_flag=True, help="Buffered reads instead of O_DIRECT."),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+def _sampling_options(f):
+    options = [
+        click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True,
+                     help="0 = greedy."),
+        click.option("--top-p", type=click.FloatRange(min=0, max=1, min_open=True), default=1.0, show_default=True,
+                     help="Nucleus sampling mass (with --temperature > 0)."),
+        click.option("--seed", type=int, default=None, help="Seed for sampling."),
+        click.option("--stop", multiple=True, help="Stop string (repeatable); cut from the output."),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+def _open_engine(container, ram_budget, compute, dtype, top_k, max_context, no_direct_io, **extra):
+    from .engine import Engine  # torch import is slow; keep --help fast
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            engine = Engine.open(container, ram_budget, compute=compute, dtype=dtype, top_k=top_k,
+                                 max_context=max_context, direct_io=not no_direct_io, **extra)
+        except BudgetError as exc:
+            raise click.UsageError(str(exc)) from None
+        except (StreamError, ValueError, OSError) as exc:
+            raise click.ClickException(f"{container}: {str(exc).splitlines()[0]}") from None
+    for w in caught:
+        click.echo(f"note: {w.message}", err=True)
+    return engine
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="colibri-stream")
+def main() -> None:
+    """Run a Colibri int4 container bigger than RAM: resident backbone, routed experts streamed
+    from disk through a RAM-budgeted cache."""
+
+
+@main.command()
+@click.argument("container", type=click.Path(exists=True, dir_okay=False))
+@click.option("--prompt", required=True, help="Text to continue.")
+@click.option("--max-new-tokens", type=click.IntRange(min=0), default=64, show_default=True)
+@_engine_options
+@_sampling_options
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object: the text and the stats.")
+@click.option("--trace", is_flag=True, help="With --json: include the routing trace.")
+def generate(container, prompt, max_new_tokens, ram_budget, compute, dtype, top_k, max_context, no_direct_io,
+             temperature, top_p, seed, stop, as_json, trace):
+    """Continue PROMPT with the model in CONTAINER (greedy unless --temperature is given)."""
+    engine = _open_engine(container, ram_budget, compute, dtype, top_k, max_context, no_direct_io,
+                          record_trace=trace)
+    with engine:
+        def show(piece: str) -> None:
+            if not as_json:
+                click.echo(piece, nl=False)
+                sys.stdout.flush()
+
+        try:
+            result = engine.generate(prompt, max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
+                                     stop=stop, on_text=show)
+        except (StreamError, ValueError) as exc:
+            raise click.ClickException(str(exc).splitlines()[0]) from None
+        if as_json:
+            out = result.to_dict()
+            out["stats"] = engine.stats.to_dict(include_trace=trace)
+            out["budget"] = _budget_dict(engine)
+            click.echo(json.dumps(out))
+        else:
+            click.echo()
+            _print_summary(engine, result)
+
+
+@main.command()
+@click.argument("container", type=click.Path(exists=True, dir_okay=False))
+@click.option("--system", default=None, help="Optional system message.")
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=256, show_default=True)
+@_engine_options
+@_sampling_options
+def chat(container, system, max_new_tokens, ram_budget, compute, dtype, top_k, max_context, no_direct_io,
+         temperature, top_p, seed, stop):
+    """Chat with the model in CONTAINER (ChatML template). An empty line, /exit or EOF ends."""
+    engine = _open_engine(container, ram_budget, compute, dtype, top_k, max_context, no_direct_io)
+    messages = [{"role": "system", "content": system}] if system else []
+    interactive = sys.stdin.isatty()
+    with engine:
+        while True:
+            if interactive:
+                click.echo("you> ", nl=False, err=True)
+            line = sys.stdin.readline()
+            if not line or not line.strip() or line.strip() == "/exit":
+                break
+            messages.append({"role": "user", "content": line.rstrip("\n")})
+            click.echo("colibri> ", nl=False)
+            try:
+                result = engine.chat(messages, max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
+                                     stop=stop, on_text=lambda piece: (click.echo(piece, nl=False), sys.stdout.flush()))
+            except (StreamError, ValueError) as exc:
+                raise click.ClickException(str(exc).splitlines()[0]) from None
+            click.echo()
+            messages.append({"role": "assistant", "content": result.text})
+            s = engine.stats
+            click.echo(f"[{len(result.token_ids)} tokens, {result.tokens_per_s:.1f} tok/s, "
+                       f"hit rate {s.hit_rate:.1%}, read {format_size(s.bytes_read)}]", err=True)
+
+
+@main.command()
+@click.argument("container", type=click.Path(exists=True, dir_okay=False))
+@_engine_options
+@click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
+def plan(container, ram_budget, compute, dtype, top_k, max_context, no_direct_io, as_json):
+    """Show how RAM_BUDGET is split (resident, KV cache, workspace, expert cache) without running."""
+    engine = _open_engine(container, ram_budget, compute, dtype, top_k, max_context, no_direct_io)
+    with engine:
+        if as_json:
+            click.echo(json.dumps(_budget_dict(engine)))
+        else:
+            click.echo(engine.budget.describe())
+            click.echo(f"compute {engine.stats.compute_mode}, I/O {engine.stats.io_mode}, "
+                       f"expert bytes on disk {format_size(engine.container.expert_bytes)}")
+
+
+def _budget_dict(engine) -> dict:
+    b = engine.budget
+    return {
+        "ram_budget": b.ram_budget, "resident_bytes": b.resident_bytes, "kv_cache_bytes": b.kv_cache_bytes,
+        "workspace_bytes": b.workspace_bytes, "staging_bytes": b.staging_bytes, "slot_bytes": b.slot_bytes,
+        "cache_slots": b.slots, "total_experts": b.total_experts,
+        "expert_bytes_on_disk": engine.container.expert_bytes,
+        "compute": engine.stats.compute_mode, "io_mode": engine.stats.io_mode,
+    }
+
+
+def _print_summary(engine, result) -> None:
+    s = engine.stats
+    click.echo(
+        f"[{len(result.token_ids)} tokens ({result.finish_reason}), TTFT {result.prefill_seconds:.2f} s, "
+        f"{result.tokens_per_s:.1f} tok/s; hits {s.hits} misses {s.misses} ({s.hit_rate:.1%}), "
+        f"read {format_size(s.bytes_read)}, evictions {s.evictions}; I/O {s.io_seconds:.2f} s, "
+        f"expert compute {s.compute_seconds:.2f} s; resident {format_size(s.resident_bytes)}, "
+        f"cache {format_size(s.cache_bytes)} of {format_size(s.cache_capacity_bytes)}; {s.io_mode} I/O]",
+        err=True,
+    )
+
+
+if __name__ == "__main__":
+    main()

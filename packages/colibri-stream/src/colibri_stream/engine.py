@@ -1,0 +1,345 @@
+"""`Engine`: a Colibri int4 container served under a RAM budget.
+
+    >>> from colibri_stream import Engine
+    >>> with Engine.open("model.coli", ram_budget="600MB") as eng:          # doctest: +SKIP
+    ...     print(eng.generate("The capital of France is", max_new_tokens=16).text)
+    ...     print(eng.stats.to_dict()["hit_rate"])
+
+Opening reads the container header and its resident region once, builds colibri-model's
+`ColibriForCausalLM` with a `StreamedExperts` backend per MoE layer (the transformer math is
+colibri-model's, not a copy), splits the budget (budget.py) and preallocates the KV cache.
+Every forward pass, prefill or decode, goes through the KV cache in chunks of at most
+`prefill_chunk` tokens, so activations stay within the workspace the budget reserved.
+Serving uses the config's `top_k_infer` (top-1 for the presets, trained at top-2) unless
+`top_k` is given.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from colibri_int4 import Container
+from colibri_model import load_tokenizer
+from colibri_model.chat import encode_chat
+from colibri_model.tokenizer import EOS_TOKEN, IM_END
+from tokenizers import Tokenizer
+
+from .budget import Budget, kv_cache_bytes, plan_budget, workspace_bytes
+from .cache_policy import CachePolicy, make_policy
+from .direct_io import BlobReader
+from .expert_cache import ExpertCache
+from .expert_compute import DequantExpert, Int4Expert, int4_supported, prepared_nbytes
+from .generation import SamplingConfig, TextAssembler, TokenSampler
+from .resident import build_model, model_config, module_bytes
+from .sizes import parse_size
+from .stats import StreamStats
+from .streamed_experts import StreamedExperts
+
+DTYPES = {"f32": torch.float32, "fp32": torch.float32, "float32": torch.float32,
+          "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    token_ids: list[int]
+    prompt_tokens: int
+    finish_reason: Literal["stop", "eos", "length"]
+    prefill_seconds: float  # time to first token
+    decode_seconds: float
+    stats: dict = field(default_factory=dict)
+
+    @property
+    def tokens_per_s(self) -> float:
+        decoded = max(len(self.token_ids) - 1, 0)  # the first token comes from the prefill
+        return decoded / self.decode_seconds if self.decode_seconds > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        return {
+            "text": self.text, "token_ids": self.token_ids, "prompt_tokens": self.prompt_tokens,
+            "new_tokens": len(self.token_ids), "finish_reason": self.finish_reason,
+            "ttft_s": round(self.prefill_seconds, 6), "decode_s": round(self.decode_seconds, 6),
+            "tokens_per_s": round(self.tokens_per_s, 4), "stats": self.stats,
+        }
+
+
+def _resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    try:
+        return DTYPES[dtype.lower()]
+    except KeyError:
+        raise ValueError(f"unknown dtype {dtype!r}; use f32 or bf16") from None
+
+
+class Engine:
+    """A served model. Create with `Engine.open`; close (or use `with`) to release the file."""
+
+    def __init__(self, container: Container, config, model, cache: ExpertCache, reader: BlobReader,
+                 tokenizer: Tokenizer, budget: Budget, stats: StreamStats, max_context: int,
+                 prefill_chunk: int, device: torch.device):
+        self.container, self.config, self.model, self.cache = container, config, model, cache
+        self.reader, self.tokenizer, self.budget, self.stats = reader, tokenizer, budget, stats
+        self.max_context, self.prefill_chunk, self.device = max_context, prefill_chunk, device
+        self.kv_cache = model.new_kv_cache(1, max_context)
+        self.path = container.path
+
+    # --- construction ----------------------------------------------------------------------
+    @classmethod
+    def open(
+        cls,
+        path: str | os.PathLike,
+        ram_budget: str | int = "600MB",
+        *,
+        compute: Literal["auto", "int4", "dequant"] = "auto",
+        dtype: str | torch.dtype = "f32",
+        device: str | torch.device = "cpu",
+        cache_policy: str | CachePolicy | None = None,
+        top_k: int | None = None,
+        max_context: int | None = None,
+        prefill_chunk: int = 128,
+        direct_io: bool = True,
+        record_trace: bool = False,
+        tokenizer: str | os.PathLike | Tokenizer | None = None,
+    ) -> Engine:
+        """Open a container and plan the budget; raises `BudgetError` (naming the minimum) when
+        `ram_budget` cannot hold the resident part plus one layer's working set, and
+        `colibri_int4.ContainerError` for a damaged file. `compute="auto"` uses torch's CPU
+        int4 kernels where the shapes allow, else the dequantized path (always on CUDA)."""
+        budget_bytes = parse_size(ram_budget)
+        dtype = _resolve_dtype(dtype)
+        device = torch.device(device)
+        if prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
+        container = Container.open(path)
+        try:
+            return cls._open(container, budget_bytes, compute, dtype, device, cache_policy, top_k,
+                             max_context, prefill_chunk, direct_io, record_trace, tokenizer)
+        except BaseException:
+            container.close()
+            raise
+
+    @classmethod
+    def _open(cls, container, budget_bytes, compute, dtype, device, cache_policy, top_k, max_context,
+              prefill_chunk, direct_io, record_trace, tokenizer) -> Engine:
+        config = model_config(container)
+        top_k = top_k or config.top_k_infer
+        if not 1 <= top_k <= config.n_experts:
+            raise ValueError(f"top_k must be in [1, {config.n_experts}], got {top_k}")
+        max_context = max_context or config.max_seq_len
+        layout = container.blob_layout
+        compute = _choose_compute(compute, layout, config, device, dtype)
+        elem = torch.empty((), dtype=dtype).element_size()
+        slot_bytes = prepared_nbytes(layout, config.d_model, config.expert_dim, compute, dtype) if layout else 0
+        # The resident size is known before materialising it: every resident tensor's element count.
+        resident_bytes = sum(
+            (4 if len(t.shape) == 1 or t.name.endswith("expert_bias") else elem) * _numel(t.shape)
+            for t in container.header.tensors
+        ) + 4 * config.n_moe_layers * config.n_experts  # router token counters
+        budget = plan_budget(
+            budget_bytes, config, resident_bytes, kv_cache_bytes(config, max_context, elem),
+            workspace_bytes(config, min(prefill_chunk, max_context), max_context, elem),
+            layout.blob_length if layout else 0, slot_bytes, top_k,
+        )
+        stats = StreamStats(record_trace=record_trace)
+        policy = make_policy(cache_policy)
+        reader = BlobReader(container.path, direct=direct_io)
+        try:
+            entries = {(e.layer, e.expert): e for e in container.header.experts.entries}
+            if compute == "int4":
+                def prepare(blob):
+                    return Int4Expert(blob, dtype)
+            else:
+                def prepare(blob):
+                    return DequantExpert(blob, dtype, device)
+            cache = ExpertCache(reader, entries, layout, prepare, max(budget.slots, 1), policy, stats)
+            backends = {
+                i: StreamedExperts(i, config.n_experts, config.d_model, cache, stats)
+                for i in range(config.n_dense_layers, config.n_layers)
+            }
+            model = build_model(container, config, backends, dtype, device)
+            if top_k != config.top_k_infer:
+                model.set_top_k(top_k)
+            actual_resident = module_bytes(model)
+            if actual_resident > resident_bytes:  # the plan must never under-count
+                raise AssertionError(f"resident weights take {actual_resident} bytes, planned {resident_bytes}")
+            if tokenizer is None:
+                carried = container.read_tokenizer_json()
+                tokenizer = Tokenizer.from_str(carried) if carried else load_tokenizer(None)
+            elif not isinstance(tokenizer, Tokenizer):
+                tokenizer = load_tokenizer(tokenizer)
+        except BaseException:
+            reader.close()
+            raise
+        stats.ram_budget_bytes, stats.resident_bytes = budget.ram_budget, actual_resident
+        stats.kv_cache_bytes, stats.staging_bytes = budget.kv_cache_bytes, cache.staging_bytes
+        stats.workspace_bytes, stats.cache_capacity_bytes = budget.workspace_bytes, budget.cache_capacity_bytes
+        stats.cache_slots, stats.io_mode = budget.slots, reader.mode
+        stats.compute_mode, stats.policy = compute, policy.name
+        return cls(container, config, model, cache, reader, tokenizer, budget, stats, max_context,
+                   prefill_chunk, device)
+
+    def close(self) -> None:
+        self.cache.close()
+        self.reader.close()
+        self.container.close()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def reset_stats(self) -> None:
+        self.stats.reset()
+
+    # --- forward passes --------------------------------------------------------------------
+    @torch.inference_mode()
+    def _forward(self, ids: list[int], keep: Literal["all", "last"]) -> torch.Tensor:
+        """Run `ids` through the model after what the KV cache holds, in chunks; returns fp32
+        logits of every position ([T, V]) or of the last one ([V])."""
+        if self.kv_cache.length + len(ids) > self.max_context:
+            raise ValueError(
+                f"{self.kv_cache.length + len(ids)} tokens exceed the engine's max_context={self.max_context}"
+            )
+        outputs = []
+        for start in range(0, len(ids), self.prefill_chunk):
+            chunk = torch.tensor([ids[start : start + self.prefill_chunk]], dtype=torch.long, device=self.device)
+            self.stats.steps += 1
+            self.cache.policy.begin_step(self.stats.steps)
+            began = time.perf_counter()
+            logits = self.model(chunk, cache=self.kv_cache).logits[0]
+            self.stats.forward_seconds += time.perf_counter() - began
+            outputs.append(logits.float() if keep == "all" else logits[-1].float())
+        return torch.cat(outputs, 0) if keep == "all" else outputs[-1]
+
+    def logits(self, input_ids: Sequence[int] | torch.Tensor) -> torch.Tensor:
+        """fp32 logits `[T, vocab]` of one sequence (a 1-D tensor or list of token ids), from
+        an empty context: row t scores the token after position t."""
+        ids = input_ids.flatten().tolist() if isinstance(input_ids, torch.Tensor) else [int(i) for i in input_ids]
+        if not ids:
+            raise ValueError("logits() needs at least one token")
+        self.kv_cache.length = 0
+        self.stats.prefill_tokens += len(ids)
+        return self._forward(ids, keep="all").cpu()
+
+    # --- text ------------------------------------------------------------------------------
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def chat_prompt(self, messages: list[dict]) -> list[int]:
+        """Token ids of a conversation in colibri-model's ChatML template, ending with the
+        assistant header so that the model writes the next turn."""
+        return encode_chat(messages, self.tokenizer, add_generation_prompt=True)[0]
+
+    def _special_id(self, token: str) -> int | None:
+        return self.tokenizer.token_to_id(token)
+
+    def stream(
+        self,
+        prompt: str | Sequence[int],
+        max_new_tokens: int = 128,
+        *,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        stop: Sequence[str] = (),
+        stop_token_ids: Sequence[int] | None = None,
+        result: list | None = None,
+    ) -> Iterator[str]:
+        """Yield text pieces as they are generated (see `generate`). If `result` is a list, the
+        final `GenerationResult` is appended to it when the iterator is exhausted."""
+        prompt_ids = self.encode(prompt) if isinstance(prompt, str) else [int(i) for i in prompt]
+        if not prompt_ids:
+            raise ValueError("the prompt is empty")
+        if max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+        if stop_token_ids is None:
+            stop_token_ids = [i for i in (self._special_id(EOS_TOKEN), self._special_id(IM_END)) if i is not None]
+        stop_ids = set(stop_token_ids)
+        sampler = TokenSampler(SamplingConfig(temperature, top_p, seed))
+        assembler = TextAssembler(self.tokenizer, tuple(stop))
+        self.kv_cache.length = 0
+        finish = "length"
+        began = time.perf_counter()
+        prefill_seconds = 0.0
+        logits = None
+        if max_new_tokens > 0:
+            self.stats.prefill_tokens += len(prompt_ids)
+            logits = self._forward(prompt_ids, keep="last")
+        prefill_seconds = time.perf_counter() - began
+        for step in range(max_new_tokens):
+            token = sampler(logits)
+            if token in stop_ids:
+                finish = "eos"
+                break
+            piece = assembler.add(token)
+            if piece:
+                yield piece
+            if assembler.stopped:
+                finish = "stop"
+                break
+            if step + 1 == max_new_tokens or self.kv_cache.length + 1 > self.max_context:
+                break
+            self.stats.decode_tokens += 1
+            logits = self._forward([token], keep="last")
+        tail = assembler.finish()
+        if tail:
+            yield tail
+        if result is not None:
+            result.append(GenerationResult(
+                assembler.text, list(assembler.ids), len(prompt_ids), finish, prefill_seconds,
+                time.perf_counter() - began - prefill_seconds, self.stats.to_dict(),
+            ))
+
+    def generate(
+        self,
+        prompt: str | Sequence[int],
+        max_new_tokens: int = 128,
+        *,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        stop: Sequence[str] = (),
+        stop_token_ids: Sequence[int] | None = None,
+        on_text: Callable[[str], None] | None = None,
+    ) -> GenerationResult:
+        """Generate up to `max_new_tokens` after `prompt` (text or token ids). Greedy unless
+        `temperature > 0` (then nucleus sampling with `top_p`, repeatable with `seed`). Stops at
+        an end token (`<|endoftext|>`, `<|im_end|>` by default), or at the first of the `stop`
+        strings (cut from the text). `on_text(piece)` receives the text as it is produced."""
+        result: list[GenerationResult] = []
+        for piece in self.stream(prompt, max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
+                                 stop=stop, stop_token_ids=stop_token_ids, result=result):
+            if on_text is not None:
+                on_text(piece)
+        return result[0]
+
+    def chat(self, messages: list[dict], max_new_tokens: int = 256, **kwargs) -> GenerationResult:
+        """The assistant's reply to `messages` ([{"role": ..., "content": ...}, ...])."""
+        return self.generate(self.chat_prompt(messages), max_new_tokens, **kwargs)
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
+
+
+def _choose_compute(compute: str, layout, config, device: torch.device, dtype: torch.dtype) -> str:
+    if compute not in ("auto", "int4", "dequant"):
+        raise ValueError(f"compute must be auto, int4 or dequant, got {compute!r}")
+    if layout is None or compute == "dequant":
+        return "dequant"
+    reason = int4_supported(layout, config.d_model, config.expert_dim)
+    if device.type != "cpu":
+        reason = reason or f"the int4 kernels used here are CPU kernels (device {device})"
+    if compute == "int4" and reason:
+        raise ValueError(f"compute='int4' is not possible: {reason}")
+    return "dequant" if reason else "int4"

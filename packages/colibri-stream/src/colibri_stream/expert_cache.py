@@ -1,0 +1,151 @@
+"""The expert cache: a fixed number of slots holding prepared routed experts, under a budget.
+
+The budget decides the number of slots up front (`Budget`, budget.py), so the cache never
+allocates beyond it: on a miss it first evicts (the policy picks the victim), then reads the
+blob into a page-aligned staging buffer (direct_io.py), verifies its CRC-32, repacks it into
+the compute layout (expert_compute.py) and stores it. Peak RAM is therefore
+`slots * slot_bytes + staging buffers`, both counted in the budget.
+
+A corrupted or truncated blob raises `ExpertCorruptError` naming (layer, expert); the slot it
+would have used stays empty, so nothing half-built is ever computed with.
+
+Prefetch (loading an expert before it is asked for) goes through `prefetch`, which marks the
+entry; its first use counts as `prefetch_used`, eviction before any use as `prefetch_wasted`.
+Loads here are synchronous and the cache is not thread-safe: a background prefetcher must
+serialise its calls into the cache (it may read blobs on its own threads with `BlobReader`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Collection, Iterable
+
+from colibri_int4 import ContainerError, ExpertBlob, ExpertBlobLayout, ExpertEntry
+
+from .cache_policy import CachePolicy, ExpertKey
+from .direct_io import AlignedBuffer, BlobReader
+from .errors import ExpertCorruptError
+from .stats import StreamStats
+
+PrepareFn = Callable[[ExpertBlob], object]  # blob -> object with .forward(x) and .nbytes
+
+
+class ExpertCache:
+    """`get(layer, expert)` returns a prepared expert, reading it on a miss."""
+
+    def __init__(
+        self,
+        reader: BlobReader,
+        entries: dict[ExpertKey, ExpertEntry],
+        layout: ExpertBlobLayout,
+        prepare: PrepareFn,
+        capacity: int,
+        policy: CachePolicy,
+        stats: StreamStats,
+    ):
+        if capacity < 1:
+            raise ValueError("the expert cache needs at least one slot")
+        self.reader, self.entries, self.layout, self.prepare = reader, entries, layout, prepare
+        self.capacity, self.policy, self.stats = capacity, policy, stats
+        self._slots: dict[ExpertKey, object] = {}
+        self._unused_prefetch: set[ExpertKey] = set()
+        self._staging = AlignedBuffer(layout.blob_length)
+        self.bytes_held = 0
+
+    # --- queries ---------------------------------------------------------------------------
+    def __contains__(self, key: ExpertKey) -> bool:
+        return key in self._slots
+
+    def __len__(self) -> int:
+        return len(self._slots)
+
+    def keys(self) -> list[ExpertKey]:
+        return list(self._slots)
+
+    @property
+    def staging_bytes(self) -> int:
+        return self._staging.size
+
+    # --- use -------------------------------------------------------------------------------
+    def get(self, layer: int, expert: int, pinned: Collection[ExpertKey] = ()) -> object:
+        """The prepared expert, from a slot (hit) or read from disk (miss)."""
+        key = (layer, expert)
+        counters = self.stats.layer(layer)
+        found = self._slots.get(key)
+        if found is not None:
+            self.stats.hits += 1
+            counters.hits += 1
+            if key in self._unused_prefetch:
+                self._unused_prefetch.discard(key)
+                self.stats.prefetch_used += 1
+            self.policy.on_hit(key)
+            return found
+        self.stats.misses += 1
+        counters.misses += 1
+        return self._load(key, pinned)
+
+    def prefetch(self, keys: Iterable[ExpertKey], pinned: Collection[ExpertKey] = ()) -> int:
+        """Load experts not yet cached (without counting hits or misses); returns how many."""
+        loaded = 0
+        for key in keys:
+            if key in self._slots:
+                continue
+            self._load(key, pinned)
+            self._unused_prefetch.add(key)
+            self.stats.prefetch_issued += 1
+            loaded += 1
+        return loaded
+
+    def clear(self) -> None:
+        for key in list(self._slots):
+            self._remove(key)
+
+    def close(self) -> None:
+        self.clear()
+        self._staging.close()
+
+    # --- internals -------------------------------------------------------------------------
+    def _remove(self, key: ExpertKey) -> None:
+        prepared = self._slots.pop(key)
+        self.bytes_held -= prepared.nbytes
+        self.policy.on_remove(key)
+        if key in self._unused_prefetch:
+            self._unused_prefetch.discard(key)
+            self.stats.prefetch_wasted += 1
+        self._publish()
+
+    def _load(self, key: ExpertKey, pinned: Collection[ExpertKey]) -> object:
+        layer, expert = key
+        entry = self.entries.get(key)
+        if entry is None:
+            raise KeyError(f"no routed expert (layer {layer}, expert {expert}) in {self.reader.path}")
+        while len(self._slots) >= self.capacity:
+            victim = self.policy.victim(pinned=set(pinned) | {key})
+            self._remove(victim)
+            self.stats.evictions += 1
+        where = f"expert (layer {layer}, expert {expert}) at byte {entry.offset} of {self.reader.path}"
+        started = time.perf_counter()
+        try:
+            self.reader.read_into(self._staging.view, entry.offset, entry.length)
+        except EOFError as exc:
+            raise ExpertCorruptError(f"{where}: truncated ({exc})", layer, expert) from None
+        except OSError as exc:
+            raise ExpertCorruptError(f"{where}: read failed ({exc.strerror})", layer, expert) from None
+        read_done = time.perf_counter()
+        self.stats.io_seconds += read_done - started
+        self.stats.bytes_read += entry.length
+        try:
+            blob = ExpertBlob.parse(self._staging.view[: entry.length], self.layout, entry.crc32, where=where)
+            prepared = self.prepare(blob)
+        except ContainerError as exc:
+            raise ExpertCorruptError(str(exc), layer, expert) from None
+        self.stats.verify_seconds += time.perf_counter() - read_done
+        self._slots[key] = prepared
+        self.bytes_held += prepared.nbytes
+        self.policy.on_insert(key)
+        self._publish()
+        return prepared
+
+    def _publish(self) -> None:
+        self.stats.cache_bytes = self.bytes_held
+        self.stats.cached_experts = len(self._slots)

@@ -1,0 +1,115 @@
+"""One routed expert ready to compute: torch's CPU int4 kernels, and a dequantized reference.
+
+`Int4Expert` repacks a verified blob (colibri-int4's `ExpertBlob`: packed nibbles + 16-bit
+scales, optional zeros) into the layout of `torch.ops.aten._weight_int4pack_mm_for_cpu`:
+
+    weight  [N, K] int32 nibbles (0..15)  --_convert_weight_to_int4pack_for_cpu-->  uint8 [N, K/2]
+    scales_and_zeros [K/G, N, 2]:  w[n, k] = (q[n, k] - 8) * sz[k//G, n, 0] + sz[k//G, n, 1]
+
+That is exactly the container's convention (FORMAT.md: `(q - 8) * s (+ z)`), so symmetric
+groups get zero = 0 and asymmetric ones their stored float zero; no re-quantization, so the
+int4 path computes with bit-identical weights to the dequantized reference. The gate and up
+projections share K and G, so they are concatenated into one [2*expert_dim, d] matrix: one
+kernel call instead of two per token.
+
+The kernel's constraints (torch 2.13): N a multiple of 16, G in {32, 64, 128, 256} dividing K,
+activations fp32/bf16 with scales_and_zeros of the same dtype. `int4_supported` checks them;
+the engine falls back to the dequantized path otherwise.
+
+`DequantExpert` holds fp32/bf16 matrices (4-8x the bytes) and runs plain matmuls: the
+readable reference the fast path is tested against, and the path used on CUDA.
+
+Both expose `forward(x) -> down(silu(gate x) * up x)` (without the gate weight) and `nbytes`,
+the RAM they hold, which the cache counts against the budget.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from colibri_int4 import ExpertBlob, ExpertBlobLayout, unpack_nibbles
+
+INT4_GROUPS = (32, 64, 128, 256)
+
+
+def int4_supported(layout: ExpertBlobLayout, d_model: int, expert_dim: int) -> str | None:
+    """None if the int4 kernels can run these shapes, else the reason they cannot."""
+    if not hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu"):
+        return "this torch build has no _weight_int4pack_mm_for_cpu"
+    for part, n_out in (("gate", expert_dim), ("up", expert_dim), ("down", d_model)):
+        if n_out % 16:
+            return f"{part}_proj has {n_out} output rows; the int4 kernel needs a multiple of 16"
+        if layout.groups[part] not in INT4_GROUPS:
+            return f"{part}_proj group size {layout.groups[part]} is not one of {INT4_GROUPS}"
+    return None
+
+
+def _half_to_tensor(bits: np.ndarray, scale_dtype: str) -> torch.Tensor:
+    """uint16 bit patterns of bf16/fp16 -> fp32 tensor (exact)."""
+    t = torch.from_numpy(np.ascontiguousarray(bits).view(np.int16))
+    return t.view(torch.bfloat16 if scale_dtype == "bf16" else torch.float16).float()
+
+
+class Int4Expert:
+    """Gate|up fused and down, in torch's CPU int4-pack layout."""
+
+    __slots__ = ("gate_up", "gate_up_sz", "down", "down_sz", "group_gate_up", "group_down", "expert_dim", "nbytes")
+
+    def __init__(self, blob: ExpertBlob, dtype: torch.dtype):
+        self.expert_dim = blob.packed["gate"].shape[0]
+        if blob.groups["gate"] != blob.groups["up"]:
+            raise ValueError("gate and up projections must share a group size to be fused")
+        self.group_gate_up, self.group_down = blob.groups["gate"], blob.groups["down"]
+        self.gate_up, self.gate_up_sz = self._pack(blob, ("gate", "up"), dtype)
+        self.down, self.down_sz = self._pack(blob, ("down",), dtype)
+        self.nbytes = sum(t.nbytes for t in (self.gate_up, self.gate_up_sz, self.down, self.down_sz))
+
+    @staticmethod
+    def _pack(blob: ExpertBlob, parts: tuple[str, ...], dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        packed = np.concatenate([blob.packed[p] for p in parts], axis=0)
+        nibbles = torch.from_numpy(unpack_nibbles(packed)).to(torch.int32)  # [N, K]
+        weight = torch.ops.aten._convert_weight_to_int4pack_for_cpu(nibbles, 1)
+        scales = torch.cat([_half_to_tensor(blob.scales[p], blob.scale_dtype) for p in parts], 0)  # [N, K/G]
+        if blob.zeros is not None:
+            zeros = torch.cat([_half_to_tensor(blob.zeros[p], blob.scale_dtype) for p in parts], 0)
+        else:
+            zeros = torch.zeros_like(scales)
+        scales_and_zeros = torch.stack([scales, zeros], dim=-1).transpose(0, 1).contiguous().to(dtype)
+        return weight, scales_and_zeros  # [N, K/2] uint8, [K/G, N, 2]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = self.gate_up_sz.dtype
+        xs = x.to(dtype)
+        gate_up = torch.ops.aten._weight_int4pack_mm_for_cpu(xs, self.gate_up, self.group_gate_up, self.gate_up_sz)
+        gate, up = gate_up.split(self.expert_dim, dim=-1)
+        hidden = (F.silu(gate) * up).contiguous()
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(hidden, self.down, self.group_down, self.down_sz)
+
+
+class DequantExpert:
+    """Plain dequantized matrices: the reference path (and the CUDA path)."""
+
+    __slots__ = ("gate", "up", "down", "nbytes")
+
+    def __init__(self, blob: ExpertBlob, dtype: torch.dtype, device: torch.device | str = "cpu"):
+        weights = blob.dequantize()  # fp32 numpy, exactly (q - 8) * s (+ z)
+        self.gate, self.up, self.down = (
+            torch.from_numpy(weights[p]).to(device=device, dtype=dtype) for p in ("gate", "up", "down")
+        )
+        self.nbytes = self.gate.nbytes + self.up.nbytes + self.down.nbytes
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xs = x.to(self.gate.dtype)
+        return F.linear(F.silu(F.linear(xs, self.gate)) * F.linear(xs, self.up), self.down)
+
+
+def prepared_nbytes(layout: ExpertBlobLayout, d_model: int, expert_dim: int, compute: str, dtype: torch.dtype) -> int:
+    """RAM one prepared expert holds (what a cache slot costs), from shapes alone."""
+    elem = torch.empty((), dtype=dtype).element_size()
+    weights = 3 * d_model * expert_dim
+    if compute == "dequant":
+        return weights * elem
+    groups_gate_up = 2 * expert_dim * (d_model // layout.groups["gate"])
+    groups_down = d_model * (expert_dim // layout.groups["down"])
+    return weights // 2 + 2 * elem * (groups_gate_up + groups_down)

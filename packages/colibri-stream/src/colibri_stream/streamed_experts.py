@@ -1,0 +1,52 @@
+"""`StreamedExperts`: colibri-model's `ExpertBackend` for one MoE layer, fed by the expert cache.
+
+    forward(x [N, d], expert_ids [N, k], gates [N, k]) -> [N, d]
+
+Batch-union: the distinct experts of all N tokens (a prefill chunk, or one decode token) are
+fetched once each, in ascending id order, and each computes all of its rows at once; so a
+prefill reads every distinct expert of a layer exactly once. Experts are used one at a time
+and the result accumulated, so one layer needs only one slot at a time beyond what is cached
+(the budget still reserves top_k slots: the experts of one token).
+
+`reference_forward` is the obvious per-(token, slot) loop, kept to test the batched path.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from colibri_model import ExpertBackend
+
+from .expert_cache import ExpertCache
+from .stats import StreamStats, TraceEvent
+
+
+class StreamedExperts(ExpertBackend):
+    def __init__(self, layer_index: int, n_experts: int, d_model: int, cache: ExpertCache, stats: StreamStats):
+        super().__init__()
+        self.layer_index, self.n_experts, self.d_model = layer_index, n_experts, d_model
+        self.cache, self.stats = cache, stats
+
+    def forward(self, x: torch.Tensor, expert_ids: torch.Tensor, gates: torch.Tensor) -> torch.Tensor:
+        distinct = torch.unique(expert_ids).tolist()  # sorted ascending
+        if self.stats.record_trace:
+            self.stats.trace.append(TraceEvent(self.stats.steps, self.layer_index, tuple(distinct)))
+        out = torch.zeros(x.shape[0], self.d_model, dtype=torch.float32, device=x.device)
+        for expert in distinct:
+            prepared = self.cache.get(self.layer_index, expert)
+            started = time.perf_counter()
+            tokens, slots = torch.nonzero(expert_ids == expert, as_tuple=True)
+            y = prepared.forward(x[tokens])
+            out.index_add_(0, tokens, y.float() * gates[tokens, slots].unsqueeze(-1).float())
+            self.stats.compute_seconds += time.perf_counter() - started
+        return out.to(x.dtype)
+
+    def reference_forward(self, x: torch.Tensor, expert_ids: torch.Tensor, gates: torch.Tensor) -> torch.Tensor:
+        """One (token, slot) pair at a time: slow and obviously right."""
+        out = torch.zeros(x.shape[0], self.d_model, dtype=torch.float32, device=x.device)
+        for token in range(expert_ids.shape[0]):
+            for slot in range(expert_ids.shape[1]):
+                prepared = self.cache.get(self.layer_index, int(expert_ids[token, slot]))
+                out[token] += prepared.forward(x[token : token + 1])[0].float() * float(gates[token, slot])
+        return out.to(x.dtype)

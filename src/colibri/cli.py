@@ -1,0 +1,119 @@
+"""`colibri`: relay-driven training legs, the relay's status, and the proof-of-loop demo."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from .relay_leg import LegError, LegOptions, run_leg
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="colibri")
+def main() -> None:
+    """Colibri: train a fine-grained MoE in relay legs on one Hub repo, export, stream, evaluate."""
+
+
+@main.command()
+@click.option("--relay", "relay_spec", required=True, metavar="STORE",
+              help="hf://OWNER/REPO (endpoint from HF_ENDPOINT) or a LocalStore directory.")
+@click.option("--preset", help="Model preset for an empty relay (tiny, nano, micro, grande).")
+@click.option("--data", "data_dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="Token shards made by `colibri-model prepare` (pretraining legs).")
+@click.option("--sft", is_flag=True, help="Train a chat-SFT leg on --chat-data (starts from the relay's weights).")
+@click.option("--chat-data", "chat_files", multiple=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Chat JSONL with `messages` (repeatable).")
+@click.option("--leg-steps", type=click.IntRange(min=1), help="Optimizer steps in this leg.")
+@click.option("--leg-hours", type=click.FloatRange(min=0, min_open=True), help="Wall-clock length of this leg.")
+@click.option("--decay", is_flag=True, help="This leg is the WSD decay (1-sqrt over --leg-steps).")
+@click.option("--work-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("colibri-work"),
+              show_default=True, help="Local scratch: pulled payload, the leg's run, the push staging.")
+@click.option("--holder", help="Name shown in RELAY.json and the ledger (default user@host:pid).")
+@click.option("--lease-duration", type=click.FloatRange(min=0, min_open=True), default=1200.0, show_default=True,
+              help="Seconds a lease lives without renewal (sized for the Hub's commit limits).")
+@click.option("--heartbeat", type=click.FloatRange(min=0, min_open=True), default=300.0, show_default=True,
+              help="Seconds between lease renewals.")
+@click.option("--claim-timeout", type=click.FloatRange(min=0), help="Give up waiting for the baton after this long.")
+@click.option("--seq-len", type=click.IntRange(min=8), help="New runs only: sequence length.")
+@click.option("--batch-size", type=click.IntRange(min=1), help="New runs only: global sequences per step.")
+@click.option("--micro-batch", type=click.IntRange(min=1), help="New runs only: sequences per forward pass.")
+@click.option("--lr", type=click.FloatRange(min=0, min_open=True), help="New runs only: peak learning rate.")
+@click.option("--warmup-steps", type=click.IntRange(min=0), help="New runs only: warmup steps.")
+@click.option("--eval-every", type=click.IntRange(min=0), help="New runs only: validation cadence in steps.")
+@click.option("--no-progress", is_flag=True, help="No progress bar (logs only).")
+def train(relay_spec, preset, data_dir, sft, chat_files, leg_steps, leg_hours, decay, work_dir, holder,
+          lease_duration, heartbeat, claim_timeout, seq_len, batch_size, micro_batch, lr, warmup_steps,
+          eval_every, no_progress):
+    """Train one leg: claim the baton, pull, train, push, release.
+
+    \b
+    Examples:
+      colibri train --relay ./relay --preset tiny --data shards/ --leg-steps 200
+      colibri train --relay hf://me/nano-run --data shards/ --leg-hours 6
+      colibri train --relay hf://me/nano-run --data shards/ --leg-steps 2000 --decay
+      colibri train --relay hf://me/nano-run --sft --chat-data chat.jsonl --leg-steps 1500
+      torchrun --nproc-per-node 8 -m colibri.cli train --relay hf://me/nano-run --data shards/ --leg-hours 6
+
+    Hyper-parameter options apply to a new run only; a resumed run keeps its own.
+    """
+    if leg_steps is None and leg_hours is None:
+        raise click.UsageError("give --leg-steps N or --leg-hours H")
+    overrides = {k: v for k, v in dict(seq_len=seq_len, batch_size=batch_size, micro_batch=micro_batch, lr=lr,
+                                       warmup_steps=warmup_steps, eval_every=eval_every).items() if v is not None}
+    if "batch_size" in overrides and "micro_batch" not in overrides:
+        overrides["micro_batch"] = overrides["batch_size"]
+    opts = LegOptions(relay=relay_spec, work_dir=work_dir, data_dir=data_dir, chat_files=list(chat_files), sft=sft,
+                      preset=preset, leg_steps=leg_steps, leg_hours=leg_hours, decay=decay, holder=holder,
+                      lease_duration_s=lease_duration, heartbeat_s=heartbeat, claim_timeout_s=claim_timeout,
+                      train_overrides=overrides, progress=not no_progress,
+                      log=lambda msg: click.echo(msg, err=False))
+    try:
+        outcome = run_leg(opts)
+    except (LegError, ValueError, OSError) as exc:
+        raise click.ClickException(str(exc).splitlines()[0]) from None
+    except Exception as exc:  # relay errors are typed; show them in one line
+        from colibri_relay import RelayError
+
+        if isinstance(exc, RelayError):
+            raise click.ClickException(f"relay: {exc}") from None
+        raise
+    if not outcome.pushed:
+        click.echo(f"leg not pushed: {outcome.reason}", err=True)
+        sys.exit(3)
+
+
+@main.command()
+@click.option("--relay", "relay_spec", required=True, metavar="STORE", help="hf://OWNER/REPO or a LocalStore dir.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def status(relay_spec, as_json):
+    """Show the baton, the ledger and the latest metrics of a relay."""
+    from .relay_status import collect_status, render_status
+
+    try:
+        info = collect_status(relay_spec)
+    except Exception as exc:
+        from colibri_relay import RelayError
+
+        if isinstance(exc, RelayError):
+            raise click.ClickException(f"relay: {exc}") from None
+        raise
+    click.echo(json.dumps(info, indent=2, default=str) if as_json else render_status(info))
+
+
+@main.command()
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Where to write everything (default: a new temp directory).")
+@click.option("--quick", is_flag=True, help="A shorter run (what the cross-package test uses).")
+def demo(out, quick):
+    """The proof-of-loop on this machine, offline: relay legs with a takeover, SFT, int4 export,
+    streaming generation under a RAM budget, evaluation, the ledger."""
+    from .demo import run_demo
+
+    run_demo(out, quick=quick)
+
+
+if __name__ == "__main__":
+    main()
