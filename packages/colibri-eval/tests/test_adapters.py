@@ -58,6 +58,27 @@ def test_colibri_checkpoint_adapter(tmp_path):
         assert ll == pytest.approx(want, rel=1e-4, abs=1e-3)
 
 
-@pytest.mark.skipif(not _has("colibri_stream", "Engine"), reason="colibri-stream Engine not available yet")
-def test_int4_adapter_opens_a_container():
-    pytest.skip("needs an int4 container fixture from colibri-int4's exporter; see README")
+@pytest.mark.skipif(not (_has("colibri_stream", "Engine") and _has("colibri_int4", "export_checkpoint")),
+                    reason="colibri-stream / colibri-int4 not installed")
+def test_int4_adapter_scores_like_the_engine(tmp_path):
+    import torch
+    from colibri_int4 import export_checkpoint
+    from colibri_model import ColibriForCausalLM, get_preset
+
+    from colibri_eval import load_model
+    from colibri_eval.request_encoding import encode_requests
+    from colibri_eval.scoring_engine import ScoringEngine
+
+    torch.manual_seed(0)
+    ColibriForCausalLM(get_preset("tiny")).save_pretrained(tmp_path / "ckpt")
+    export_checkpoint(tmp_path / "ckpt", tmp_path / "model.coli")
+    loaded = load_model(f"int4:{tmp_path / 'model.coli'}", ram_budget="2GB")
+    doc = load_documents(get_task("winogrande"), "bundled", limit=1)[0]
+    requests = encode_requests(loaded.tokenizer, doc.item.requests)
+    [scores] = ScoringEngine(loaded.model).score([requests])
+    engine = loaded.model.engine
+    for request, (ll, _) in zip(requests, scores, strict=True):
+        logits = engine.logits(list(request.context) + list(request.continuation)[:-1])
+        logp = torch.log_softmax(logits.float(), -1)[-len(request.continuation):]
+        want = float(logp.gather(1, torch.tensor(request.continuation)[:, None]).sum())
+        assert ll == pytest.approx(want, rel=1e-5, abs=1e-3)

@@ -4,7 +4,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 from click.testing import CliRunner
 from colibri_relay.cli import main
@@ -57,7 +56,8 @@ def test_errors_are_one_line_without_traceback(tmp_path):
 
 
 def test_fake_hub_command_serves_the_unmodified_client(tmp_path):
-    env = {**os.environ, "HF_HUB_DISABLE_XET": "1", "PYTHONUNBUFFERED": "1"}
+    secret = "hf_SECRETtokenNEVERprinted123"
+    env = {**os.environ, "HF_HUB_DISABLE_XET": "1", "PYTHONUNBUFFERED": "1", "HF_TOKEN": secret}
     proc = subprocess.Popen([sys.executable, "-m", "colibri_relay.cli", "fake-hub", "--port", "0"],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
     try:
@@ -68,11 +68,14 @@ def test_fake_hub_command_serves_the_unmodified_client(tmp_path):
             out = subprocess.run([sys.executable, "-m", "colibri_relay.cli", *args], env=env, capture_output=True,
                                  text=True, timeout=60)
             assert out.returncode == 0, out.stderr
+            assert secret not in out.stdout + out.stderr
         assert json.loads(out.stdout)["state"]["status"] == "free"
         from huggingface_hub import HfApi
 
         assert HfApi(endpoint=endpoint, token="anything").model_info("team/run").sha == json.loads(out.stdout)["head"]
+        bad = subprocess.run([sys.executable, "-m", "colibri_relay.cli", "status", "--store", "hf://team/missing"],
+                             env=env, capture_output=True, text=True, timeout=60)
+        assert bad.returncode == 1 and bad.stderr.startswith("error:") and secret not in bad.stdout + bad.stderr
     finally:
         proc.terminate()
         proc.wait(timeout=10)
-    time.sleep(0)

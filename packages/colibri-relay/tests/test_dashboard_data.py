@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from colibri_relay import LocalStore, PutFile, Relay
+from colibri_relay import LocalStore, PutFile, Relay, open_store
 from colibri_relay.dashboard import DASHBOARD_VERSION, DashboardReader
 from colibri_relay.dashboard.metrics_reader import parse_metrics
 from colibri_relay.dashboard.page import render_page
@@ -217,7 +217,7 @@ def test_text_from_the_store_is_escaped_in_the_page(tmp_path):
     assert "<script>alert(1)" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
 
 
-def test_a_hub_relay_reads_through_the_real_client_and_never_exposes_the_token(hub_store, tmp_path):
+def test_a_hub_relay_reads_through_the_real_client_and_never_exposes_the_token(hub_store, tmp_path, monkeypatch):
     relay = Relay(hub_store, holder="hub-user", lease_duration_s=60, heartbeat_s=20)
     relay.init()
     with relay.leg(wait=False) as leg:
@@ -234,3 +234,48 @@ def test_a_hub_relay_reads_through_the_real_client_and_never_exposes_the_token(h
     assert [r.leg for r in snap.ledger] == [1] and snap.series["loss"].values == [4.0, 3.5]
     dumped = snap.model_dump_json() + render_page(snap, refresh_s=30)
     assert "hf_fake_token" not in dumped and "fake_token" not in dumped
+    # The way the CLI opens it: a spec, the endpoint from HF_ENDPOINT, the token from HF_TOKEN.
+    monkeypatch.setenv("HF_TOKEN", "hf_env_secret_42")
+    by_spec = DashboardReader(open_store(f"hf://{hub_store.repo_id}")).read()
+    assert by_spec.source.store == f"hf://{hub_store.repo_id}" and by_spec.baton.holder == "hub-user"
+    assert "hf_env_secret_42" not in by_spec.model_dump_json() + render_page(by_spec, refresh_s=30)
+
+
+def test_the_live_metrics_tail_parses_only_new_complete_lines_and_rereads_a_replaced_file(tmp_path):
+    from colibri_relay.dashboard.metrics_reader import MetricsTail
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(b'{"step": 1, "loss": 3.0}\n{"step": 2, "lo')
+    tail = MetricsTail(path, "live")
+    first = tail.read()
+    assert [p.step for p in first.points] == [1] and first.incomplete_tail
+    with open(path, "ab") as f:
+        f.write(b'ss": 2.5}\nnot json\n{"step": 3, "loss": 2.0}\n')
+    second = tail.read()
+    assert [(p.step, p.values["loss"]) for p in second.points] == [(1, 3.0), (2, 2.5), (3, 2.0)]
+    assert not second.incomplete_tail and any("live line 3: not valid JSON" in p for p in second.problems)
+    replacement = tmp_path / "new.jsonl"  # a resumed trainer rewrites the file atomically
+    replacement.write_bytes(b'{"step": 1, "loss": 9.0}\n')
+    replacement.replace(path)
+    assert [(p.step, p.values["loss"]) for p in tail.read().points] == [(1, 9.0)]
+
+
+def test_legs_whose_steps_restart_are_drawn_one_after_another_and_flagged(tmp_path):
+    store = LocalStore(tmp_path / "s")
+    relay = Relay(store, holder="gen", lease_duration_s=60, heartbeat_s=20)
+    relay.init()
+    # Each leg's payload holds only its own metrics, counting from step 0; leg 3 re-pushes leg 2's file.
+    files = [[{"step": s, "reward": leg * 10 + s} for s in range(5)] for leg in (1, 2)]
+    files.append(files[1])
+    for number, lines in enumerate(files, 1):
+        work = tmp_path / f"w{number}"
+        work.mkdir()
+        (work / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+        (work / "weights.bin").write_bytes(bytes([number]))
+        with relay.leg(wait=False) as leg:
+            leg.push(work, {"steps": 5})
+    snap = DashboardReader(store).read()
+    assert [(s.first_step, s.last_step, s.points) for s in snap.legs] == [(0, 4, 5), (5, 9, 5), (None, None, 0)]
+    assert snap.series["reward"].values == [10, 11, 12, 13, 14, 20, 21, 22, 23, 24]
+    assert any("leg 2: its metrics restart at step 0" in p and "drawn from step 5" in p for p in snap.problems)
+    assert any("leg 3: its metrics add no step after step 9" in p for p in snap.problems)

@@ -74,6 +74,17 @@ def test_a_loopback_server_refuses_foreign_host_names(server):
     assert request(server, "GET", "/api/snapshot.json", host="localhost:1234")[0] == 200
 
 
+def test_a_server_bound_beyond_loopback_answers_any_host_name(sample):
+    srv = DashboardServer(DashboardReader(LocalStore(sample.store_path)), host="0.0.0.0", port=0).start()
+    try:
+        port = srv.httpd.server_address[1]
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        conn.request("GET", "/api/snapshot.json", headers={"Host": f"trainbox.lan:{port}"})
+        assert conn.getresponse().status == 200
+    finally:
+        srv.stop()
+
+
 def test_a_store_error_keeps_the_last_snapshot_and_says_why(sample, tmp_path):
     root = tmp_path / "store"
     shutil.copytree(sample.store_path, root)
@@ -122,3 +133,14 @@ def test_cli_serves_until_terminated(sample):
             proc.kill()
         proc.wait()
     assert "Traceback" not in proc.stderr.read()
+
+
+def test_a_store_that_vanished_gives_an_error_page_not_a_traceback(tmp_path):
+    from colibri_relay.dashboard.page import render_page
+    from colibri_relay.dashboard.reader import read_snapshot_or_error
+
+    store = LocalStore(tmp_path / "gone")
+    snap = read_snapshot_or_error(DashboardReader(store))
+    assert snap.baton is None and "is not a relay store" in snap.error
+    page = render_page(snap, refresh_s=30)
+    assert 'id="error"' in page and ">UNKNOWN<" in page

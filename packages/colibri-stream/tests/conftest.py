@@ -12,6 +12,11 @@ import torch
 from colibri_int4 import Container, QuantScheme, dequantize_container, export_checkpoint
 from colibri_model import ColibriConfig, ColibriForCausalLM, load_checkpoint
 
+# NOTE: the test machine's 2 cores are shared by several jobs; torch's intra-op thread pool
+# then spins on contended cores and tiny ops (index_add_ on 64 floats) take tens of ms.
+# One thread made the 64-token generation test 16x faster (20 s -> 1.3 s).
+torch.set_num_threads(1)
+
 # 3 MoE layers x 16 experts = 48 experts; d_model 64 keeps every int4 constraint (N % 16, groups).
 TINY = dict(
     name="stream-test", d_model=64, n_layers=4, n_dense_layers=1, n_heads=2, n_kv_heads=1, head_dim=32,
@@ -52,19 +57,28 @@ def reference(tiny):
     return load_checkpoint(tiny[1]).eval()
 
 
+CORRUPT_PROMPT = "Hello there, little bird"
+
+
 @pytest.fixture()
-def corrupted(tiny, tmp_path) -> tuple[Path, tuple[int, int]]:
-    """A copy of the tiny container with one byte flipped inside the blob of (layer 2, expert 5)."""
+def corrupted(tiny, tmp_path) -> tuple[Path, tuple[int, int], str]:
+    """A copy of the tiny container with one byte flipped inside the blob of an expert of layer 2
+    that `CORRUPT_PROMPT`'s prefill routes to. Returns (path, (layer, expert), prompt)."""
+    from colibri_stream import Engine
+
+    with Engine.open(tiny[0], ram_budget="200MB", record_trace=True) as eng:
+        eng.logits(eng.encode(CORRUPT_PROMPT))
+        layer, expert = next((e.layer, e.experts[-1]) for e in eng.stats.trace if e.layer == 2)
     path = tmp_path / "corrupt.coli"
     shutil.copy(tiny[0], path)
     with Container.open(path) as c:
-        entry = c.expert_entry(2, 5)
+        entry = c.expert_entry(layer, expert)
     with open(path, "r+b") as f:
         f.seek(entry.offset + 100)
         byte = f.read(1)
         f.seek(entry.offset + 100)
         f.write(bytes([byte[0] ^ 0x5A]))
-    return path, (2, 5)
+    return path, (layer, expert), CORRUPT_PROMPT
 
 
 def _minimum_budget(container: Path, **kwargs) -> int:

@@ -13,6 +13,10 @@ of what the expert cache already holds; it says so once through `warnings` and r
 `mode == "buffered"`. Trade-off: buffered reads can still be served by pages cached before the
 engine started (e.g. right after an export), so only `mode == "direct"` numbers are honest
 cold-read numbers. At open we ask the kernel to drop the file's cached pages as well.
+
+NOTE: since Linux 6.6 tmpfs accepts O_DIRECT, but a tmpfs file lives in RAM: no read ever
+reaches storage. `filesystem_type` finds the file's filesystem (from /proc/self/mounts) and the
+reader says so once for tmpfs/ramfs, so a benchmark on /dev/shm cannot pass as a disk number.
 """
 
 from __future__ import annotations
@@ -30,6 +34,28 @@ class IOFallbackWarning(RuntimeWarning):
     """O_DIRECT is not available for this file; reads are buffered (+ fadvise DONTNEED)."""
 
 
+RAM_FILESYSTEMS = ("tmpfs", "ramfs")
+
+
+def filesystem_type(path: str | os.PathLike) -> str:
+    """The type of the filesystem holding `path` ("ext4", "tmpfs", ...), or "unknown"."""
+    target = os.path.realpath(path)
+    best, fs_type = "", "unknown"
+    try:
+        with open("/proc/self/mounts", encoding="utf-8") as mounts:
+            for line in mounts:
+                fields = line.split()
+                if len(fields) < 3:
+                    continue
+                mount_point = fields[1].replace("\\040", " ")
+                inside = target == mount_point or target.startswith(mount_point.rstrip("/") + "/")
+                if inside and len(mount_point) >= len(best):
+                    best, fs_type = mount_point, fields[2]
+    except OSError:
+        pass
+    return fs_type
+
+
 class AlignedBuffer:
     """A page-aligned, writable byte buffer backed by an anonymous mmap (never swapped to a file)."""
 
@@ -39,8 +65,13 @@ class AlignedBuffer:
         self.view = memoryview(self._map)
 
     def close(self) -> None:
-        self.view.release()
-        self._map.close()
+        try:
+            self.view.release()
+            self._map.close()
+        except BufferError:
+            # A numpy view of the buffer is still alive (e.g. held by an exception's traceback);
+            # the mapping is unmapped when that last reference goes.
+            pass
 
 
 class BlobReader:
@@ -57,7 +88,14 @@ class BlobReader:
         self._lock = threading.Lock()
         self._fd = -1
         self.mode = "buffered"
+        self.filesystem = filesystem_type(self.path)
         self.fallback_reason: str | None = "O_DIRECT disabled by the caller" if not direct else None
+        if self.filesystem in RAM_FILESYSTEMS:
+            warnings.warn(
+                f"{self.path} is on {self.filesystem}: reads are served from RAM, never from storage",
+                IOFallbackWarning,
+                stacklevel=3,
+            )
         if direct:
             self._try_direct()
         if self._fd < 0:

@@ -179,7 +179,7 @@ class Engine:
         stats.ram_budget_bytes, stats.resident_bytes = budget.ram_budget, actual_resident
         stats.kv_cache_bytes, stats.staging_bytes = budget.kv_cache_bytes, cache.staging_bytes
         stats.workspace_bytes, stats.cache_capacity_bytes = budget.workspace_bytes, budget.cache_capacity_bytes
-        stats.cache_slots, stats.io_mode = budget.slots, reader.mode
+        stats.cache_slots, stats.io_mode, stats.filesystem = budget.slots, reader.mode, reader.filesystem
         stats.compute_mode, stats.policy = compute, policy.name
         return cls(container, config, model, cache, reader, tokenizer, budget, stats, max_context,
                    prefill_chunk, device)

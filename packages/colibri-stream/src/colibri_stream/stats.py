@@ -64,7 +64,8 @@ class StreamStats:
     cache_bytes: int = 0
     cache_slots: int = 0
     cached_experts: int = 0
-    io_mode: str = ""
+    io_mode: str = ""  # "direct" (O_DIRECT) or "buffered" (fallback)
+    filesystem: str = ""  # of the container file; "tmpfs" means no read reaches storage
     compute_mode: str = ""
     policy: str = ""
     record_trace: bool = False
@@ -87,7 +88,7 @@ class StreamStats:
             name: getattr(self, name)
             for name in ("ram_budget_bytes", "resident_bytes", "kv_cache_bytes", "staging_bytes",
                          "workspace_bytes", "cache_capacity_bytes", "cache_bytes", "cache_slots",
-                         "cached_experts", "io_mode", "compute_mode", "policy", "record_trace")
+                         "cached_experts", "io_mode", "filesystem", "compute_mode", "policy", "record_trace")
         }
         fresh = StreamStats(**keep)
         self.__dict__.update(fresh.__dict__)
@@ -123,6 +124,7 @@ class StreamStats:
             "cache_slots": self.cache_slots,
             "cached_experts": self.cached_experts,
             "io_mode": self.io_mode,
+            "filesystem": self.filesystem,
             "compute_mode": self.compute_mode,
             "policy": self.policy,
         }

@@ -2,8 +2,9 @@
 
 Uses colibri-stream's public API: ``Engine.open(path, ram_budget=...)`` and
 ``engine.logits(input_ids)`` -> ``[T, V]`` for ONE sequence, so the engine's batches are
-scored row by row (each row trimmed of its right padding). The tokenizer is the one stored
-beside the container (``tokenizer.json`` in the same directory) or the bundled SmolLM2 one.
+scored row by row (each row trimmed after its last scored position). The tokenizer is the
+engine's (the one carried in the container, else the bundled SmolLM2 one);
+``max_length`` is the engine's ``max_context``.
 """
 
 from __future__ import annotations
@@ -41,8 +42,7 @@ class Int4StreamLM:
 
 
 def load_int4(spec: str, path: str, ram_budget: str | None) -> LoadedModel:
-    from colibri_model import load_tokenizer  # noqa: PLC0415 - the `colibri` extra
-    from colibri_stream import Engine  # noqa: PLC0415
+    from colibri_stream import Engine  # noqa: PLC0415 - the `colibri` extra
 
     container = Path(path)
     if not container.exists():
@@ -50,11 +50,8 @@ def load_int4(spec: str, path: str, ram_budget: str | None) -> LoadedModel:
     kwargs = {"ram_budget": ram_budget} if ram_budget else {}
     try:
         engine = Engine.open(path, **kwargs)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError) as exc:  # colibri-int4/-stream errors are ValueErrors
         raise ModelSpecError(f"{path}: cannot open int4 container ({str(exc).splitlines()[0]})") from None
-    sidecar = container.parent / "tokenizer.json"
-    tokenizer = load_tokenizer(str(sidecar) if sidecar.is_file() else None)
-    config = getattr(engine, "config", None)
-    max_length = int(getattr(config, "max_seq_len", 2048))
-    info = {"ram_budget": ram_budget, "max_length": max_length, "serving": "top-1"}
-    return LoadedModel(spec, "int4", path, TokenizersTokenizer(tokenizer), Int4StreamLM(engine, max_length), info)
+    max_length = int(getattr(engine, "max_context", 2048))
+    info = {"ram_budget": ram_budget or "engine default", "max_length": max_length, "serving": "top-1"}
+    return LoadedModel(spec, "int4", path, TokenizersTokenizer(engine.tokenizer), Int4StreamLM(engine, max_length), info)

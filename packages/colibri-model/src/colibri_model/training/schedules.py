@@ -47,7 +47,9 @@ def lr_at(step: int, cfg: TrainConfig) -> tuple[float, str]:
     """(learning rate, phase) for optimizer step `step`."""
     peak, low = cfg.lr, cfg.lr * cfg.min_lr_ratio
     if step >= cfg.steps:
-        return (low if cfg.schedule == "cosine" or decay_start_of(cfg) is not None else peak), "done"
+        if cfg.schedule == "wsd" and decay_start_of(cfg) is None:
+            return peak, "stable"  # a stable run can go on (a later leg, or a decay on command)
+        return low, "done"
     if step < cfg.warmup_steps:
         return peak * (step + 1) / cfg.warmup_steps, "warmup"
     if cfg.schedule == "cosine":

@@ -10,8 +10,19 @@ live run -> Snapshot, read-only), `metrics_reader` (tolerant metrics.jsonl parsi
     DashboardServer(DashboardReader(open_store("/tmp/relay"), run_dir="runs/leg")).serve_forever()
 """
 
-from .reader import DashboardReader
-from .server import DashboardServer
-from .snapshot import DASHBOARD_VERSION, Snapshot
+from __future__ import annotations
+
+import importlib
+
+# Lazy: `colibri-relay --help` imports the dashboard's command, not its server (~0.1 s).
+_EXPORTS = {"DashboardReader": "reader", "DashboardServer": "server", "Snapshot": "snapshot",
+            "DASHBOARD_VERSION": "snapshot"}
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = ["DashboardReader", "DashboardServer", "Snapshot", "DASHBOARD_VERSION"]

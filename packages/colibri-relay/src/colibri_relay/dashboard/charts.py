@@ -59,9 +59,9 @@ def _ticks(lo: float, hi: float) -> list[float]:
 def _fmt(value: float) -> str:
     """Short tick labels: 41.6k, 1.5M, 3e-04 (a tick label has room for about six characters)."""
     magnitude = abs(value)
-    for limit, suffix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e4, "k")):
-        if magnitude >= limit:
-            return f"{value / limit:.4g}{suffix}"
+    for threshold, unit, suffix in ((1e12, 1e12, "T"), (1e9, 1e9, "G"), (1e6, 1e6, "M"), (1e4, 1e3, "k")):
+        if magnitude >= threshold:
+            return f"{value / unit:.4g}{suffix}"
     if value != 0 and magnitude < 1e-3:
         return f"{value:.1e}"
     return f"{value:.4g}"

@@ -14,8 +14,6 @@ import click
 
 from ..errors import RelayError, StoreNotFound, StoreSpecError
 from ..store import open_store
-from .reader import DashboardReader
-from .server import DashboardServer, _is_loopback
 
 
 @click.command("dashboard")
@@ -40,6 +38,9 @@ def dashboard(store: str, run_dir: Path | None, port: int, host: str, refresh_s:
     refresh; nothing here can claim, release or write. The Hub token is used to read and is never
     sent to the browser.
     """
+    from .reader import DashboardReader  # here, not at import: every other command stays fast
+    from .server import DashboardServer, is_loopback
+
     try:
         relay_store = open_store(store)
     except StoreSpecError as exc:
@@ -57,7 +58,7 @@ def dashboard(store: str, run_dir: Path | None, port: int, host: str, refresh_s:
     except OSError as exc:
         click.echo(f"error: cannot listen on {host}:{port}: {exc.strerror or exc}", err=True)
         sys.exit(1)
-    if not _is_loopback(host):
+    if not is_loopback(host):
         click.echo(f"warning: bound to {host}: anyone who can reach this machine can read the dashboard", err=True)
     click.echo(f"dashboard of {store} at {server.url} (read-only; Ctrl-C stops)", err=True)
     click.echo(server.url)

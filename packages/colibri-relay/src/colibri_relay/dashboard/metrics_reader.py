@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import dataclass, field
 
 METRICS_FILE = "metrics.jsonl"
@@ -84,8 +85,10 @@ def _router_layers(raw: object) -> list[RouterLayer]:
     return layers
 
 
-def parse_metrics(raw: bytes, where: str, *, max_problems: int = 20) -> ParsedMetrics:
-    """Parse `raw` metrics.jsonl bytes; `where` names the file in every problem reported."""
+def parse_metrics(raw: bytes, where: str, *, max_problems: int = 20, first_lineno: int = 1,
+                  first_index: int = 0) -> ParsedMetrics:
+    """Parse `raw` metrics.jsonl bytes; `where` names the file in every problem reported.
+    `first_lineno` / `first_index` continue the line numbers and step-less indices of an earlier chunk."""
     text = raw.decode("utf-8", errors="replace")
     lines = text.split("\n")
     incomplete = bool(lines) and lines[-1] != ""
@@ -101,7 +104,7 @@ def parse_metrics(raw: bytes, where: str, *, max_problems: int = 20) -> ParsedMe
         elif len(problems) == max_problems:
             problems.append(f"{where}: more problems not shown")
 
-    for lineno, line in enumerate(lines, 1):
+    for lineno, line in enumerate(lines, first_lineno):
         if not line.strip():
             continue
         try:
@@ -122,7 +125,7 @@ def parse_metrics(raw: bytes, where: str, *, max_problems: int = 20) -> ParsedMe
         step = _finite_number(data.get("step"))
         if step is None:
             stepless += 1
-            step = float(len(points))
+            step = float(first_index + len(points))
         values = {key: num for key, value in data.items()
                   if key not in NOT_SERIES and (num := _finite_number(value)) is not None}
         kind = data.get("kind") if isinstance(data.get("kind"), str) else None
@@ -138,3 +141,40 @@ def dedupe_by_step(points: list[MetricsPoint]) -> list[MetricsPoint]:
     for point in points:
         by_step[point.step] = point
     return [by_step[s] for s in sorted(by_step)]
+
+
+class MetricsTail:
+    """A growing metrics.jsonl (the live run), parsed incrementally: each `read()` parses only the
+    complete lines appended since the previous one. A file that shrank or was replaced (a resumed
+    trainer rewrites it atomically) is read again from the start. Raises OSError if unreadable."""
+
+    def __init__(self, path: str | os.PathLike, where: str):
+        self.path = path
+        self.where = where
+        self._reset(None)
+
+    def _reset(self, ident: tuple[int, int] | None) -> None:
+        self._ident = ident
+        self._offset = 0
+        self._lines = 0
+        self._by_step: dict[float, MetricsPoint] = {}
+        self._problems: list[str] = []
+
+    def read(self) -> ParsedMetrics:
+        with open(self.path, "rb") as f:
+            st = os.fstat(f.fileno())
+            ident = (st.st_dev, st.st_ino)
+            if ident != self._ident or st.st_size < self._offset:
+                self._reset(ident)
+            f.seek(self._offset)
+            data = f.read()
+        complete = data.rfind(b"\n") + 1  # parse whole lines only; the rest is still being written
+        if complete:
+            chunk = parse_metrics(data[:complete], self.where, first_lineno=self._lines + 1,
+                                  first_index=len(self._by_step))
+            self._lines += data[:complete].count(b"\n")
+            self._offset += complete
+            self._by_step.update((p.step, p) for p in chunk.points)
+            self._problems = (self._problems + chunk.problems)[:21]
+        points = [self._by_step[s] for s in sorted(self._by_step)]
+        return ParsedMetrics(points=points, problems=list(self._problems), incomplete_tail=complete < len(data))

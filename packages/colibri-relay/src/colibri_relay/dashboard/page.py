@@ -1,6 +1,6 @@
 """Render a `Snapshot` as one self-contained HTML page (CSS inlined, charts as inline SVG, no script).
 
-Templating is `string.Template` over `assets/page.html`: the page has one layout and no loops in
+Templating is `string.Template` over `page.html`: the page has one layout and no loops in
 markup (rows and charts are built here), so a template engine would add a dependency without
 removing code. Every value from the store or the run goes through `html.escape` (holder names and
 notes are free text written by other people). Auto-refresh is a `<meta http-equiv="refresh">`.
@@ -27,7 +27,7 @@ STEP_CHARTS = [
 
 @cache
 def _asset(name: str) -> str:
-    return (files(__package__) / "assets" / name).read_text(encoding="utf-8")
+    return (files(__package__) / name).read_text(encoding="utf-8")
 
 
 def _short(sha: str | None) -> str:

@@ -9,8 +9,9 @@ sha: a relay of 100 legs costs 100 downloads once, then nothing).
 
 Where the metrics come from: leg N's are the metrics file in the payload at the commit tagged
 `leg-N` (the latest leg may be read at the pinned revision if its tag is missing); its steps are
-those after the previous leg's last step. Steps must therefore count on across legs, as a
-resumed trainer's do. The live run's metrics.jsonl adds the steps after the last pushed leg.
+those after the previous leg's last step (steps count on across legs, as a resumed trainer's
+do); a leg whose metrics restart from a low step with a different first line is a new history,
+drawn after the previous leg and flagged. The live run's metrics.jsonl adds the steps after the last pushed leg.
 Missing pieces become `problems` (shown on the page), never exceptions, except an unreachable
 store, which raises its StoreError for the server to report.
 """
@@ -28,7 +29,7 @@ from ..errors import FileNotFoundInStore, RelayError, RelayFileCorrupt, StoreErr
 from ..ledger import LEDGER_JSONL, LedgerEntry
 from ..relay_state import RELAY_FILE, RelayState, check_major, parse_relay_state
 from ..store import RelayStore
-from .metrics_reader import METRICS_FILE, MetricsPoint, ParsedMetrics, parse_metrics
+from .metrics_reader import METRICS_FILE, MetricsPoint, MetricsTail, ParsedMetrics, parse_metrics
 from .series_builder import build_moe, build_per_leg, build_series
 from .snapshot import BatonInfo, LedgerRow, LegSpan, Snapshot, SourceInfo
 
@@ -70,6 +71,33 @@ def parse_ledger_tolerant(raw: bytes, where: str) -> tuple[list[LedgerEntry], li
     return entries, problems
 
 
+def signature(point: MetricsPoint) -> tuple:
+    """What identifies a metrics history: its first line (step and numeric values)."""
+    return point.step, tuple(sorted(point.values.items()))
+
+
+def new_points_of_leg(points: list[MetricsPoint], after: float | None, prev_first: tuple | None,
+                      label: str) -> tuple[list[MetricsPoint], list[str]]:
+    """The points a leg adds, and notes for the page.
+
+    Normally a leg's file holds the steps after `after` (the previous leg's last step), alone or
+    after a copy of the earlier history (a cumulative file). A file with no step after `after`
+    whose first line differs from the previous leg's is a NEW history (e.g. a trainer that counts
+    steps from 0 in every leg, or a fresh SFT run): it is drawn after `after`, shifted, and the
+    page says so. A file identical in its first line adds nothing (a leg pushed without training)."""
+    if after is None or not points:
+        return points, []
+    new = [p for p in points if p.step > after]
+    if new:
+        return new, []
+    if prev_first is not None and signature(points[0]) != prev_first:
+        shift = after + 1 - points[0].step
+        shifted = [MetricsPoint(step=p.step + shift, values=p.values, router=p.router, kind=p.kind) for p in points]
+        return shifted, [f"{label}: its metrics restart at step {points[0].step:g} (a new run); drawn from step "
+                         f"{after + 1:g} on"]
+    return [], [f"{label}: its metrics add no step after step {after:g}" + (" yet" if label == "live run" else "")]
+
+
 class DashboardReader:
     """Reads snapshots of one relay. `clock` (unix seconds) is injectable for tests.
 
@@ -84,7 +112,9 @@ class DashboardReader:
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.metrics_path = metrics_path
         self.clock = clock
-        self._leg_metrics: dict[tuple[str, str], ParsedMetrics | None] = {}  # (commit, path) -> parsed
+        # (commit, path, after step, previous first line) -> (points, problems, first line), None if absent.
+        self._leg_metrics: dict[tuple, tuple[list[MetricsPoint], list[str], tuple | None] | None] = {}
+        self._tail: MetricsTail | None = None
 
     # --- pieces ------------------------------------------------------------------------------------
     def _read_state(self, revision: str, problems: list[str]) -> RelayState | None:
@@ -157,37 +187,45 @@ class DashboardReader:
                             "(choose another with --metrics-path)")
         return found[0] if found else None
 
-    def _leg_points(self, commit: str, path: str, leg: int, problems: list[str]) -> ParsedMetrics | None:
-        key = (commit, path)
+    def _leg_points(self, commit: str, path: str, leg: int, after: float | None, prev_first: tuple | None,
+                    problems: list[str]) -> tuple[list[MetricsPoint], tuple | None]:
+        """Leg `leg`'s new points (see `new_points_of_leg`) and its file's first-line signature.
+        Cached per (commit, path, after, prev_first): a leg commit never changes, and a cumulative
+        metrics file holds every earlier leg's steps too, of which only the new ones are kept."""
+        key = (commit, path, after, prev_first)
         if key not in self._leg_metrics:
             where = f"leg {leg} {path}@{commit[:12]}"
             try:
                 parsed = parse_metrics(self.store.read_file(path, commit), where)
             except FileNotFoundInStore:
-                parsed = None
+                self._leg_metrics[key] = None
             except StoreError as exc:  # transient: do not cache, try again next refresh
                 problems.append(f"leg {leg}: metrics unreadable this time ({exc})")
-                return None
-            self._leg_metrics[key] = parsed
-        parsed = self._leg_metrics[key]
-        if parsed is None:
+                return [], prev_first
+            else:
+                points, notes = new_points_of_leg(parsed.points, after, prev_first, f"leg {leg}")
+                first = signature(parsed.points[0]) if parsed.points else prev_first
+                self._leg_metrics[key] = (points, list(parsed.problems) + notes, first)
+        cached = self._leg_metrics[key]
+        if cached is None:
             problems.append(f"leg {leg}: no {path} in its payload ({commit[:12]})")
-        else:
-            problems.extend(parsed.problems)
-        return parsed
+            return [], prev_first
+        problems.extend(cached[1])
+        return cached[0], cached[2]
 
     def _run_points(self, problems: list[str]) -> ParsedMetrics | None:
         assert self.run_dir is not None
         path = self.run_dir / METRICS_FILE
+        if self._tail is None:
+            self._tail = MetricsTail(path, f"live run {path}")
         try:
-            raw = path.read_bytes()
+            parsed = self._tail.read()
         except FileNotFoundError:
             problems.append(f"live run: {path} does not exist yet")
             return None
         except OSError as exc:
             problems.append(f"live run: cannot read {path}: {exc.strerror}")
             return None
-        parsed = parse_metrics(raw, f"live run {path}")
         problems.extend(parsed.problems)
         if parsed.incomplete_tail:
             problems.append(f"live run {path}: the last line is still being written; shown from the next refresh")
@@ -226,6 +264,7 @@ class DashboardReader:
                             "(a payload without metrics is fine; pass --metrics-path if it is named differently)")
         leg_points: list[tuple[LegSpan, list[MetricsPoint]]] = []
         last_step: float | None = None
+        prev_first: tuple | None = None
         for leg in range(1, legs_pushed + 1):
             commit = tags.get(f"leg-{leg}") or (revision if leg == legs_pushed else None)
             span = LegSpan(leg=leg, label=f"leg {leg}", commit=tags.get(f"leg-{leg}"))
@@ -233,11 +272,8 @@ class DashboardReader:
             if commit is None:
                 problems.append(f"leg {leg} has no tag leg-{leg}: its metrics are not shown")
             elif source.metrics_path:
-                parsed = self._leg_points(commit, source.metrics_path, leg, problems)
-                if parsed:
-                    points = [p for p in parsed.points if last_step is None or p.step > last_step]
-                    if parsed.points and not points:
-                        problems.append(f"leg {leg}: its metrics add no step after step {last_step:g}")
+                points, prev_first = self._leg_points(commit, source.metrics_path, leg, last_step, prev_first,
+                                                      problems)
             self._close_span(span, points)
             last_step = span.last_step if span.last_step is not None else last_step
             leg_points.append((span, points))
@@ -246,9 +282,8 @@ class DashboardReader:
             parsed = self._run_points(problems)
             if parsed is not None:
                 live = LegSpan(leg=legs_pushed + 1, label=f"leg {legs_pushed + 1} (live)", live=True)
-                points = [p for p in parsed.points if last_step is None or p.step > last_step]
-                if parsed.points and not points:
-                    problems.append(f"live run: no step after the last pushed step {last_step:g} yet")
+                points, notes = new_points_of_leg(parsed.points, last_step, prev_first, "live run")
+                problems.extend(notes)
                 self._close_span(live, points)
                 leg_points.append((live, points))
 

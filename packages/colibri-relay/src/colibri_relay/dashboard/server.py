@@ -57,7 +57,7 @@ class SnapshotCache:
             return self._last
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
     try:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
@@ -132,7 +132,7 @@ class _DashboardHTTPServer(ThreadingHTTPServer):
         self.cache = cache
         self.refresh_s = refresh_s
         self.verbose = verbose
-        self.loopback_only = _is_loopback(address[0])
+        self.loopback_only = is_loopback(address[0])
 
 
 class DashboardServer:

@@ -1,0 +1,73 @@
+"""The `colibri-stream` CLI: the command shapes others script against, and its errors."""
+
+from __future__ import annotations
+
+import json
+
+from click.testing import CliRunner
+from colibri_stream.cli import main
+
+
+def run(*args, input=None):
+    return CliRunner().invoke(main, [str(a) for a in args], input=input)
+
+
+def test_generate_json_has_text_and_stats(tiny):
+    result = run("generate", tiny[0], "--prompt", "Hello there", "--ram-budget", "200MB",
+                 "--max-new-tokens", "8", "--json", "--trace")
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output)
+    assert out["new_tokens"] == len(out["token_ids"]) <= 8 and isinstance(out["text"], str)
+    stats = out["stats"]
+    for key in ("hits", "misses", "bytes_read", "evictions", "prefetch_used", "prefetch_wasted",
+                "per_layer_hit_rate", "io_seconds", "compute_seconds", "resident_mb", "cache_mb", "trace"):
+        assert key in stats
+    assert stats["stats_version"] == "1.0" and stats["misses"] > 0
+    assert out["budget"]["ram_budget"] == 200_000_000
+
+
+def test_generate_streams_text_and_summary(tiny):
+    result = run("generate", tiny[0], "--prompt", "Hello", "--ram-budget", "0.2GB", "--max-new-tokens", "4",
+                 "--temperature", "0.8", "--top-p", "0.9", "--seed", "1", "--compute", "dequant")
+    assert result.exit_code == 0, result.output
+    assert "hits" in result.output and "tok/s" in result.output
+
+
+def test_bad_size_is_a_usage_error(tiny):
+    result = run("generate", tiny[0], "--prompt", "x", "--ram-budget", "12 parsecs", "--max-new-tokens", "1")
+    assert result.exit_code == 2
+    assert "--ram-budget" in result.output and "Traceback" not in result.output
+
+
+def test_too_small_budget_names_the_minimum(tiny):
+    result = run("generate", tiny[0], "--prompt", "x", "--ram-budget", "1MiB", "--max-new-tokens", "1")
+    assert result.exit_code == 2
+    assert "too small" in result.output and "minimum" in result.output
+
+
+def test_corrupted_container_is_one_line_naming_the_expert(corrupted):
+    path, (layer, expert), prompt = corrupted
+    result = run("generate", path, "--prompt", prompt, "--ram-budget", "200MB", "--max-new-tokens", "2")
+    assert result.exit_code == 1
+    errors = [line for line in result.output.splitlines() if line.startswith("Error")]
+    assert len(errors) == 1 and f"layer {layer}, expert {expert}" in errors[0]
+    assert "Traceback" not in result.output
+
+
+def test_chat_reads_turns_from_stdin(tiny):
+    result = run("chat", tiny[0], "--ram-budget", "200MB", "--max-new-tokens", "4", input="Hi!\nHow are you?\n\n")
+    assert result.exit_code == 0, result.output
+    assert result.output.count("colibri> ") == 2
+
+
+def test_plan_json(tiny):
+    result = run("plan", tiny[0], "--ram-budget", "100MB", "--json")
+    assert result.exit_code == 0, result.output
+    plan = json.loads(result.output)
+    assert plan["total_experts"] == 48 and plan["cache_slots"] >= 1
+
+
+def test_help_reads_well():
+    result = run("--help")
+    assert result.exit_code == 0 and "generate" in result.output and "chat" in result.output
+    assert "KiB" in run("generate", "--help").output

