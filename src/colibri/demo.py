@@ -199,7 +199,7 @@ def run_demo(out: Path | None, quick: bool = False) -> dict:
     stage.header("the ledger, and the dashboard")
     stage.run([_bin("colibri"), "status", "--relay", out / "relay"])
     print(f"\n    Dashboard (read-only): colibri-relay dashboard --store {out / 'relay'} --port 8765\n"
-          f"    then open http://127.0.0.1:8765/ in a browser (JSON at /api/state).", flush=True)
+          f"    then open http://127.0.0.1:8765/ in a browser (same data as JSON at /api/snapshot.json).", flush=True)
 
     elapsed = time.monotonic() - stage.started
     summary["seconds"] = round(elapsed, 1)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import shutil
 
 import pytest
-import torch
 from colibri_int4 import Container, ContainerError
 from colibri_int4.header import PREAMBLE_SIZE, pack_preamble
 from colibri_stream import BudgetError, Engine, ExpertCorruptError, SizeFormatError, parse_size

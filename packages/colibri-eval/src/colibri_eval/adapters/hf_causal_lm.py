@@ -56,6 +56,7 @@ class HFCausalLM:
         # transformers 5.2x renamed ``past_key_values`` to ``cache`` (argument and output)
         params = inspect.signature(self.decoder.forward).parameters if self.decoder is not None else {}
         self.cache_arg = "cache" if "cache" in params else "past_key_values"
+        self.pad_free = next(model.parameters()).device.type == "cpu"
 
     def logits_at(self, input_ids: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
         if self.headless:
@@ -70,9 +71,28 @@ class HFCausalLM:
 
     def logits_after_prefix(self, state: Any, input_ids: torch.Tensor, rows: torch.Tensor,
                             cols: torch.Tensor) -> torch.Tensor:
+        if self.pad_free:
+            return self._suffixes_one_by_one(state, input_ids, rows, cols)
         state.batch_repeat_interleave(input_ids.shape[0])
         out = self.decoder(input_ids=input_ids, use_cache=True, **{self.cache_arg: state})
         return self.head(out.last_hidden_state[rows, cols])
+
+    def _suffixes_one_by_one(self, state: Any, input_ids: torch.Tensor, rows: torch.Tensor,
+                             cols: torch.Tensor) -> torch.Tensor:
+        """CPU path: run each suffix alone on the shared cache, then crop the cache back to the
+        prefix. On CPU the cost is per token, so right-padding suffixes of unequal length (a
+        hellaswag group's endings differ by up to 2x) wastes more than the extra calls cost."""
+        prefix_length = state.get_seq_length()
+        hidden = torch.empty((rows.shape[0], self.head.in_features), dtype=self.head.weight.dtype)
+        for row in range(input_ids.shape[0]):
+            picked = (rows == row).nonzero().flatten()
+            if picked.numel() == 0:
+                continue
+            length = int(cols[picked].max()) + 1
+            out = self.decoder(input_ids=input_ids[row:row + 1, :length], use_cache=True, **{self.cache_arg: state})
+            hidden[picked] = out.last_hidden_state[0, cols[picked]]
+            state.crop(-(state.get_seq_length() - prefix_length))
+        return self.head(hidden)
 
 
 def load_hf(spec: str, path: str, dtype: str) -> LoadedModel:
