@@ -58,16 +58,37 @@ def test_colibri_checkpoint_adapter(tmp_path):
         assert ll == pytest.approx(want, rel=1e-4, abs=1e-3)
 
 
+@pytest.mark.skipif(not (_has("colibri_model", "ColibriForCausalLM") and importlib.util.find_spec("lm_eval")),
+                    reason="colibri-model or lm-eval not installed")
+def test_lm_eval_colibri_type_defaults_to_checkpoints(tmp_path):
+    import torch
+    from colibri_eval.lm_eval_model import ColibriLM
+    from colibri_eval.request_encoding import encode_requests
+    from colibri_eval.scoring_engine import ScoringEngine
+    from colibri_model import ColibriForCausalLM, get_preset
+
+    torch.manual_seed(1)
+    ColibriForCausalLM(get_preset("tiny")).save_pretrained(tmp_path)
+    lm = ColibriLM.create_from_arg_string(f"pretrained={tmp_path}", {"batch_size": 8, "device": "cpu"})
+    assert lm.loaded.kind == "colibri"
+    from lm_eval.api.instance import Instance
+
+    doc = load_documents(get_task("arc_easy"), "bundled", limit=1)[0]
+    instances = [Instance("loglikelihood", {}, pair, i) for i, pair in enumerate(doc.item.requests)]
+    got = lm.loglikelihood(instances, disable_tqdm=True)
+    [want] = ScoringEngine(lm.model).score([encode_requests(lm.tokenizer, doc.item.requests)])
+    assert got == want
+
+
 @pytest.mark.skipif(not (_has("colibri_stream", "Engine") and _has("colibri_int4", "export_checkpoint")),
                     reason="colibri-stream / colibri-int4 not installed")
 def test_int4_adapter_scores_like_the_engine(tmp_path):
     import torch
-    from colibri_int4 import export_checkpoint
-    from colibri_model import ColibriForCausalLM, get_preset
-
     from colibri_eval import load_model
     from colibri_eval.request_encoding import encode_requests
     from colibri_eval.scoring_engine import ScoringEngine
+    from colibri_int4 import export_checkpoint
+    from colibri_model import ColibriForCausalLM, get_preset
 
     torch.manual_seed(0)
     ColibriForCausalLM(get_preset("tiny")).save_pretrained(tmp_path / "ckpt")

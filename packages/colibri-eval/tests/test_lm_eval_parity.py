@@ -93,3 +93,22 @@ def test_colibri_lm_rolling_and_generation_match_hf_backend(tiny_hf_dir):
         return lm.generate_until([request], disable_tqdm=True)
 
     assert generate(ours) == generate(reference)
+
+
+def test_python_m_wrapper_runs_lm_eval_cli_with_colibri_type(tiny_hf_dir, tmp_path):
+    """`python -m colibri_eval.lm_eval --model colibri ...` is lm-eval's own CLI end to end."""
+    import os
+    import subprocess
+    import sys
+
+    write_local_task_yamls(bundled_data_dir(), tmp_path / "yaml", ["piqa"])
+    env = dict(os.environ, HF_DATASETS_OFFLINE="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    proc = subprocess.run(
+        [sys.executable, "-m", "colibri_eval.lm_eval", "--model", "colibri",
+         "--model_args", f"pretrained={tiny_hf_dir},backend=hf", "--tasks", "colibri_local_piqa",
+         "--include_path", str(tmp_path / "yaml"), "--limit", "3", "--device", "cpu",
+         "--output_path", str(tmp_path / "out")],
+        capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "colibri_local_piqa" in proc.stdout and "acc_norm" in proc.stdout
+    assert list((tmp_path / "out").rglob("results_*.json"))

@@ -34,13 +34,19 @@ def groups(tiny_hf_model):
 def test_engine_matches_naive_forward(tiny_hf_model, groups):
     hf_model = tiny_hf_model.model.model
     expected = [[naive_score(hf_model, r, tiny_hf_model.model.max_length) for r in g] for g in groups]
-    for share in (True, False):
-        for batch_tokens in (64, 100_000):
-            got = ScoringEngine(tiny_hf_model.model, batch_tokens=batch_tokens, share_prefixes=share).score(groups)
-            for got_group, want_group in zip(got, expected, strict=True):
-                for (ll, greedy), (want_ll, want_greedy) in zip(got_group, want_group, strict=True):
-                    assert ll == pytest.approx(want_ll, rel=1e-5, abs=1e-3)
-                    assert greedy == want_greedy
+    model = tiny_hf_model.model
+    # (share prefixes?, suffixes one by one on CPU or batched on the repeated cache, batch size)
+    for share, pad_free, batch_tokens in ((True, True, 64), (True, False, 100_000), (False, True, 64),
+                                          (False, True, 100_000)):
+        model.pad_free = pad_free
+        try:
+            got = ScoringEngine(model, batch_tokens=batch_tokens, share_prefixes=share).score(groups)
+        finally:
+            model.pad_free = True
+        for got_group, want_group in zip(got, expected, strict=True):
+            for (ll, greedy), (want_ll, want_greedy) in zip(got_group, want_group, strict=True):
+                assert ll == pytest.approx(want_ll, rel=1e-5, abs=1e-3)
+                assert greedy == want_greedy
 
 
 def test_prefix_sharing_is_used_for_multiple_choice(tiny_hf_model, groups):

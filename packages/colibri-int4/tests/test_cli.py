@@ -82,3 +82,13 @@ def test_dequantized_checkpoint_reexports_to_the_same_experts(make_checkpoint, t
     assert run("dequantize", second, tmp_path / "back2", "--no-progress").exit_code == 0
     b = load_file(str(tmp_path / "back2" / "model.safetensors"))
     np.testing.assert_allclose(a["layers.1.moe.experts.up_proj"], b["layers.1.moe.experts.up_proj"], rtol=1e-2, atol=1e-4)
+
+
+def test_unwritable_destinations_are_one_line_errors(make_checkpoint, tmp_path):
+    ckpt, _, _ = make_checkpoint()
+    result = CliRunner().invoke(main, ["export", str(ckpt), str(tmp_path / "no" / "dir" / "a.coli"), "--no-progress"])
+    assert result.exit_code == 1 and "No such file or directory" in result.output and "Traceback" not in result.output
+    assert run("export", ckpt, tmp_path / "a.coli", "--no-progress").exit_code == 0
+    (tmp_path / "blocker").write_text("a file where a directory should be")
+    result = CliRunner().invoke(main, ["dequantize", str(tmp_path / "a.coli"), str(tmp_path / "blocker"), "--no-progress"])
+    assert result.exit_code != 0 and "Traceback" not in result.output

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from colibri_model.data import IGNORE_INDEX, LoaderError, LoaderPosition, PackedLoader, TokenSource
 
 

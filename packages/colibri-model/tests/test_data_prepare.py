@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 
 import numpy as np
@@ -9,11 +10,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
-
 from colibri_model.cli import main
 from colibri_model.corpus import chat_file, prose_files
 from colibri_model.data import ManifestError, prepare, read_manifest, read_shard
-import importlib
 from colibri_model.data.prepare import is_validation
 from colibri_model.data.sources import DataSourceError, iter_documents
 from colibri_model.tokenizer import load_tokenizer
@@ -40,7 +39,7 @@ def test_jsonl_documents_become_shards_with_eos_between(tmp_path):
         ends = np.flatnonzero(np.asarray(stream) == 0)
         assert len(ends) == len(expected)
         starts = np.concatenate([[0], ends[:-1] + 1])
-        decoded = [tok.decode(stream[s:e].tolist()) for s, e in zip(starts, ends)]
+        decoded = [tok.decode(stream[s:e].tolist()) for s, e in zip(starts, ends, strict=False)]
         assert decoded == expected
     assert manifest.train_tokens + manifest.val_shard.tokens == len(train) + len(val)
     assert read_manifest(tmp_path / "out") == manifest

@@ -6,7 +6,6 @@ import struct
 
 import numpy as np
 import pytest
-
 from colibri_model.data import ShardFormatError, read_header, read_shard, write_shard
 from colibri_model.data.shards import HEADER_SIZE
 

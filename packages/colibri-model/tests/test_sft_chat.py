@@ -6,7 +6,6 @@ import json
 
 import numpy as np
 import pytest
-
 from colibri_model.chat import ChatFormatError, encode_chat, format_chat
 from colibri_model.corpus import chat_file
 from colibri_model.data import IGNORE_INDEX, PackedLoader
@@ -52,9 +51,9 @@ def test_template_text_and_mask_token_by_token():
     assert format_chat(CONVERSATION).startswith("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n")
     assert len(mask) == len(ids)
     assert mask == expected_mask(ids)
-    trained = [t for t, m in zip(ids, mask) if m]
+    trained = [t for t, m in zip(ids, mask, strict=False) if m]
     assert TOK.decode(trained, skip_special_tokens=False) == "4, of course.\nAnything else?<|im_end|>Bye!<|im_end|>"
-    assert sum(1 for t, m in zip(ids, mask) if m and t == IM_END) == 2
+    assert sum(1 for t, m in zip(ids, mask, strict=False) if m and t == IM_END) == 2
 
 
 def test_generation_prompt_is_untrained_assistant_header():

@@ -6,7 +6,6 @@ import json
 
 import torch
 from click.testing import CliRunner
-
 from colibri_model import ColibriForCausalLM, get_preset
 from colibri_model.cli import main
 from colibri_model.corpus import chat_file

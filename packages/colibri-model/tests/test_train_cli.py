@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 from click.testing import CliRunner
-
 from colibri_model.cli import main
 from colibri_model.data import prepare
 
@@ -22,9 +20,10 @@ def _one_line_error(result, code=2):
 
 def test_help_reads_well():
     runner = CliRunner()
-    for command in ("prepare", "train", "sft"):
+    phrases = {"prepare": "Tokenize INPUT...", "train": "Pretrain a Colibri model", "sft": "assistant tokens only"}
+    for command, phrase in phrases.items():
         result = runner.invoke(main, [command, "--help"])
-        assert result.exit_code == 0 and "Usage: main " + command in result.output or "Usage:" in result.output
+        assert result.exit_code == 0 and "Usage:" in result.output and phrase in result.output
     assert "--decay-start" in runner.invoke(main, ["train", "--help"]).output
 
 
@@ -66,4 +65,3 @@ def test_train_then_user_mistakes(tmp_path):
     err = _one_line_error(runner.invoke(main, ["train", "--preset", "tiny", "--data", str(tmp_path / "data"),
                                                "--out", str(tmp_path / "r3"), "--steps", "1", *FLAGS]))
     assert "truncated" in err
-    assert np.isfinite(1.0)

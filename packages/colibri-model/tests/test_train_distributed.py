@@ -9,10 +9,9 @@ import subprocess
 import sys
 
 import torch
-from safetensors.torch import load_file
-
 from colibri_model.corpus import prose_files
 from colibri_model.data import prepare
+from safetensors.torch import load_file
 
 ARGS = ["--preset", "tiny", "--seq-len", "32", "--batch-size", "4", "--lr", "3e-3", "--warmup", "2",
         "--eval-every", "0", "--eval-batches", "2", "--save-every", "0", "--no-progress", "--device", "cpu"]
@@ -51,7 +50,7 @@ def test_ddp_two_processes_match_single_process(tmp_path):
 
     a, b = _metrics(single), _metrics(ddp)
     assert [r["step"] for r in a] == [r["step"] for r in b] == [0, 1, 2, 3, 4]  # rank 0 alone writes
-    for ra, rb in zip(a, b):
+    for ra, rb in zip(a, b, strict=False):
         for key in ("loss", "val_loss", "grad_norm"):
             if ra[key] is not None:
                 assert abs(ra[key] - rb[key]) <= 1e-4 * max(1.0, abs(ra[key])), (ra["step"], key, ra[key], rb[key])

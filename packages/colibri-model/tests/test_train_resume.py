@@ -8,10 +8,9 @@ import subprocess
 import sys
 
 import torch
-from safetensors.torch import load_file
-
 from colibri_model.corpus import prose_files
 from colibri_model.data import prepare
+from safetensors.torch import load_file
 
 ARGS = ["--preset", "tiny", "--seq-len", "32", "--batch-size", "4", "--micro-batch", "2", "--lr", "3e-3",
         "--warmup", "2", "--eval-every", "0", "--eval-batches", "1", "--save-every", "0", "--no-progress"]

@@ -6,10 +6,16 @@ import math
 
 import numpy as np
 import pytest
-
 from colibri_model import get_preset
 from colibri_model.data import TokenSource
-from colibri_model.training import ScheduleError, TrainConfig, Trainer, lr_at, read_metrics, read_training_state
+from colibri_model.training import (
+    ScheduleError,
+    TrainConfig,
+    Trainer,
+    lr_at,
+    read_metrics,
+    read_training_state,
+)
 
 
 def test_wsd_shape():
@@ -30,7 +36,7 @@ def test_cosine_shape():
     assert lr_at(59, cfg)[0] == pytest.approx(0.5)
     assert lr_at(109, cfg)[0] == pytest.approx(0.0, abs=1e-12)
     values = [lr_at(s, cfg)[0] for s in range(10, 110)]
-    assert all(a >= b for a, b in zip(values, values[1:]))
+    assert all(a >= b for a, b in zip(values, values[1:], strict=False))
 
 
 def _source(seed):

@@ -8,7 +8,9 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 import pytest  # noqa: E402
 from colibri_relay import LocalStore  # noqa: E402
 
-pytest_plugins = ["colibri_relay.testing.pytest_plugin"]
+# Imported rather than `pytest_plugins = [...]`: pytest refuses pytest_plugins in a conftest that is
+# not top-level, which this one is when `make test` collects every package at once.
+from colibri_relay.testing.pytest_plugin import _fake_hub_session, fake_hub, hub_store  # noqa: E402, F401
 
 
 @pytest.fixture(params=["local", "hub"])

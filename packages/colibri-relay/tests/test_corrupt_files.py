@@ -96,3 +96,13 @@ def test_local_blob_corruption_is_detected_on_read(tmp_path):
     with pytest.raises(ChecksumMismatch):
         store.download(["f.bin"], sha, tmp_path / "out")
     assert not (tmp_path / "out" / "f.bin").exists()
+
+
+def test_local_store_of_an_unknown_major_version_is_refused(tmp_path):
+    from colibri_relay import LocalStore, StoreError
+
+    store = LocalStore(tmp_path / "s")
+    store.create()
+    (store.root / "store.json").write_text('{"store_version": "3.0"}')
+    with pytest.raises(StoreError, match=r"3\.0.*1\.0"):
+        LocalStore(tmp_path / "s").head()

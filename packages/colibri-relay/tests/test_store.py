@@ -79,3 +79,14 @@ def test_nothing_changed_commit_is_refused_or_distinct(store):
         assert "no change" in str(exc)
     else:  # LocalStore: a real, distinct commit
         assert h2 != h1 and store.history()[0].parent == h1
+
+
+def test_history_follows_pages_and_stops_at(store):
+    """The fake Hub pages its commit listing by 50 (Link header), like the Hub."""
+    shas = [store.head()]
+    for i in range(55):
+        shas.append(store.commit([PutFile("n", str(i).encode())], parent=shas[-1], message="m", nonce=f"{i:04x}"))
+    hist = store.history()
+    assert [c.sha for c in hist[:56]] == shas[::-1]
+    assert all(c.parent == shas[-2 - i] for i, c in enumerate(hist[:55]))
+    assert [c.sha for c in store.history(stop_at=shas[3])] == shas[3:][::-1]

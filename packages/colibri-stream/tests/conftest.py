@@ -19,9 +19,21 @@ torch.set_num_threads(1)
 
 # 3 MoE layers x 16 experts = 48 experts; d_model 64 keeps every int4 constraint (N % 16, groups).
 TINY = dict(
-    name="stream-test", d_model=64, n_layers=4, n_dense_layers=1, n_heads=2, n_kv_heads=1, head_dim=32,
-    dense_ffn_dim=128, n_experts=16, expert_dim=64, shared_expert_dim=64, max_seq_len=256,
-    top_k_train=2, top_k_infer=1, init_std=0.05,
+    name="stream-test",
+    d_model=64,
+    n_layers=4,
+    n_dense_layers=1,
+    n_heads=2,
+    n_kv_heads=1,
+    head_dim=32,
+    dense_ffn_dim=128,
+    n_experts=16,
+    expert_dim=64,
+    shared_expert_dim=64,
+    max_seq_len=256,
+    top_k_train=2,
+    top_k_infer=1,
+    init_std=0.05,
 )
 
 

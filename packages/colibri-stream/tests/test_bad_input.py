@@ -55,8 +55,16 @@ def test_budget_splits_and_caps_at_all_experts(tiny):
 
 @pytest.mark.parametrize(
     ("text", "expected"),
-    [("600MB", 600_000_000), ("1GiB", 1 << 30), ("512 KiB", 512 * 1024), ("4096", 4096), ("1.5GB", 1_500_000_000),
-     ("2mib", 2 << 20), (123, 123), ("10B", 10)],
+    [
+        ("600MB", 600_000_000),
+        ("1GiB", 1 << 30),
+        ("512 KiB", 512 * 1024),
+        ("4096", 4096),
+        ("1.5GB", 1_500_000_000),
+        ("2mib", 2 << 20),
+        (123, 123),
+        ("10B", 10),
+    ],
 )
 def test_parse_size(text, expected):
     assert parse_size(text) == expected

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from click.testing import CliRunner
+from colibri_stream import ReportVersionError, read_generate_report
 from colibri_stream.cli import main
 
 
@@ -13,22 +15,74 @@ def run(*args, input=None):
 
 
 def test_generate_json_has_text_and_stats(tiny):
-    result = run("generate", tiny[0], "--prompt", "Hello there", "--ram-budget", "200MB",
-                 "--max-new-tokens", "8", "--json", "--trace")
+    result = run(
+        "generate",
+        tiny[0],
+        "--prompt",
+        "Hello there",
+        "--ram-budget",
+        "200MB",
+        "--max-new-tokens",
+        "8",
+        "--json",
+        "--trace",
+    )
     assert result.exit_code == 0, result.output
     out = json.loads(result.output)
     assert out["new_tokens"] == len(out["token_ids"]) <= 8 and isinstance(out["text"], str)
     stats = out["stats"]
-    for key in ("hits", "misses", "bytes_read", "evictions", "prefetch_used", "prefetch_wasted",
-                "per_layer_hit_rate", "io_seconds", "compute_seconds", "resident_mb", "cache_mb", "trace"):
+    for key in (
+        "hits",
+        "misses",
+        "bytes_read",
+        "evictions",
+        "prefetch_used",
+        "prefetch_wasted",
+        "per_layer_hit_rate",
+        "io_seconds",
+        "compute_seconds",
+        "resident_mb",
+        "cache_mb",
+        "trace",
+    ):
         assert key in stats
     assert stats["stats_version"] == "1.0" and stats["misses"] > 0
     assert out["budget"]["ram_budget"] == 200_000_000
+    report = read_generate_report(result.output)  # the versioned schema others read
+    assert report.stats.misses == stats["misses"] and report.stats.trace is not None
+
+
+def test_report_reader_refuses_unknown_major_version(tiny):
+    result = run(
+        "generate", tiny[0], "--prompt", "Hi", "--ram-budget", "200MB", "--max-new-tokens", "1", "--json"
+    )
+    out = json.loads(result.output)
+    out["report_version"] = "2.0"
+    with pytest.raises(ReportVersionError, match="2.0.*1.0"):
+        read_generate_report(json.dumps(out))
 
 
 def test_generate_streams_text_and_summary(tiny):
-    result = run("generate", tiny[0], "--prompt", "Hello", "--ram-budget", "0.2GB", "--max-new-tokens", "4",
-                 "--temperature", "0.8", "--top-p", "0.9", "--seed", "1", "--compute", "dequant")
+    result = run(
+        "generate",
+        tiny[0],
+        "--prompt",
+        "Hello",
+        "--ram-budget",
+        "0.2GB",
+        "--max-new-tokens",
+        "4",
+        "--threads",
+        "1",
+        "--temperature",
+        "0.8",
+        "--top-p",
+        "0.9",
+        "--seed",
+        "1",
+        "--compute",
+        "dequant",
+    )
     assert result.exit_code == 0, result.output
     assert "hits" in result.output and "tok/s" in result.output
 
@@ -55,7 +109,9 @@ def test_corrupted_container_is_one_line_naming_the_expert(corrupted):
 
 
 def test_chat_reads_turns_from_stdin(tiny):
-    result = run("chat", tiny[0], "--ram-budget", "200MB", "--max-new-tokens", "4", input="Hi!\nHow are you?\n\n")
+    result = run(
+        "chat", tiny[0], "--ram-budget", "200MB", "--max-new-tokens", "4", input="Hi!\nHow are you?\n\n"
+    )
     assert result.exit_code == 0, result.output
     assert result.output.count("colibri> ") == 2
 

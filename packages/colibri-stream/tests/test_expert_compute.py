@@ -9,10 +9,24 @@ from colibri_int4 import ExpertBlob, ExpertBlobLayout, ModelShape, QuantScheme, 
 from colibri_stream.expert_compute import DequantExpert, Int4Expert, int4_supported, prepared_nbytes
 
 
-def make_blob(d_model: int, expert_dim: int, scheme: QuantScheme, seed: int = 0) -> tuple[ExpertBlob, ExpertBlobLayout]:
-    shape = ModelShape(vocab_size=32, d_model=d_model, n_layers=2, n_dense_layers=1, n_heads=1, n_kv_heads=1,
-                       head_dim=32, qk_norm=True, dense_ffn_dim=64, n_experts=4, expert_dim=expert_dim,
-                       shared_expert_dim=0, tie_embeddings=True)
+def make_blob(
+    d_model: int, expert_dim: int, scheme: QuantScheme, seed: int = 0
+) -> tuple[ExpertBlob, ExpertBlobLayout]:
+    shape = ModelShape(
+        vocab_size=32,
+        d_model=d_model,
+        n_layers=2,
+        n_dense_layers=1,
+        n_heads=1,
+        n_kv_heads=1,
+        head_dim=32,
+        qk_norm=True,
+        dense_ffn_dim=64,
+        n_experts=4,
+        expert_dim=expert_dim,
+        shared_expert_dim=0,
+        tie_embeddings=True,
+    )
     layout = ExpertBlobLayout.build(shape, scheme)
     rng = np.random.default_rng(seed)
     gate, up = (rng.normal(0, 0.05, (expert_dim, d_model)).astype(np.float32) for _ in range(2))
@@ -34,6 +48,8 @@ def test_int4_kernel_matches_dequantized_reference(group, symmetric, scale_dtype
     assert fast.nbytes == prepared_nbytes(layout, 128, 256, "int4", torch.float32)
     assert slow.nbytes == prepared_nbytes(layout, 128, 256, "dequant", torch.float32)
     assert fast.nbytes < slow.nbytes / 3  # the point of the int4 layout
+    fast_bf16 = Int4Expert(blob, torch.bfloat16)  # the fast path: bf16 activations
+    assert (fast_bf16.forward(x).float() - expected).abs().max().item() < 0.02 * expected.abs().max().item()
 
 
 def test_bf16_activations():

@@ -70,6 +70,8 @@ def export(checkpoint_dir: Path, out: Path, progress: bool, **scheme_args) -> No
             bpw = container.bits_per_weight
     except Int4Error as exc:
         raise click.ClickException(str(exc)) from None
+    except OSError as exc:
+        raise click.ClickException(f"{exc.filename or out}: {exc.strerror}") from None
     click.echo(
         f"wrote {out}: {_mb(report.file_size)} (resident {_mb(report.resident_bytes)}, experts "
         f"{_mb(report.expert_bytes)}, {bpw:.3f} bits/weight) in {report.seconds:.1f} s, "
@@ -162,6 +164,8 @@ def dequantize(file: Path, out_dir: Path, dtype: str, progress: bool) -> None:
         dequantize_container(file, out_dir, dtype=dtype, progress=progress)
     except Int4Error as exc:
         raise click.ClickException(str(exc)) from None
+    except OSError as exc:
+        raise click.ClickException(f"{exc.filename or out_dir}: {exc.strerror}") from None
     click.echo(f"wrote {out_dir}")
 
 

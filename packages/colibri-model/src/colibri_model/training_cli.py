@@ -183,7 +183,12 @@ def train(preset, config_path, data_dir, **options):
     train_config, run_dir, resume_from = _train_config(options)
     if preset and config_path:
         raise UserError("give --preset or --config, not both")
-    model_config = get_preset(preset) if preset else ColibriConfig.load(config_path) if config_path else None
+    try:
+        model_config = get_preset(preset) if preset else ColibriConfig.load(config_path) if config_path else None
+    except ValidationError:
+        raise
+    except ValueError as exc:  # not JSON at all
+        raise UserError(f"{config_path}: not a model config JSON ({exc})") from None
     if not Path(data_dir).is_dir():
         raise UserError(f"{data_dir}: no such data directory (make one with `colibri-model prepare`)")
     trainer = Trainer.for_pretraining(run_dir, data_dir, model_config, train_config, resume_from=resume_from)

@@ -195,20 +195,21 @@ class HubStore(RelayStore):
         finally:
             shutil.rmtree(staging, ignore_errors=True)
 
-    def _commits_page(self, revision: str, page: int = 0) -> tuple[list[dict], bool]:
-        """One page of the commit listing (the public client only offers the whole list)."""
-        url = f"{self.api.endpoint}/api/models/{self.repo_id}/commits/{revision}"
-        resp = get_session().get(url, headers=build_hf_headers(token=self._token), params={"p": page})
+    def _commits_page(self, revision: str, url: str | None = None) -> tuple[list[dict], str | None]:
+        """One page of the commit listing and the next page's URL from the `Link` header (the
+        public client only offers the whole list, which a parent check does not need)."""
+        url = url or f"{self.api.endpoint}/api/models/{self.repo_id}/commits/{revision}"
+        resp = get_session().get(url, headers=build_hf_headers(token=self._token))
         hf_raise_for_status(resp)
-        return resp.json(), "next" in resp.links
+        return resp.json(), resp.links.get("next", {}).get("url")
 
     def history(self, revision: str | None = None, *, stop_at: str | None = None) -> list[CommitRecord]:
         rev = self._resolve(revision) if revision else self.head()
         out: list[CommitRecord] = []
-        page = 0
+        next_url: str | None = None
         try:
             while True:
-                items, more = self._commits_page(rev, page)
+                items, next_url = self._commits_page(rev, next_url)
                 for item in items:
                     rec = CommitRecord(item["id"], item.get("title", ""), item.get("date", ""))
                     if out:  # the listing is linear: each commit's parent is the next one
@@ -217,9 +218,8 @@ class HubStore(RelayStore):
                     out.append(rec)
                     if rec.sha == stop_at:
                         return out
-                if not more:
+                if not next_url:
                     return out
-                page += 1
         except Exception as exc:  # noqa: BLE001
             raise self._read_error(exc, "list commits", revision=rev) from None
 

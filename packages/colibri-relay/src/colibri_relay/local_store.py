@@ -75,6 +75,7 @@ class LocalStore(RelayStore):
         self.spec = str(self.root)
         self.lock_timeout_s = lock_timeout_s
         self._prepared: dict[tuple, dict] = {}
+        self._checked = False
 
     def __repr__(self) -> str:
         return f"LocalStore({self.spec!r})"
@@ -84,8 +85,19 @@ class LocalStore(RelayStore):
         return self.root / "blobs" / sha256[:2] / sha256
 
     def _check_exists(self) -> None:
-        if not (self.root / "store.json").is_file():
+        if self._checked:
+            return
+        meta = self.root / "store.json"
+        if not meta.is_file():
             raise StoreNotFound(f"{self.root} is not a relay store (no store.json); run `colibri-relay init`")
+        try:
+            found = json.loads(meta.read_text())["store_version"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise StoreError(f"{meta} is corrupt ({exc!r})") from None
+        if str(found).split(".")[0] != STORE_VERSION.split(".")[0]:
+            raise StoreError(f"{meta}: store_version {found} is not supported by this reader "
+                             f"(supports {STORE_VERSION}); upgrade colibri-relay")
+        self._checked = True
 
     def create(self) -> str:
         for sub in ("blobs", "commits", "refs/tags", "tmp"):

@@ -70,9 +70,11 @@ class PushResult:
 class Relay:
     """A relay on one store. Timers default to the Hub's commit limits (heartbeat 5 min, lease 20 min)."""
 
-    def __init__(self, store: RelayStore | str, *, holder: str | None = None, lease_duration_s: float = 1200.0,
+    def __init__(self, store: RelayStore | str | os.PathLike, *, holder: str | None = None, lease_duration_s: float = 1200.0,
                  heartbeat_s: float = 300.0, token: str | None = None):
-        self.store = open_store(store, token=token) if isinstance(store, str) else store
+        if isinstance(store, (str, os.PathLike)):
+            store = open_store(os.fspath(store), token=token)
+        self.store = store
         self.holder = holder or default_holder()
         if heartbeat_s >= lease_duration_s / 2:
             raise ValueError(f"heartbeat_s ({heartbeat_s}) must be well under lease_duration_s ({lease_duration_s})")

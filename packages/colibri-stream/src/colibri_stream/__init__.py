@@ -7,12 +7,14 @@ RAM-budgeted cache with a pluggable eviction policy and run on torch's CPU int4 
 
 from .budget import Budget
 from .cache_policy import POLICIES, CachePolicy, LRUPolicy, make_policy
+from .cache_replay import ReplayResult, access_sequence, belady, replay
 from .direct_io import AlignedBuffer, BlobReader, IOFallbackWarning
 from .engine import Engine, GenerationResult
 from .errors import BudgetError, ContainerConfigError, ExpertCorruptError, SizeFormatError, StreamError
 from .expert_cache import ExpertCache
 from .expert_compute import DequantExpert, Int4Expert
 from .generation import SamplingConfig
+from .report import GenerateReport, ReportVersionError, StatsReport, read_generate_report
 from .sizes import format_size, parse_size
 from .stats import LayerCounters, StreamStats, TraceEvent
 from .streamed_experts import StreamedExperts
@@ -31,13 +33,16 @@ __all__ = [
     "Engine",
     "ExpertCache",
     "ExpertCorruptError",
+    "GenerateReport",
     "GenerationResult",
     "IOFallbackWarning",
     "Int4Expert",
     "LRUPolicy",
     "LayerCounters",
+    "ReportVersionError",
     "SamplingConfig",
     "SizeFormatError",
+    "StatsReport",
     "StreamError",
     "StreamStats",
     "StreamedExperts",
@@ -45,4 +50,9 @@ __all__ = [
     "format_size",
     "make_policy",
     "parse_size",
+    "read_generate_report",
+    "replay",
+    "belady",
+    "access_sequence",
+    "ReplayResult",
 ]

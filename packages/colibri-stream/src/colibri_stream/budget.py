@@ -97,4 +97,6 @@ def plan_budget(
             minimum,
         )
     slots = min(total_experts, (ram_budget - fixed) // slot_bytes) if slot_bytes else 0
-    return Budget(ram_budget, resident_bytes, kv_bytes, workspace, staging_bytes, slot_bytes, int(slots), total_experts)
+    return Budget(
+        ram_budget, resident_bytes, kv_bytes, workspace, staging_bytes, slot_bytes, int(slots), total_experts
+    )

@@ -18,6 +18,7 @@ import warnings
 import click
 
 from .errors import BudgetError, SizeFormatError, StreamError
+from .report import REPORT_VERSION
 from .sizes import format_size, parse_size
 
 
@@ -36,17 +37,52 @@ SIZE = SizeType()
 
 def _engine_options(f):
     options = [
-        click.option("--ram-budget", type=SIZE, required=True,
-                     help="RAM for weights, caches and buffers: bytes or with a unit (KB, MB, GB, KiB, MiB, GiB)."),
-        click.option("--compute", type=click.Choice(["auto", "int4", "dequant"]), default="auto", show_default=True,
-                     help="Routed-expert kernels: torch's CPU int4 kernels, or dequantized matmuls (reference)."),
-        click.option("--dtype", type=click.Choice(["f32", "bf16"]), default="f32", show_default=True,
-                     help="Dtype of resident weights and activations."),
-        click.option("--top-k", type=click.IntRange(min=1), default=None,
-                     help="Experts per token (default: the config's top_k_infer)."),
-        click.option("--max-context", type=click.IntRange(min=1), default=None,
-                     help="KV cache length (default: the config's max_seq_len)."),
+        click.option(
+            "--ram-budget",
+            type=SIZE,
+            required=True,
+            help="RAM for weights, caches and buffers: bytes or with a unit (KB, MB, GB, KiB, MiB, GiB).",
+        ),
+        click.option(
+            "--compute",
+            type=click.Choice(["auto", "int4", "dequant"]),
+            default="auto",
+            show_default=True,
+            help="Routed-expert kernels: torch's CPU int4 kernels, or dequantized matmuls (reference).",
+        ),
+        click.option(
+            "--dtype",
+            type=click.Choice(["f32", "bf16"]),
+            default="f32",
+            show_default=True,
+            help="Dtype of resident weights, activations and KV cache.",
+        ),
+        click.option(
+            "--kernel-dtype",
+            type=click.Choice(["bf16", "f32"]),
+            default="bf16",
+            show_default=True,
+            help="Activations inside the int4 kernels: bf16 is the fast path, f32 the exact one.",
+        ),
+        click.option(
+            "--top-k",
+            type=click.IntRange(min=1),
+            default=None,
+            help="Experts per token (default: the config's top_k_infer).",
+        ),
+        click.option(
+            "--max-context",
+            type=click.IntRange(min=1),
+            default=None,
+            help="KV cache length (default: the config's max_seq_len).",
+        ),
         click.option("--no-direct-io", is_flag=True, help="Buffered reads instead of O_DIRECT."),
+        click.option(
+            "--threads",
+            type=click.IntRange(min=1),
+            default=None,
+            help="torch intra-op threads (default: torch's choice; 1 is best on a busy shared CPU).",
+        ),
     ]
     for option in reversed(options):
         f = option(f)
@@ -55,10 +91,16 @@ def _engine_options(f):
 
 def _sampling_options(f):
     options = [
-        click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True,
-                     help="0 = greedy."),
-        click.option("--top-p", type=click.FloatRange(min=0, max=1, min_open=True), default=1.0, show_default=True,
-                     help="Nucleus sampling mass (with --temperature > 0)."),
+        click.option(
+            "--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True, help="0 = greedy."
+        ),
+        click.option(
+            "--top-p",
+            type=click.FloatRange(min=0, max=1, min_open=True),
+            default=1.0,
+            show_default=True,
+            help="Nucleus sampling mass (with --temperature > 0).",
+        ),
         click.option("--seed", type=int, default=None, help="Seed for sampling."),
         click.option("--stop", multiple=True, help="Stop string (repeatable); cut from the output."),
     ]
@@ -67,14 +109,30 @@ def _sampling_options(f):
     return f
 
 
-def _open_engine(container, ram_budget, compute, dtype, top_k, max_context, no_direct_io, **extra):
+def _open_engine(
+    container, ram_budget, compute, dtype, kernel_dtype, top_k, max_context, no_direct_io, threads, **extra
+):
+    import torch
+
     from .engine import Engine  # torch import is slow; keep --help fast
+
+    if threads:
+        torch.set_num_threads(threads)
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            engine = Engine.open(container, ram_budget, compute=compute, dtype=dtype, top_k=top_k,
-                                 max_context=max_context, direct_io=not no_direct_io, **extra)
+            engine = Engine.open(
+                container,
+                ram_budget,
+                compute=compute,
+                dtype=dtype,
+                kernel_dtype=kernel_dtype,
+                top_k=top_k,
+                max_context=max_context,
+                direct_io=not no_direct_io,
+                **extra,
+            )
         except BudgetError as exc:
             raise click.UsageError(str(exc)) from None
         except (StreamError, ValueError, OSError) as exc:
@@ -99,24 +157,59 @@ def main() -> None:
 @_sampling_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: the text and the stats.")
 @click.option("--trace", is_flag=True, help="With --json: include the routing trace.")
-def generate(container, prompt, max_new_tokens, ram_budget, compute, dtype, top_k, max_context, no_direct_io,
-             temperature, top_p, seed, stop, as_json, trace):
+def generate(
+    container,
+    prompt,
+    max_new_tokens,
+    ram_budget,
+    compute,
+    dtype,
+    kernel_dtype,
+    top_k,
+    max_context,
+    no_direct_io,
+    threads,
+    temperature,
+    top_p,
+    seed,
+    stop,
+    as_json,
+    trace,
+):
     """Continue PROMPT with the model in CONTAINER (greedy unless --temperature is given)."""
-    engine = _open_engine(container, ram_budget, compute, dtype, top_k, max_context, no_direct_io,
-                          record_trace=trace)
+    engine = _open_engine(
+        container,
+        ram_budget,
+        compute,
+        dtype,
+        kernel_dtype,
+        top_k,
+        max_context,
+        no_direct_io,
+        threads,
+        record_trace=trace,
+    )
     with engine:
+
         def show(piece: str) -> None:
             if not as_json:
                 click.echo(piece, nl=False)
                 sys.stdout.flush()
 
         try:
-            result = engine.generate(prompt, max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
-                                     stop=stop, on_text=show)
+            result = engine.generate(
+                prompt,
+                max_new_tokens,
+                temperature=temperature,
+                top_p=top_p,
+                seed=seed,
+                stop=stop,
+                on_text=show,
+            )
         except (StreamError, ValueError) as exc:
             raise click.ClickException(str(exc).splitlines()[0]) from None
         if as_json:
-            out = result.to_dict()
+            out = {"report_version": REPORT_VERSION, **result.to_dict()}
             out["stats"] = engine.stats.to_dict(include_trace=trace)
             out["budget"] = _budget_dict(engine)
             click.echo(json.dumps(out))
@@ -131,10 +224,27 @@ def generate(container, prompt, max_new_tokens, ram_budget, compute, dtype, top_
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=256, show_default=True)
 @_engine_options
 @_sampling_options
-def chat(container, system, max_new_tokens, ram_budget, compute, dtype, top_k, max_context, no_direct_io,
-         temperature, top_p, seed, stop):
+def chat(
+    container,
+    system,
+    max_new_tokens,
+    ram_budget,
+    compute,
+    dtype,
+    kernel_dtype,
+    top_k,
+    max_context,
+    no_direct_io,
+    threads,
+    temperature,
+    top_p,
+    seed,
+    stop,
+):
     """Chat with the model in CONTAINER (ChatML template). An empty line, /exit or EOF ends."""
-    engine = _open_engine(container, ram_budget, compute, dtype, top_k, max_context, no_direct_io)
+    engine = _open_engine(
+        container, ram_budget, compute, dtype, kernel_dtype, top_k, max_context, no_direct_io, threads
+    )
     messages = [{"role": "system", "content": system}] if system else []
     interactive = sys.stdin.isatty()
     with engine:
@@ -147,41 +257,63 @@ def chat(container, system, max_new_tokens, ram_budget, compute, dtype, top_k, m
             messages.append({"role": "user", "content": line.rstrip("\n")})
             click.echo("colibri> ", nl=False)
             try:
-                result = engine.chat(messages, max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
-                                     stop=stop, on_text=lambda piece: (click.echo(piece, nl=False), sys.stdout.flush()))
+                result = engine.chat(
+                    messages,
+                    max_new_tokens,
+                    temperature=temperature,
+                    top_p=top_p,
+                    seed=seed,
+                    stop=stop,
+                    on_text=lambda piece: (click.echo(piece, nl=False), sys.stdout.flush()),
+                )
             except (StreamError, ValueError) as exc:
                 raise click.ClickException(str(exc).splitlines()[0]) from None
             click.echo()
             messages.append({"role": "assistant", "content": result.text})
             s = engine.stats
-            click.echo(f"[{len(result.token_ids)} tokens, {result.tokens_per_s:.1f} tok/s, "
-                       f"hit rate {s.hit_rate:.1%}, read {format_size(s.bytes_read)}]", err=True)
+            click.echo(
+                f"[{len(result.token_ids)} tokens, {result.tokens_per_s:.1f} tok/s, "
+                f"hit rate {s.hit_rate:.1%}, read {format_size(s.bytes_read)}]",
+                err=True,
+            )
 
 
 @main.command()
 @click.argument("container", type=click.Path(exists=True, dir_okay=False))
 @_engine_options
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
-def plan(container, ram_budget, compute, dtype, top_k, max_context, no_direct_io, as_json):
+def plan(
+    container, ram_budget, compute, dtype, kernel_dtype, top_k, max_context, no_direct_io, threads, as_json
+):
     """Show how RAM_BUDGET is split (resident, KV cache, workspace, expert cache) without running."""
-    engine = _open_engine(container, ram_budget, compute, dtype, top_k, max_context, no_direct_io)
+    engine = _open_engine(
+        container, ram_budget, compute, dtype, kernel_dtype, top_k, max_context, no_direct_io, threads
+    )
     with engine:
         if as_json:
             click.echo(json.dumps(_budget_dict(engine)))
         else:
             click.echo(engine.budget.describe())
-            click.echo(f"compute {engine.stats.compute_mode}, I/O {engine.stats.io_mode}, "
-                       f"expert bytes on disk {format_size(engine.container.expert_bytes)}")
+            click.echo(
+                f"compute {engine.stats.compute_mode}, I/O {engine.stats.io_mode}, "
+                f"expert bytes on disk {format_size(engine.container.expert_bytes)}"
+            )
 
 
 def _budget_dict(engine) -> dict:
     b = engine.budget
     return {
-        "ram_budget": b.ram_budget, "resident_bytes": b.resident_bytes, "kv_cache_bytes": b.kv_cache_bytes,
-        "workspace_bytes": b.workspace_bytes, "staging_bytes": b.staging_bytes, "slot_bytes": b.slot_bytes,
-        "cache_slots": b.slots, "total_experts": b.total_experts,
+        "ram_budget": b.ram_budget,
+        "resident_bytes": b.resident_bytes,
+        "kv_cache_bytes": b.kv_cache_bytes,
+        "workspace_bytes": b.workspace_bytes,
+        "staging_bytes": b.staging_bytes,
+        "slot_bytes": b.slot_bytes,
+        "cache_slots": b.slots,
+        "total_experts": b.total_experts,
         "expert_bytes_on_disk": engine.container.expert_bytes,
-        "compute": engine.stats.compute_mode, "io_mode": engine.stats.io_mode,
+        "compute": engine.stats.compute_mode,
+        "io_mode": engine.stats.io_mode,
     }
 
 

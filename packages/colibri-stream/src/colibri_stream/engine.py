@@ -30,18 +30,17 @@ from colibri_model.tokenizer import EOS_TOKEN, IM_END
 from tokenizers import Tokenizer
 
 from .budget import Budget, kv_cache_bytes, plan_budget, workspace_bytes
-from .cache_policy import CachePolicy, make_policy
+from .cache_policy import make_policy
 from .direct_io import BlobReader
 from .expert_cache import ExpertCache
 from .expert_compute import DequantExpert, Int4Expert, int4_supported, prepared_nbytes
 from .generation import SamplingConfig, TextAssembler, TokenSampler
+from .options import EngineOptions
+from .prefetch import Prefetcher, RoutingPredictor
 from .resident import build_model, model_config, module_bytes
 from .sizes import parse_size
 from .stats import StreamStats
 from .streamed_experts import StreamedExperts
-
-DTYPES = {"f32": torch.float32, "fp32": torch.float32, "float32": torch.float32,
-          "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
 
 
 @dataclass
@@ -61,28 +60,35 @@ class GenerationResult:
 
     def to_dict(self) -> dict:
         return {
-            "text": self.text, "token_ids": self.token_ids, "prompt_tokens": self.prompt_tokens,
-            "new_tokens": len(self.token_ids), "finish_reason": self.finish_reason,
-            "ttft_s": round(self.prefill_seconds, 6), "decode_s": round(self.decode_seconds, 6),
-            "tokens_per_s": round(self.tokens_per_s, 4), "stats": self.stats,
+            "text": self.text,
+            "token_ids": self.token_ids,
+            "prompt_tokens": self.prompt_tokens,
+            "new_tokens": len(self.token_ids),
+            "finish_reason": self.finish_reason,
+            "ttft_s": round(self.prefill_seconds, 6),
+            "decode_s": round(self.decode_seconds, 6),
+            "tokens_per_s": round(self.tokens_per_s, 4),
+            "stats": self.stats,
         }
-
-
-def _resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    try:
-        return DTYPES[dtype.lower()]
-    except KeyError:
-        raise ValueError(f"unknown dtype {dtype!r}; use f32 or bf16") from None
 
 
 class Engine:
     """A served model. Create with `Engine.open`; close (or use `with`) to release the file."""
 
-    def __init__(self, container: Container, config, model, cache: ExpertCache, reader: BlobReader,
-                 tokenizer: Tokenizer, budget: Budget, stats: StreamStats, max_context: int,
-                 prefill_chunk: int, device: torch.device):
+    def __init__(
+        self,
+        container: Container,
+        config,
+        model,
+        cache: ExpertCache,
+        reader: BlobReader,
+        tokenizer: Tokenizer,
+        budget: Budget,
+        stats: StreamStats,
+        max_context: int,
+        prefill_chunk: int,
+        device: torch.device,
+    ):
         self.container, self.config, self.model, self.cache = container, config, model, cache
         self.reader, self.tokenizer, self.budget, self.stats = reader, tokenizer, budget, stats
         self.max_context, self.prefill_chunk, self.device = max_context, prefill_chunk, device
@@ -91,72 +97,80 @@ class Engine:
 
     # --- construction ----------------------------------------------------------------------
     @classmethod
-    def open(
-        cls,
-        path: str | os.PathLike,
-        ram_budget: str | int = "600MB",
-        *,
-        compute: Literal["auto", "int4", "dequant"] = "auto",
-        dtype: str | torch.dtype = "f32",
-        device: str | torch.device = "cpu",
-        cache_policy: str | CachePolicy | None = None,
-        top_k: int | None = None,
-        max_context: int | None = None,
-        prefill_chunk: int = 128,
-        direct_io: bool = True,
-        record_trace: bool = False,
-        tokenizer: str | os.PathLike | Tokenizer | None = None,
-    ) -> Engine:
-        """Open a container and plan the budget; raises `BudgetError` (naming the minimum) when
-        `ram_budget` cannot hold the resident part plus one layer's working set, and
-        `colibri_int4.ContainerError` for a damaged file. `compute="auto"` uses torch's CPU
-        int4 kernels where the shapes allow, else the dequantized path (always on CUDA)."""
+    def open(cls, path: str | os.PathLike, ram_budget: str | int = "600MB", **options) -> Engine:
+        """Open a container and plan the budget (see budget.py).
+
+        Options (`EngineOptions`): `compute` "auto" | "int4" | "dequant" (auto: torch's CPU
+        int4 kernels where the shapes allow, else dequantized; always dequantized on CUDA);
+        `dtype` "f32" | "bf16" for resident weights, activations and KV cache; `kernel_dtype`
+        "bf16" | "f32" for activations inside the int4 kernels (bf16 is the fast path, f32 the
+        exact one); `device`; `cache_policy` (name or `CachePolicy`, default LRU); `top_k`
+        (default: the config's top_k_infer); `max_context` (KV cache length, default
+        max_seq_len); `prefill_chunk` (tokens per forward pass); `direct_io`; `record_trace`;
+        `tokenizer` (default: the container's, else colibri-model's bundled one).
+
+        Raises `BudgetError` (naming the minimum) when `ram_budget` cannot hold the resident
+        part plus one layer's working set, `colibri_int4.ContainerError` for a damaged file.
+        """
         budget_bytes = parse_size(ram_budget)
-        dtype = _resolve_dtype(dtype)
-        device = torch.device(device)
-        if prefill_chunk < 1:
-            raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
+        opts = EngineOptions(**options)
         container = Container.open(path)
         try:
-            return cls._open(container, budget_bytes, compute, dtype, device, cache_policy, top_k,
-                             max_context, prefill_chunk, direct_io, record_trace, tokenizer)
+            return cls._open(container, budget_bytes, opts)
         except BaseException:
             container.close()
             raise
 
     @classmethod
-    def _open(cls, container, budget_bytes, compute, dtype, device, cache_policy, top_k, max_context,
-              prefill_chunk, direct_io, record_trace, tokenizer) -> Engine:
+    def _open(cls, container: Container, budget_bytes: int, opts: EngineOptions) -> Engine:
         config = model_config(container)
-        top_k = top_k or config.top_k_infer
+        top_k = opts.top_k or config.top_k_infer
         if not 1 <= top_k <= config.n_experts:
             raise ValueError(f"top_k must be in [1, {config.n_experts}], got {top_k}")
-        max_context = max_context or config.max_seq_len
-        layout = container.blob_layout
-        compute = _choose_compute(compute, layout, config, device, dtype)
+        max_context = opts.max_context or config.max_seq_len
+        dtype, device, layout = opts.dtype, opts.device, container.blob_layout
+        compute = _choose_compute(opts.compute, layout, config, device)
+        expert_dtype = opts.kernel_dtype if compute == "int4" else dtype
         elem = torch.empty((), dtype=dtype).element_size()
-        slot_bytes = prepared_nbytes(layout, config.d_model, config.expert_dim, compute, dtype) if layout else 0
-        # The resident size is known before materialising it: every resident tensor's element count.
-        resident_bytes = sum(
-            (4 if len(t.shape) == 1 or t.name.endswith("expert_bias") else elem) * _numel(t.shape)
-            for t in container.header.tensors
-        ) + 4 * config.n_moe_layers * config.n_experts  # router token counters
-        budget = plan_budget(
-            budget_bytes, config, resident_bytes, kv_cache_bytes(config, max_context, elem),
-            workspace_bytes(config, min(prefill_chunk, max_context), max_context, elem),
-            layout.blob_length if layout else 0, slot_bytes, top_k,
+        slot_bytes = (
+            prepared_nbytes(layout, config.d_model, config.expert_dim, compute, expert_dtype) if layout else 0
         )
-        stats = StreamStats(record_trace=record_trace)
-        policy = make_policy(cache_policy)
-        reader = BlobReader(container.path, direct=direct_io)
+        # The resident size is known before materialising it: every resident tensor's element count.
+        resident_bytes = (
+            sum(
+                (4 if len(t.shape) == 1 or t.name.endswith("expert_bias") else elem) * _numel(t.shape)
+                for t in container.header.tensors
+            )
+            + 4 * config.n_moe_layers * config.n_experts
+        )  # router token counters
+        blob_length = layout.blob_length if layout else 0
+        # Prefetch workers each hold a staging buffer and, until it is stored, one prepared expert.
+        prefetch_threads = opts.prefetch_threads if opts.prefetch == "on" and layout else 0
+        budget = plan_budget(
+            budget_bytes,
+            config,
+            resident_bytes,
+            kv_cache_bytes(config, max_context, elem),
+            workspace_bytes(config, min(opts.prefill_chunk, max_context), max_context, elem),
+            blob_length + prefetch_threads * (blob_length + slot_bytes),
+            slot_bytes,
+            top_k,
+        )
+        stats = StreamStats(record_trace=opts.record_trace)
+        policy = make_policy(opts.cache_policy)
+        reader = BlobReader(container.path, direct=opts.direct_io)
+        cache = None
         try:
             entries = {(e.layer, e.expert): e for e in container.header.experts.entries}
             if compute == "int4":
+
                 def prepare(blob):
-                    return Int4Expert(blob, dtype)
+                    return Int4Expert(blob, expert_dtype)
             else:
+
                 def prepare(blob):
-                    return DequantExpert(blob, dtype, device)
+                    return DequantExpert(blob, expert_dtype, device)
+
             cache = ExpertCache(reader, entries, layout, prepare, max(budget.slots, 1), policy, stats)
             backends = {
                 i: StreamedExperts(i, config.n_experts, config.d_model, cache, stats)
@@ -165,24 +179,54 @@ class Engine:
             model = build_model(container, config, backends, dtype, device)
             if top_k != config.top_k_infer:
                 model.set_top_k(top_k)
+            if opts.prefetch != "off":
+                prefetcher = Prefetcher(cache, prefetch_threads) if prefetch_threads else None
+                routers = {i: model.layers[i].moe.router for i in backends}
+                predictor = RoutingPredictor(routers, top_k, stats, prefetcher)
+                for backend in backends.values():
+                    backend.predictor = predictor
             actual_resident = module_bytes(model)
             if actual_resident > resident_bytes:  # the plan must never under-count
-                raise AssertionError(f"resident weights take {actual_resident} bytes, planned {resident_bytes}")
+                raise AssertionError(
+                    f"resident weights take {actual_resident} bytes, planned {resident_bytes}"
+                )
+            tokenizer = opts.tokenizer
             if tokenizer is None:
                 carried = container.read_tokenizer_json()
                 tokenizer = Tokenizer.from_str(carried) if carried else load_tokenizer(None)
             elif not isinstance(tokenizer, Tokenizer):
                 tokenizer = load_tokenizer(tokenizer)
         except BaseException:
+            if cache is not None:
+                cache.close()
             reader.close()
             raise
         stats.ram_budget_bytes, stats.resident_bytes = budget.ram_budget, actual_resident
-        stats.kv_cache_bytes, stats.staging_bytes = budget.kv_cache_bytes, cache.staging_bytes
-        stats.workspace_bytes, stats.cache_capacity_bytes = budget.workspace_bytes, budget.cache_capacity_bytes
+        stats.kv_cache_bytes, stats.staging_bytes = budget.kv_cache_bytes, budget.staging_bytes
+        stats.workspace_bytes, stats.cache_capacity_bytes = (
+            budget.workspace_bytes,
+            budget.cache_capacity_bytes,
+        )
         stats.cache_slots, stats.io_mode, stats.filesystem = budget.slots, reader.mode, reader.filesystem
-        stats.compute_mode, stats.policy = compute, policy.name
-        return cls(container, config, model, cache, reader, tokenizer, budget, stats, max_context,
-                   prefill_chunk, device)
+        stats.compute_mode = (
+            f"int4-{'bf16' if expert_dtype == torch.bfloat16 else 'f32'}" if compute == "int4" else compute
+        )
+        stats.policy, stats.prefetch = policy.name, opts.prefetch
+        engine = cls(
+            container,
+            config,
+            model,
+            cache,
+            reader,
+            tokenizer,
+            budget,
+            stats,
+            max_context,
+            opts.prefill_chunk,
+            device,
+        )
+        engine.options = opts
+        return engine
 
     def close(self) -> None:
         self.cache.close()
@@ -209,7 +253,9 @@ class Engine:
             )
         outputs = []
         for start in range(0, len(ids), self.prefill_chunk):
-            chunk = torch.tensor([ids[start : start + self.prefill_chunk]], dtype=torch.long, device=self.device)
+            chunk = torch.tensor(
+                [ids[start : start + self.prefill_chunk]], dtype=torch.long, device=self.device
+            )
             self.stats.steps += 1
             self.cache.policy.begin_step(self.stats.steps)
             began = time.perf_counter()
@@ -221,7 +267,11 @@ class Engine:
     def logits(self, input_ids: Sequence[int] | torch.Tensor) -> torch.Tensor:
         """fp32 logits `[T, vocab]` of one sequence (a 1-D tensor or list of token ids), from
         an empty context: row t scores the token after position t."""
-        ids = input_ids.flatten().tolist() if isinstance(input_ids, torch.Tensor) else [int(i) for i in input_ids]
+        ids = (
+            input_ids.flatten().tolist()
+            if isinstance(input_ids, torch.Tensor)
+            else [int(i) for i in input_ids]
+        )
         if not ids:
             raise ValueError("logits() needs at least one token")
         self.kv_cache.length = 0
@@ -260,7 +310,9 @@ class Engine:
         if max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
         if stop_token_ids is None:
-            stop_token_ids = [i for i in (self._special_id(EOS_TOKEN), self._special_id(IM_END)) if i is not None]
+            stop_token_ids = [
+                i for i in (self._special_id(EOS_TOKEN), self._special_id(IM_END)) if i is not None
+            ]
         stop_ids = set(stop_token_ids)
         sampler = TokenSampler(SamplingConfig(temperature, top_p, seed))
         assembler = TextAssembler(self.tokenizer, tuple(stop))
@@ -292,10 +344,17 @@ class Engine:
         if tail:
             yield tail
         if result is not None:
-            result.append(GenerationResult(
-                assembler.text, list(assembler.ids), len(prompt_ids), finish, prefill_seconds,
-                time.perf_counter() - began - prefill_seconds, self.stats.to_dict(),
-            ))
+            result.append(
+                GenerationResult(
+                    assembler.text,
+                    list(assembler.ids),
+                    len(prompt_ids),
+                    finish,
+                    prefill_seconds,
+                    time.perf_counter() - began - prefill_seconds,
+                    self.stats.to_dict(),
+                )
+            )
 
     def generate(
         self,
@@ -314,8 +373,16 @@ class Engine:
         an end token (`<|endoftext|>`, `<|im_end|>` by default), or at the first of the `stop`
         strings (cut from the text). `on_text(piece)` receives the text as it is produced."""
         result: list[GenerationResult] = []
-        for piece in self.stream(prompt, max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
-                                 stop=stop, stop_token_ids=stop_token_ids, result=result):
+        for piece in self.stream(
+            prompt,
+            max_new_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            seed=seed,
+            stop=stop,
+            stop_token_ids=stop_token_ids,
+            result=result,
+        ):
             if on_text is not None:
                 on_text(piece)
         return result[0]
@@ -332,9 +399,7 @@ def _numel(shape) -> int:
     return n
 
 
-def _choose_compute(compute: str, layout, config, device: torch.device, dtype: torch.dtype) -> str:
-    if compute not in ("auto", "int4", "dequant"):
-        raise ValueError(f"compute must be auto, int4 or dequant, got {compute!r}")
+def _choose_compute(compute: str, layout, config, device: torch.device) -> str:
     if layout is None or compute == "dequant":
         return "dequant"
     reason = int4_supported(layout, config.d_model, config.expert_dim)

@@ -9,10 +9,11 @@ the compute layout (expert_compute.py) and stores it. Peak RAM is therefore
 A corrupted or truncated blob raises `ExpertCorruptError` naming (layer, expert); the slot it
 would have used stays empty, so nothing half-built is ever computed with.
 
-Prefetch (loading an expert before it is asked for) goes through `prefetch`, which marks the
-entry; its first use counts as `prefetch_used`, eviction before any use as `prefetch_wasted`.
-Loads here are synchronous and the cache is not thread-safe: a background prefetcher must
-serialise its calls into the cache (it may read blobs on its own threads with `BlobReader`).
+Prefetch: `prefetch(keys)` loads synchronously; `prefetch.Prefetcher` reads on worker threads
+(`fetch_expert` with its own buffers) and hands finished experts to `insert_prefetched` from
+the main thread, at the start of the next `get`. Either way the entry is marked: its first use
+counts as a hit and `prefetch_used`, eviction before any use as `prefetch_wasted`. The slots
+themselves are only touched from the thread that runs the model.
 """
 
 from __future__ import annotations
@@ -28,6 +29,29 @@ from .errors import ExpertCorruptError
 from .stats import StreamStats
 
 PrepareFn = Callable[[ExpertBlob], object]  # blob -> object with .forward(x) and .nbytes
+
+
+def fetch_expert(reader: BlobReader, entry: ExpertEntry, layout: ExpertBlobLayout, prepare: PrepareFn,
+                 buffer: AlignedBuffer) -> tuple[object, float, float]:
+    """Read one blob into `buffer`, verify it and prepare it: (prepared, read s, verify+prepare s).
+    Raises `ExpertCorruptError` naming (layer, expert). Safe to call from worker threads (each
+    with its own buffer)."""
+    layer, expert = entry.layer, entry.expert
+    where = f"expert (layer {layer}, expert {expert}) at byte {entry.offset} of {reader.path}"
+    started = time.perf_counter()
+    try:
+        reader.read_into(buffer.view, entry.offset, entry.length)
+    except EOFError as exc:
+        raise ExpertCorruptError(f"{where}: truncated ({exc})", layer, expert) from None
+    except OSError as exc:
+        raise ExpertCorruptError(f"{where}: read failed ({exc.strerror})", layer, expert) from None
+    read_done = time.perf_counter()
+    try:
+        blob = ExpertBlob.parse(buffer.view[: entry.length], layout, entry.crc32, where=where)
+        prepared = prepare(blob)
+    except ContainerError as exc:
+        raise ExpertCorruptError(str(exc), layer, expert) from None
+    return prepared, read_done - started, time.perf_counter() - read_done
 
 
 class ExpertCache:
@@ -51,6 +75,7 @@ class ExpertCache:
         self._unused_prefetch: set[ExpertKey] = set()
         self._staging = AlignedBuffer(layout.blob_length)
         self.bytes_held = 0
+        self.prefetcher = None  # set by prefetch.Prefetcher
 
     # --- queries ---------------------------------------------------------------------------
     def __contains__(self, key: ExpertKey) -> bool:
@@ -71,6 +96,10 @@ class ExpertCache:
         """The prepared expert, from a slot (hit) or read from disk (miss)."""
         key = (layer, expert)
         counters = self.stats.layer(layer)
+        if self.prefetcher is not None:
+            self.prefetcher.collect(pinned)  # store finished prefetches first
+            if key not in self._slots and self.prefetcher.in_flight(key):
+                self.prefetcher.take(key, pinned)  # wait for it: the read was issued ahead
         found = self._slots.get(key)
         if found is not None:
             self.stats.hits += 1
@@ -101,6 +130,8 @@ class ExpertCache:
             self._remove(key)
 
     def close(self) -> None:
+        if self.prefetcher is not None:
+            self.prefetcher.close()
         self.clear()
         self._staging.close()
 
@@ -115,36 +146,42 @@ class ExpertCache:
         self._publish()
 
     def _load(self, key: ExpertKey, pinned: Collection[ExpertKey]) -> object:
-        layer, expert = key
+        entry = self._entry(key)
+        self._make_room(key, pinned)
+        prepared, read_seconds, prepare_seconds = fetch_expert(
+            self.reader, entry, self.layout, self.prepare, self._staging
+        )
+        self.stats.io_seconds += read_seconds
+        self.stats.verify_seconds += prepare_seconds
+        self.stats.bytes_read += entry.length
+        self._insert(key, prepared)
+        return prepared
+
+    def _entry(self, key: ExpertKey) -> ExpertEntry:
         entry = self.entries.get(key)
         if entry is None:
-            raise KeyError(f"no routed expert (layer {layer}, expert {expert}) in {self.reader.path}")
+            raise KeyError(f"no routed expert (layer {key[0]}, expert {key[1]}) in {self.reader.path}")
+        return entry
+
+    def _make_room(self, key: ExpertKey, pinned: Collection[ExpertKey]) -> None:
         while len(self._slots) >= self.capacity:
             victim = self.policy.victim(pinned=set(pinned) | {key})
             self._remove(victim)
             self.stats.evictions += 1
-        where = f"expert (layer {layer}, expert {expert}) at byte {entry.offset} of {self.reader.path}"
-        started = time.perf_counter()
-        try:
-            self.reader.read_into(self._staging.view, entry.offset, entry.length)
-        except EOFError as exc:
-            raise ExpertCorruptError(f"{where}: truncated ({exc})", layer, expert) from None
-        except OSError as exc:
-            raise ExpertCorruptError(f"{where}: read failed ({exc.strerror})", layer, expert) from None
-        read_done = time.perf_counter()
-        self.stats.io_seconds += read_done - started
-        self.stats.bytes_read += entry.length
-        try:
-            blob = ExpertBlob.parse(self._staging.view[: entry.length], self.layout, entry.crc32, where=where)
-            prepared = self.prepare(blob)
-        except ContainerError as exc:
-            raise ExpertCorruptError(str(exc), layer, expert) from None
-        self.stats.verify_seconds += time.perf_counter() - read_done
+
+    def _insert(self, key: ExpertKey, prepared) -> None:
         self._slots[key] = prepared
         self.bytes_held += prepared.nbytes
         self.policy.on_insert(key)
         self._publish()
-        return prepared
+
+    def insert_prefetched(self, key: ExpertKey, prepared, pinned: Collection[ExpertKey] = ()) -> None:
+        """Store an expert a prefetcher read (its bytes already counted by the caller)."""
+        if key in self._slots:
+            return
+        self._make_room(key, pinned)
+        self._insert(key, prepared)
+        self._unused_prefetch.add(key)
 
     def _publish(self) -> None:
         self.stats.cache_bytes = self.bytes_held

@@ -16,6 +16,12 @@ The kernel's constraints (torch 2.13): N a multiple of 16, G in {32, 64, 128, 25
 activations fp32/bf16 with scales_and_zeros of the same dtype. `int4_supported` checks them;
 the engine falls back to the dequantized path otherwise.
 
+NOTE: only the bf16 activation path of `_weight_int4pack_mm_for_cpu` is fast. Measured here
+(Xeon with AMX/AVX512-BF16, 1 thread, a NanoColibri expert 1024x512, one token): int4 with bf16
+activations 118 us, the same kernel with fp32 activations 2758 us, a dequantized fp32 SwiGLU
+355 us. So `kernel_dtype` defaults to bf16 (about 3x faster than fp32 dense, 6x less RAM); the
+fp32 kernel is kept for exactness tests: it computes the same weights to fp32 rounding.
+
 `DequantExpert` holds fp32/bf16 matrices (4-8x the bytes) and runs plain matmuls: the
 readable reference the fast path is tested against, and the path used on CUDA.
 
@@ -54,9 +60,19 @@ def _half_to_tensor(bits: np.ndarray, scale_dtype: str) -> torch.Tensor:
 class Int4Expert:
     """Gate|up fused and down, in torch's CPU int4-pack layout."""
 
-    __slots__ = ("gate_up", "gate_up_sz", "down", "down_sz", "group_gate_up", "group_down", "expert_dim", "nbytes")
+    __slots__ = (
+        "gate_up",
+        "gate_up_sz",
+        "down",
+        "down_sz",
+        "group_gate_up",
+        "group_down",
+        "expert_dim",
+        "nbytes",
+    )
 
-    def __init__(self, blob: ExpertBlob, dtype: torch.dtype):
+    def __init__(self, blob: ExpertBlob, dtype: torch.dtype = torch.bfloat16):
+        """`dtype`: the kernel's activation (and scales_and_zeros) dtype, bf16 or fp32."""
         self.expert_dim = blob.packed["gate"].shape[0]
         if blob.groups["gate"] != blob.groups["up"]:
             raise ValueError("gate and up projections must share a group size to be fused")
@@ -66,7 +82,9 @@ class Int4Expert:
         self.nbytes = sum(t.nbytes for t in (self.gate_up, self.gate_up_sz, self.down, self.down_sz))
 
     @staticmethod
-    def _pack(blob: ExpertBlob, parts: tuple[str, ...], dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def _pack(
+        blob: ExpertBlob, parts: tuple[str, ...], dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         packed = np.concatenate([blob.packed[p] for p in parts], axis=0)
         nibbles = torch.from_numpy(unpack_nibbles(packed)).to(torch.int32)  # [N, K]
         weight = torch.ops.aten._convert_weight_to_int4pack_for_cpu(nibbles, 1)
@@ -81,7 +99,9 @@ class Int4Expert:
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = self.gate_up_sz.dtype
         xs = x.to(dtype)
-        gate_up = torch.ops.aten._weight_int4pack_mm_for_cpu(xs, self.gate_up, self.group_gate_up, self.gate_up_sz)
+        gate_up = torch.ops.aten._weight_int4pack_mm_for_cpu(
+            xs, self.gate_up, self.group_gate_up, self.gate_up_sz
+        )
         gate, up = gate_up.split(self.expert_dim, dim=-1)
         hidden = (F.silu(gate) * up).contiguous()
         return torch.ops.aten._weight_int4pack_mm_for_cpu(hidden, self.down, self.group_down, self.down_sz)
@@ -104,7 +124,9 @@ class DequantExpert:
         return F.linear(F.silu(F.linear(xs, self.gate)) * F.linear(xs, self.up), self.down)
 
 
-def prepared_nbytes(layout: ExpertBlobLayout, d_model: int, expert_dim: int, compute: str, dtype: torch.dtype) -> int:
+def prepared_nbytes(
+    layout: ExpertBlobLayout, d_model: int, expert_dim: int, compute: str, dtype: torch.dtype
+) -> int:
     """RAM one prepared expert holds (what a cache slot costs), from shapes alone."""
     elem = torch.empty((), dtype=dtype).element_size()
     weights = 3 * d_model * expert_dim

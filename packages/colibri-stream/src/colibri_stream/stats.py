@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+STATS_VERSION = "1.0"  # of `to_dict()`; see STATS.md
+
 
 @dataclass
 class LayerCounters:
@@ -24,6 +26,10 @@ class LayerCounters:
     def hit_rate(self) -> float:
         total = self.hits + self.misses
         return self.hits / total if total else 0.0
+
+    @property
+    def prefetch_accuracy(self) -> float:
+        return self.prefetch_correct / self.prefetch_actual if self.prefetch_actual else 0.0
 
 
 @dataclass
@@ -46,6 +52,8 @@ class StreamStats:
     prefetch_issued: int = 0
     prefetch_used: int = 0
     prefetch_wasted: int = 0
+    prefetch_actual: int = 0  # experts the layers used where a prediction had been made
+    prefetch_correct: int = 0  # of those, how many had been predicted one layer ahead
     io_seconds: float = 0.0  # reading blobs (misses and prefetches that the compute waited for)
     verify_seconds: float = 0.0  # CRC-32 + repacking into the compute layout
     compute_seconds: float = 0.0  # routed-expert matmuls
@@ -68,6 +76,7 @@ class StreamStats:
     filesystem: str = ""  # of the container file; "tmpfs" means no read reaches storage
     compute_mode: str = ""
     policy: str = ""
+    prefetch: str = "off"
     record_trace: bool = False
     trace: list[TraceEvent] = field(default_factory=list)
 
@@ -82,13 +91,31 @@ class StreamStats:
         total = self.hits + self.misses
         return self.hits / total if total else 0.0
 
+    @property
+    def prefetch_accuracy(self) -> float:
+        return self.prefetch_correct / self.prefetch_actual if self.prefetch_actual else 0.0
+
     def reset(self) -> None:
         """Zero the counters and the trace (memory figures and modes are kept)."""
         keep = {
             name: getattr(self, name)
-            for name in ("ram_budget_bytes", "resident_bytes", "kv_cache_bytes", "staging_bytes",
-                         "workspace_bytes", "cache_capacity_bytes", "cache_bytes", "cache_slots",
-                         "cached_experts", "io_mode", "filesystem", "compute_mode", "policy", "record_trace")
+            for name in (
+                "ram_budget_bytes",
+                "resident_bytes",
+                "kv_cache_bytes",
+                "staging_bytes",
+                "workspace_bytes",
+                "cache_capacity_bytes",
+                "cache_bytes",
+                "cache_slots",
+                "cached_experts",
+                "io_mode",
+                "filesystem",
+                "compute_mode",
+                "policy",
+                "record_trace",
+                "prefetch",
+            )
         }
         fresh = StreamStats(**keep)
         self.__dict__.update(fresh.__dict__)
@@ -96,7 +123,7 @@ class StreamStats:
     def to_dict(self, include_trace: bool = False) -> dict:
         mb = 1e6
         out = {
-            "stats_version": "1.0",
+            "stats_version": STATS_VERSION,
             "hits": self.hits,
             "misses": self.misses,
             "hit_rate": round(self.hit_rate, 6),
@@ -105,6 +132,9 @@ class StreamStats:
             "prefetch_issued": self.prefetch_issued,
             "prefetch_used": self.prefetch_used,
             "prefetch_wasted": self.prefetch_wasted,
+            "prefetch_accuracy": round(self.prefetch_accuracy, 6),
+            "prefetch_actual": self.prefetch_actual,
+            "prefetch_correct": self.prefetch_correct,
             "io_seconds": round(self.io_seconds, 6),
             "verify_seconds": round(self.verify_seconds, 6),
             "compute_seconds": round(self.compute_seconds, 6),
@@ -113,7 +143,9 @@ class StreamStats:
             "decode_tokens": self.decode_tokens,
             "steps": self.steps,
             "per_layer_hit_rate": {str(i): round(c.hit_rate, 6) for i, c in sorted(self.layers.items())},
-            "per_layer": {str(i): {"hits": c.hits, "misses": c.misses} for i, c in sorted(self.layers.items())},
+            "per_layer": {
+                str(i): {"hits": c.hits, "misses": c.misses} for i, c in sorted(self.layers.items())
+            },
             "ram_budget_mb": round(self.ram_budget_bytes / mb, 3),
             "resident_mb": round(self.resident_bytes / mb, 3),
             "kv_cache_mb": round(self.kv_cache_bytes / mb, 3),
@@ -127,6 +159,7 @@ class StreamStats:
             "filesystem": self.filesystem,
             "compute_mode": self.compute_mode,
             "policy": self.policy,
+            "prefetch": self.prefetch,
         }
         if include_trace:
             out["trace"] = [[e.step, e.layer, list(e.experts)] for e in self.trace]

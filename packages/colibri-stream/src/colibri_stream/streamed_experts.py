@@ -23,18 +23,24 @@ from .stats import StreamStats, TraceEvent
 
 
 class StreamedExperts(ExpertBackend):
-    def __init__(self, layer_index: int, n_experts: int, d_model: int, cache: ExpertCache, stats: StreamStats):
+    def __init__(
+        self, layer_index: int, n_experts: int, d_model: int, cache: ExpertCache, stats: StreamStats
+    ):
         super().__init__()
         self.layer_index, self.n_experts, self.d_model = layer_index, n_experts, d_model
         self.cache, self.stats = cache, stats
+        self.predictor = None  # prefetch.RoutingPredictor, set by the engine when prefetch is on
 
     def forward(self, x: torch.Tensor, expert_ids: torch.Tensor, gates: torch.Tensor) -> torch.Tensor:
         distinct = torch.unique(expert_ids).tolist()  # sorted ascending
         if self.stats.record_trace:
             self.stats.trace.append(TraceEvent(self.stats.steps, self.layer_index, tuple(distinct)))
+        if self.predictor is not None:  # guess the next layer's experts; reads start now
+            self.predictor.before_layer(self.layer_index, x, distinct)
+        pinned = {(self.layer_index, e) for e in distinct}
         out = torch.zeros(x.shape[0], self.d_model, dtype=torch.float32, device=x.device)
         for expert in distinct:
-            prepared = self.cache.get(self.layer_index, expert)
+            prepared = self.cache.get(self.layer_index, expert, pinned)
             started = time.perf_counter()
             tokens, slots = torch.nonzero(expert_ids == expert, as_tuple=True)
             y = prepared.forward(x[tokens])
@@ -42,7 +48,9 @@ class StreamedExperts(ExpertBackend):
             self.stats.compute_seconds += time.perf_counter() - started
         return out.to(x.dtype)
 
-    def reference_forward(self, x: torch.Tensor, expert_ids: torch.Tensor, gates: torch.Tensor) -> torch.Tensor:
+    def reference_forward(
+        self, x: torch.Tensor, expert_ids: torch.Tensor, gates: torch.Tensor
+    ) -> torch.Tensor:
         """One (token, slot) pair at a time: slow and obviously right."""
         out = torch.zeros(x.shape[0], self.d_model, dtype=torch.float32, device=x.device)
         for token in range(expert_ids.shape[0]):

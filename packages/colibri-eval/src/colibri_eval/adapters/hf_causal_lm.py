@@ -122,4 +122,6 @@ def load_hf(spec: str, path: str, dtype: str) -> LoadedModel:
         "max_length": max_length,
         "revision": getattr(model.config, "_commit_hash", None),
     }
-    return LoadedModel(spec, "hf", path, HFTokenizer(tokenizer), HFCausalLM(model, max_length), info)
+    add_bos = "gemma" in str(getattr(model.config, "model_type", ""))
+    return LoadedModel(spec, "hf", path, HFTokenizer(tokenizer, add_special_tokens=add_bos),
+                       HFCausalLM(model, max_length), info)

@@ -16,6 +16,7 @@ position) keeps the split stable when inputs are appended or re-ordered.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 from pathlib import Path
 
@@ -156,11 +157,11 @@ def prepare(
         docs = iter_documents(expanded[input_index], text_field=text_field, text_doc_chars=text_doc_chars,
                               hf_config=hf_config, hf_split=hf_split, skip=skip)
         while True:
-            batch = [d for _, d in zip(range(batch_documents), docs)]
+            batch = list(itertools.islice(docs, batch_documents))
             if not batch:
                 break
             encodings = tok.encode_batch(batch, add_special_tokens=False)
-            for text, encoding in zip(batch, encodings):
+            for text, encoding in zip(batch, encodings, strict=False):
                 done += 1
                 ids = np.concatenate([np.asarray(encoding.ids, dtype=np.uint16), eos])
                 bar.update(ids.size)

@@ -55,7 +55,7 @@ def save_optimizer(path: str | os.PathLike, model: torch.nn.Module, optimizer: t
             tensor = value if torch.is_tensor(value) else torch.tensor(value)
             tensors[f"{flat_names[index]}::{key}"] = tensor.detach().contiguous().cpu()
     groups = []
-    for group, group_names in zip(state["param_groups"], names):
+    for group, group_names in zip(state["param_groups"], names, strict=False):
         groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": group_names})
     metadata = {"optimizer_state_version": OPTIMIZER_STATE_VERSION, "optimizer": "AdamW",
                 "param_groups": json.dumps(groups)}
@@ -97,7 +97,7 @@ def load_optimizer(path: str | os.PathLike, model: torch.nn.Module, optimizer: t
     groups = []
     # Hyper-parameters come from the CURRENT optimizer (this run's config and device, e.g. fused
     # on CUDA); only the moments and step counts come from the file.
-    for current, group_names in zip(optimizer.param_groups, names):
+    for current, group_names in zip(optimizer.param_groups, names, strict=False):
         options = {k: v for k, v in current.items() if k != "params"}
         groups.append({**options, "params": list(range(position, position + len(group_names)))})
         position += len(group_names)

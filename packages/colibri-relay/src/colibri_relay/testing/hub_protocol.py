@@ -1,0 +1,362 @@
+"""The HTTP side of the fake Hub: one request handler class, routing the Hub's URLs to the repo model.
+
+Each route mirrors what the unmodified huggingface_hub client sends and checks (see fake_hub.py for
+the list). Errors become JSON bodies with the `X-Error-Code` / `X-Error-Message` headers the client
+maps to typed exceptions, and `Connection: close`, since the request body may be unread.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import socket
+import tempfile
+import time
+from http.server import BaseHTTPRequestHandler
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from .fake_hub_repo import HubHTTPError
+
+REPO = r"(?P<repo>[^/]+/[^/]+)"
+COMMITS_PAGE = 50
+
+
+class _DropConnection(Exception):
+    pass
+
+
+class HubRequestHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    hub: FakeHub  # noqa: F821 - set by FakeHub on a subclass
+
+    def setup(self):
+        super().setup()
+        # Headers and body go out in separate writes: without NODELAY, Nagle + delayed ACK add 40 ms.
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def log_message(self, format, *args):  # noqa: A002 - stdlib signature
+        pass
+
+    # --- plumbing ------------------------------------------------------------------------------
+    def _body_chunks(self):
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            while True:
+                size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+                if size == 0:
+                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                        pass
+                    return
+                yield self.rfile.read(size)
+                self.rfile.readline()
+        else:
+            left = int(self.headers.get("Content-Length") or 0)
+            while left > 0:
+                block = self.rfile.read(min(left, 1 << 20))
+                if not block:
+                    return
+                left -= len(block)
+                yield block
+
+    def _body(self) -> bytes:
+        return b"".join(self._body_chunks())
+
+    def _send(self, status: int, body: bytes = b"", headers: dict | None = None, ctype="application/json"):
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def _json(self, status: int, obj, headers: dict | None = None):
+        self._send(status, json.dumps(obj).encode(), headers)
+
+    def _error(self, err: HubHTTPError):
+        # The request body may be unread: close rather than desynchronise a keep-alive connection.
+        self.close_connection = True
+        headers = {"X-Error-Message": err.message, "Connection": "close"}
+        if err.error_code:
+            headers["X-Error-Code"] = err.error_code
+        if err.repo_commit:
+            headers["X-Repo-Commit"] = err.repo_commit
+        self._json(err.status, {"error": err.message}, headers)
+
+    def _dispatch(self):
+        hub = self.hub
+        hub.requests += 1
+        delay = hub.faults.delay()
+        if delay:
+            time.sleep(delay)
+        url = urlsplit(self.path)
+        path, query = unquote(url.path), parse_qs(url.query)
+        try:
+            for method, pattern, fn in _ROUTES:
+                if method == self.command or (method == "GET" and self.command == "HEAD"):
+                    m = re.fullmatch(pattern, path)
+                    if m:
+                        return fn(self, query=query, **m.groupdict())
+            raise HubHTTPError(404, f"no fake-Hub route for {self.command} {path}")
+        except HubHTTPError as err:
+            self._error(err)
+        except (ValueError, KeyError) as exc:  # malformed request (e.g. a client killed mid-body)
+            self._error(HubHTTPError(400, f"bad request: {exc}"))
+        except _DropConnection:
+            self.close_connection = True
+            try:
+                self.connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    do_GET = do_POST = do_PUT = do_HEAD = _dispatch
+
+    # --- repos ---------------------------------------------------------------------------------
+    def create_repo(self, query):
+        body = json.loads(self._body() or b"{}")
+        repo_id = f"{body.get('organization') or 'user'}/{body['name']}"
+        try:
+            self.hub.state.create_repo(repo_id)
+        except HubHTTPError as err:  # like the Hub: a 409 still names the existing repo's url
+            self._json(err.status, {"error": err.message, "url": f"{self.hub.endpoint}/{repo_id}"})
+            return
+        self._json(200, {"url": f"{self.hub.endpoint}/{repo_id}", "name": repo_id, "id": repo_id})
+
+    def _head_for_read(self, repo) -> str:
+        # NOTE: stale reads model a CDN / replica lag: safety must not depend on reads being fresh.
+        if repo.previous_heads and self.hub.faults.fire("stale_head_read"):
+            return repo.previous_heads[-1]
+        return repo.head
+
+    def model_info(self, query, repo, rev=None):
+        r = self.hub.state.repo(repo)
+        with self.hub.state.lock:
+            sha = self._head_for_read(r) if rev in (None, "main") else r.resolve(rev)
+            commit = r.commits[sha]
+        self._json(200, {
+            "id": repo, "modelId": repo, "sha": sha, "private": False, "disabled": False, "gated": False,
+            "lastModified": commit.date, "tags": [], "downloads": 0, "likes": 0,
+            "siblings": [{"rfilename": p} for p in sorted(commit.tree)],
+        })
+
+    def refs(self, query, repo):
+        r = self.hub.state.repo(repo)
+        with self.hub.state.lock:
+            head = self._head_for_read(r)
+            tags = [{"name": t, "ref": f"refs/tags/{t}", "targetCommit": s} for t, s in sorted(r.tags.items())]
+        self._json(200, {"branches": [{"name": "main", "ref": "refs/heads/main", "targetCommit": head}],
+                         "converts": [], "tags": tags, "pullRequests": []})
+
+    def create_tag(self, query, repo, rev):
+        r = self.hub.state.repo(repo)
+        body = json.loads(self._body() or b"{}")
+        self.hub.state.create_tag(r, rev, body["tag"])
+        self._json(200, {})
+
+    def commits(self, query, repo, rev):
+        r = self.hub.state.repo(repo)
+        with self.hub.state.lock:
+            history = r.history(r.resolve(rev))
+        page = int(query.get("p", ["0"])[0])
+        items = history[page * COMMITS_PAGE:(page + 1) * COMMITS_PAGE]
+        headers = {}
+        if (page + 1) * COMMITS_PAGE < len(history):
+            headers["Link"] = f'<{self.hub.endpoint}/api/models/{repo}/commits/{rev}?p={page + 1}>; rel="next"'
+        self._json(200, [{
+            "id": c.sha, "title": c.title, "message": (c.title + ("\n\n" + c.description if c.description else "")),
+            "date": c.date, "authors": [{"user": "relay"}],
+        } for c in items], headers)
+
+    def _tree_at(self, repo, rev):
+        r = self.hub.state.repo(repo)
+        with self.hub.state.lock:
+            return r.commits[r.resolve(rev)].tree
+
+    def paths_info(self, query, repo, rev):
+        form = parse_qs(self._body().decode())
+        tree = self._tree_at(repo, rev)
+        out = []
+        for p in form.get("paths", []):
+            if p in tree:
+                out.append(tree[p].as_json(p))
+            elif any(q.startswith(p.rstrip("/") + "/") for q in tree):
+                out.append({"type": "directory", "path": p, "oid": hashlib.sha1(p.encode()).hexdigest(), "size": 0})
+        self._json(200, out)
+
+    def tree(self, query, repo, rev, sub=None):
+        tree = self._tree_at(repo, rev)
+        prefix = (sub.strip("/") + "/") if sub else ""
+        recursive = query.get("recursive", ["False"])[0].lower() == "true"
+        out, dirs = [], set()
+        for p in sorted(tree):
+            if not p.startswith(prefix):
+                continue
+            rest = p[len(prefix):]
+            if "/" in rest and not recursive:
+                dirs.add(prefix + rest.split("/")[0])
+                continue
+            if recursive:
+                parts = rest.split("/")[:-1]
+                dirs.update(prefix + "/".join(parts[: i + 1]) for i in range(len(parts)))
+            out.append(tree[p].as_json(p))
+        out += [{"type": "directory", "path": d, "oid": hashlib.sha1(d.encode()).hexdigest(), "size": 0}
+                for d in sorted(dirs)]
+        self._json(200, out)
+
+    # --- uploads -------------------------------------------------------------------------------
+    def preupload(self, query, repo, rev):
+        r = self.hub.state.repo(repo)
+        body = json.loads(self._body())
+        with self.hub.state.lock:
+            tree = r.commits[r.resolve(rev)].tree
+        files = []
+        for f in body["files"]:
+            mode = self.hub.state.upload_mode(f["path"], f["size"])
+            old = tree.get(f["path"])
+            oid = None
+            if old is not None:
+                oid = old.sha256 if old.lfs else old.git_oid
+            files.append({"path": f["path"], "uploadMode": mode, "shouldIgnore": False, "oid": oid})
+        self._json(200, {"files": files, "commitOid": r.head})
+
+    def lfs_batch(self, query, repo):
+        self.hub.state.repo(repo)
+        body = json.loads(self._body())
+        base = self.hub.endpoint
+        objects = []
+        for obj in body.get("objects", []):
+            oid, size = obj["oid"], obj["size"]
+            item = {"oid": oid, "size": size, "authenticated": True}
+            if not self.hub.state.has_blob(oid):
+                item["actions"] = {
+                    "upload": {"href": f"{base}/_lfs/{repo}/{oid}?size={size}"},
+                    "verify": {"href": f"{base}/_lfs/{repo}/{oid}/verify"},
+                }
+            objects.append(item)
+        self._json(200, {"transfer": "basic", "objects": objects, "hash_algo": "sha256"})
+
+    def lfs_upload(self, query, repo, oid):
+        size = int(query.get("size", ["-1"])[0])
+        state = self.hub.state
+        fd, tmp = tempfile.mkstemp(dir=state.blob_dir, prefix=".upload-")
+        h, n = hashlib.sha256(), 0
+        try:
+            with os.fdopen(fd, "wb") as f:
+                for block in self._body_chunks():
+                    if self.hub.upload_bytes_per_s:
+                        time.sleep(len(block) / self.hub.upload_bytes_per_s)
+                    h.update(block)
+                    f.write(block)
+                    n += len(block)
+            if h.hexdigest() != oid or (size >= 0 and n != size):
+                raise HubHTTPError(400, f"uploaded content has sha256 {h.hexdigest()} / {n} bytes, expected {oid}")
+            os.replace(tmp, state.blob_path(oid))
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        self._send(200, b"")
+
+    def lfs_verify(self, query, repo, oid):
+        body = json.loads(self._body() or b"{}")
+        if not self.hub.state.has_blob(oid):
+            raise HubHTTPError(404, f"LFS object {oid} not found")
+        if "size" in body and self.hub.state.blob_path(oid).stat().st_size != body["size"]:
+            raise HubHTTPError(422, f"LFS object {oid} has the wrong size")
+        self._json(200, {"success": True})
+
+    def commit(self, query, repo, rev):
+        hub, state = self.hub, self.hub.state
+        r = state.repo(repo)
+        raw = self._body()
+        if rev != "main":
+            raise HubHTTPError(400, "the fake Hub only commits to main")
+        if hub.faults.fire("commit_429"):
+            after = str(hub.faults.retry_after_s)
+            raise_headers = {"RateLimit": f'"api";r=0;t={after}', "RateLimit-Policy": '"fixed window";"api";q=100;w=300',
+                             "Retry-After": after}
+            self._json(429, {"error": "You have exceeded the rate limit for repository commits."}, raise_headers)
+            return
+        if hub.faults.fire("commit_409") or not r.commit_lock.acquire(blocking=False):
+            raise HubHTTPError(409, "A commit is already in progress on this repo; retry later.")
+        try:
+            lines = [json.loads(line) for line in raw.splitlines() if line.strip()]
+            if not lines or lines[0].get("key") != "header":
+                raise HubHTTPError(400, "the first NDJSON line must be the header")
+            if hub.commit_hold_s:
+                time.sleep(hub.commit_hold_s)
+            commit = state.apply_commit(r, lines[0]["value"], [(x["key"], x["value"]) for x in lines[1:]])
+        finally:
+            r.commit_lock.release()
+        if hub.faults.fire("commit_drop_reply_after_apply"):
+            raise _DropConnection()
+        if hub.faults.fire("commit_500_after_apply"):
+            raise HubHTTPError(500, "Internal Error (injected after the commit was applied)")
+        self._json(200, {"success": True, "commitOid": commit.sha, "commitUrl": f"{hub.endpoint}/{repo}/commit/{commit.sha}",
+                         "pullRequestUrl": None})
+
+    # --- downloads -----------------------------------------------------------------------------
+    def resolve(self, query, repo, rev, file):
+        r = self.hub.state.repo(repo)
+        with self.hub.state.lock:
+            sha = r.resolve(rev)
+            entry = r.commits[sha].tree.get(file)
+        if entry is None:
+            raise HubHTTPError(404, f"Entry {file} not found at {rev}", "EntryNotFound", repo_commit=sha)
+        blob = self.hub.state.blob_path(entry.sha256)
+        headers = {"X-Repo-Commit": sha, "ETag": f'"{entry.git_oid}"', "Accept-Ranges": "bytes"}
+        if entry.lfs:
+            headers["X-Linked-Etag"] = f'"{entry.sha256}"'
+            headers["X-Linked-Size"] = str(entry.size)
+        # NOTE: serve what is on disk (a test may have truncated it), the tree's size goes in X-Linked-Size.
+        size = blob.stat().st_size
+        start, status = 0, 200
+        m = re.fullmatch(r"bytes=(\d+)-", self.headers.get("Range", ""))
+        if m and int(m.group(1)) < size:
+            start, status = int(m.group(1)), 206
+            headers["Content-Range"] = f"bytes {start}-{size - 1}/{size}"
+        self.send_response(status)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Length", str(size - start))
+        for k, v in headers.items():
+            self.send_header(k, v)
+        self.end_headers()
+        if self.command == "HEAD":
+            return
+        with open(blob, "rb") as f:
+            f.seek(start)
+            while block := f.read(1 << 20):
+                self.wfile.write(block)
+
+    # --- admin ---------------------------------------------------------------------------------
+    def faults(self, query):
+        if self.command == "POST":
+            body = json.loads(self._body() or b"{}")
+            try:
+                self.hub.faults.set(**body.get("knobs", {}))
+                for kind, n in body.get("inject", {}).items():
+                    self.hub.faults.inject(kind, n)
+            except ValueError as exc:
+                raise HubHTTPError(400, str(exc)) from None
+        self._json(200, self.hub.faults.as_json())
+
+
+_ROUTES = [
+    ("POST", r"/api/repos/create", HubRequestHandler.create_repo),
+    ("GET", rf"/api/models/{REPO}/revision/(?P<rev>[^/]+)", HubRequestHandler.model_info),
+    ("GET", rf"/api/models/{REPO}/refs", HubRequestHandler.refs),
+    ("GET", rf"/api/models/{REPO}/commits/(?P<rev>[^/]+)", HubRequestHandler.commits),
+    ("GET", rf"/api/models/{REPO}/tree/(?P<rev>[^/]+)(?:/(?P<sub>.+))?", HubRequestHandler.tree),
+    ("POST", rf"/api/models/{REPO}/tag/(?P<rev>[^/]+)", HubRequestHandler.create_tag),
+    ("POST", rf"/api/models/{REPO}/paths-info/(?P<rev>[^/]+)", HubRequestHandler.paths_info),
+    ("POST", rf"/api/models/{REPO}/preupload/(?P<rev>[^/]+)", HubRequestHandler.preupload),
+    ("POST", rf"/api/models/{REPO}/commit/(?P<rev>[^/]+)", HubRequestHandler.commit),
+    ("GET", rf"/api/models/{REPO}", HubRequestHandler.model_info),
+    ("POST", rf"/{REPO}\.git/info/lfs/objects/batch", HubRequestHandler.lfs_batch),
+    ("PUT", rf"/_lfs/{REPO}/(?P<oid>[0-9a-f]{{64}})", HubRequestHandler.lfs_upload),
+    ("POST", rf"/_lfs/{REPO}/(?P<oid>[0-9a-f]{{64}})/verify", HubRequestHandler.lfs_verify),
+    ("GET", rf"/{REPO}/resolve/(?P<rev>[^/]+)/(?P<file>.+)", HubRequestHandler.resolve),
+    ("GET", r"/_fake/faults", HubRequestHandler.faults),
+    ("POST", r"/_fake/faults", HubRequestHandler.faults),
+]

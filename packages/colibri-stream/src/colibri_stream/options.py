@@ -1,0 +1,69 @@
+"""`EngineOptions`: every knob of `Engine.open` besides the path and the budget, validated once.
+
+Kept apart from engine.py so that the CLI, the benchmark and tests build the same options, and so
+that new knobs (prefetch, policies) do not lengthen every signature.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from tokenizers import Tokenizer
+
+from .cache_policy import CachePolicy
+
+DTYPES = {
+    "f32": torch.float32,
+    "fp32": torch.float32,
+    "float32": torch.float32,
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+}
+
+
+def resolve_dtype(dtype: str | torch.dtype, what: str = "dtype") -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        if dtype not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"{what} {dtype} is not supported; use f32 or bf16 (fp16 is too slow on CPU)")
+        return dtype
+    try:
+        return DTYPES[str(dtype).lower()]
+    except KeyError:
+        raise ValueError(f"unknown {what} {dtype!r}; use f32 or bf16") from None
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """See `Engine.open` for the meaning of each field."""
+
+    compute: Literal["auto", "int4", "dequant"] = "auto"
+    dtype: str | torch.dtype = "f32"  # resident weights, activations, KV cache
+    kernel_dtype: str | torch.dtype = "bf16"  # activations inside the int4 expert kernels
+    device: str | torch.device = "cpu"
+    cache_policy: str | CachePolicy | None = None
+    top_k: int | None = None
+    max_context: int | None = None
+    prefill_chunk: int = 128
+    direct_io: bool = True
+    record_trace: bool = False
+    prefetch: Literal["off", "predict", "on"] = "off"
+    prefetch_threads: int = 2
+    tokenizer: str | os.PathLike | Tokenizer | None = None
+
+    def __post_init__(self):
+        if self.compute not in ("auto", "int4", "dequant"):
+            raise ValueError(f"compute must be auto, int4 or dequant, got {self.compute!r}")
+        if self.prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be >= 1, got {self.prefill_chunk}")
+        if self.prefetch not in ("off", "predict", "on"):
+            raise ValueError(f"prefetch must be off, predict or on, got {self.prefetch!r}")
+        if self.prefetch_threads < 1:
+            raise ValueError(f"prefetch_threads must be >= 1, got {self.prefetch_threads}")
+        if self.max_context is not None and self.max_context < 1:
+            raise ValueError(f"max_context must be >= 1, got {self.max_context}")
+        object.__setattr__(self, "dtype", resolve_dtype(self.dtype))
+        object.__setattr__(self, "kernel_dtype", resolve_dtype(self.kernel_dtype, "kernel_dtype"))
+        object.__setattr__(self, "device", torch.device(self.device))

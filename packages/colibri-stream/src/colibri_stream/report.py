@@ -1,0 +1,122 @@
+"""The versioned JSON that crosses the package boundary: `colibri-stream generate --json`.
+
+`GenerateReport` (pydantic) is what the CLI prints and what benchmarks and other packages read
+back; `StatsReport` is its `stats` member (the engine's `StreamStats.to_dict()`). Both carry a
+version; `read_generate_report` refuses an unknown major version naming both. STATS.md beside
+this file specifies every field.
+"""
+
+from __future__ import annotations
+
+import json
+
+from pydantic import BaseModel, ConfigDict, model_validator
+
+from .stats import STATS_VERSION
+
+REPORT_VERSION = "1.0"
+
+
+class ReportVersionError(ValueError):
+    """A report of a major version this reader does not know."""
+
+
+def _check_major(kind: str, found: str, known: str) -> None:
+    if str(found).split(".")[0] != known.split(".")[0]:
+        raise ReportVersionError(f"{kind} version {found} is not supported by this reader (knows {known})")
+
+
+class StatsReport(BaseModel):
+    model_config = ConfigDict(extra="allow")  # minor versions may add fields
+
+    stats_version: str
+    hits: int
+    misses: int
+    hit_rate: float
+    bytes_read: int
+    evictions: int
+    prefetch_issued: int
+    prefetch_used: int
+    prefetch_wasted: int
+    io_seconds: float
+    verify_seconds: float
+    compute_seconds: float
+    forward_seconds: float
+    prefill_tokens: int
+    decode_tokens: int
+    steps: int
+    per_layer_hit_rate: dict[str, float]
+    per_layer: dict[str, dict[str, int]]
+    ram_budget_mb: float
+    resident_mb: float
+    kv_cache_mb: float
+    staging_mb: float
+    workspace_mb: float
+    cache_capacity_mb: float
+    cache_mb: float
+    cache_slots: int
+    cached_experts: int
+    io_mode: str
+    filesystem: str
+    compute_mode: str
+    policy: str
+    trace: list[tuple[int, int, list[int]]] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _version(cls, data):
+        if isinstance(data, dict):
+            _check_major("stats", data.get("stats_version", "?"), STATS_VERSION)
+        return data
+
+
+class BudgetReport(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    ram_budget: int
+    resident_bytes: int
+    kv_cache_bytes: int
+    workspace_bytes: int
+    staging_bytes: int
+    slot_bytes: int
+    cache_slots: int
+    total_experts: int
+    expert_bytes_on_disk: int
+    compute: str
+    io_mode: str
+
+
+class GenerateReport(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    report_version: str = REPORT_VERSION
+    text: str
+    token_ids: list[int]
+    prompt_tokens: int
+    new_tokens: int
+    finish_reason: str
+    ttft_s: float
+    decode_s: float
+    tokens_per_s: float
+    stats: StatsReport
+    budget: BudgetReport
+
+    @model_validator(mode="before")
+    @classmethod
+    def _version(cls, data):
+        if isinstance(data, dict):
+            _check_major("report", data.get("report_version", "?"), REPORT_VERSION)
+        return data
+
+
+def read_generate_report(text: str) -> GenerateReport:
+    """Parse `colibri-stream generate --json` output; `ReportVersionError` for an unknown major
+    version (checked before the schema, so the error names the versions, not a missing field)."""
+    data = json.loads(text)
+    if not isinstance(data, dict):
+        raise ValueError("a generate report must be a JSON object")
+    _check_major("report", data.get("report_version", "?"), REPORT_VERSION)
+    stats = data.get("stats")
+    if isinstance(stats, dict):
+        _check_major("stats", stats.get("stats_version", "?"), STATS_VERSION)
+    return GenerateReport.model_validate(data)

@@ -1,0 +1,38 @@
+"""Prefetch changes when experts are read, never what is computed; its counters add up."""
+
+from __future__ import annotations
+
+import torch
+from colibri_stream import Engine
+
+
+def test_prefetch_on_same_tokens_and_counters(tiny, minimum_budget):
+    prompt = list(range(900, 930))
+    runs = {}
+    for mode in ("off", "predict", "on"):
+        base = minimum_budget(tiny[0], prefetch=mode)
+        with Engine.open(tiny[0], ram_budget=base, prefetch=mode) as probe:
+            budget = base + 7 * probe.budget.slot_bytes  # 8 of 48 experts: misses and evictions
+        with Engine.open(tiny[0], ram_budget=budget, prefetch=mode) as eng:
+            result = eng.generate(prompt, 24, stop_token_ids=[])
+            runs[mode] = (result.token_ids, eng.stats.to_dict(), eng.budget)
+    off, predict, on = runs["off"], runs["predict"], runs["on"]
+    assert off[0] == predict[0] == on[0]
+    assert predict[1]["bytes_read"] == off[1]["bytes_read"]  # predicting reads nothing
+    assert predict[1]["prefetch_issued"] == 0 and 0 < predict[1]["prefetch_accuracy"] <= 1
+    assert predict[1]["prefetch_actual"] > 0
+    stats = on[1]
+    assert stats["prefetch_issued"] > 0 and stats["prefetch_used"] > 0
+    assert stats["prefetch_used"] + stats["prefetch_wasted"] <= stats["prefetch_issued"]
+    assert stats["prefetch"] == "on" and stats["prefetch_accuracy"] == predict[1]["prefetch_accuracy"]
+    assert on[2].staging_bytes > off[2].staging_bytes  # worker buffers are in the budget
+
+
+def test_prefetch_logits_match(tiny):
+    ids = torch.arange(40, 90)
+    with Engine.open(tiny[0], ram_budget="200MB") as eng:
+        expected = eng.logits(ids)
+    with Engine.open(tiny[0], ram_budget="200MB", prefetch="on", prefetch_threads=3, prefill_chunk=1) as eng:
+        got = eng.logits(ids)
+        assert eng.stats.prefetch_issued > 0
+    assert torch.equal(got, expected)
