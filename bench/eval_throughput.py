@@ -15,6 +15,7 @@ dequantised once by transformers (needs ``gguf``) and saved as an fp32 HF direct
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
@@ -86,8 +87,9 @@ def main() -> None:
 
     lm_eval_times, ours_times = [], []
     for _ in range(args.repeats):
-        theirs, seconds = run_lm_eval(reference, None, names, args.data_dir, args.limit, bootstrap_iters=1000,
-                                      batch_size=batch_size)
+        with contextlib.redirect_stdout(sys.stderr):  # lm-eval prints to stdout; keep it pure JSON
+            theirs, seconds = run_lm_eval(reference, None, names, args.data_dir, args.limit, bootstrap_iters=1000,
+                                          batch_size=batch_size)
         lm_eval_times.append(seconds)
         samples: list[dict] = []
         results = evaluate(loaded, tasks, args.data_dir, args.limit, bootstrap_iters=1000,

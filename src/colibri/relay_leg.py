@@ -134,12 +134,27 @@ def _build_trainer(opts: LegOptions, payload: Path, run_dir: Path, state) -> Tra
     return Trainer.for_pretraining(run_dir, opts.data_dir, None, cfg, resume_from=payload)
 
 
+def _carry_metrics(payload: Path, run_dir: Path, state, sft: bool) -> None:
+    """Metrics continue across legs: the run's metrics.jsonl is copied into the leg's run dir, where
+    the trainer appends to it. A new run on top of the payload (the first SFT leg, whose steps
+    restart at 0) archives the previous run's file as metrics_<kind>.jsonl instead."""
+    for archived in payload.glob("metrics_*.jsonl"):
+        shutil.copy2(archived, run_dir / archived.name)
+    current = payload / METRICS_FILE
+    if not current.is_file():
+        return
+    if state is not None and (state.kind == "sft") != sft:
+        shutil.copy2(current, run_dir / f"metrics_{state.kind}.jsonl")
+    else:
+        shutil.copy2(current, run_dir / METRICS_FILE)
+
+
 def _stage_push(checkpoint: Path, run_dir: Path, push_dir: Path) -> Path:
-    """The payload: the checkpoint's files + the run's whole metrics.jsonl, hard-linked if possible."""
+    """The payload: the checkpoint's files + the run's metrics files, hard-linked if possible."""
     if push_dir.exists():
         shutil.rmtree(push_dir)
     push_dir.mkdir(parents=True)
-    sources = [p for p in checkpoint.iterdir() if p.is_file()] + [run_dir / METRICS_FILE]
+    sources = [p for p in checkpoint.iterdir() if p.is_file()] + sorted(run_dir.glob("metrics*.jsonl"))
     for src in sources:
         if src.is_file():
             try:
@@ -199,8 +214,7 @@ def run_leg(opts: LegOptions) -> LegOutcome:
             log(f"[{relay.holder}] pulled {len(got)} files at {leg.claim_commit[:12]}"
                 if got else f"[{relay.holder}] empty relay: starting a new run")
             run_dir.mkdir(parents=True)
-            if (payload / METRICS_FILE).is_file():  # the run's metrics continue across legs
-                shutil.copy2(payload / METRICS_FILE, run_dir / METRICS_FILE)
+            _carry_metrics(payload, run_dir, _pulled_state(payload), opts.sft)
         ctx.barrier()
         state = _pulled_state(payload)
         trainer = _build_trainer(opts, payload, run_dir, state)

@@ -130,3 +130,19 @@ def test_stops_after_k_non_finite_steps_in_a_row(tmp_path):
     with pytest.raises(TrainingDivergedError, match="3 non-finite steps in a row"):
         trainer.train()
     assert [r.skipped for r in read_metrics(tmp_path / "run") if r.step > 0] == [True, True, True]
+
+
+def test_should_stop_is_checked_every_step_and_saves(tmp_path):
+    trainer = _trainer(tmp_path / "run", steps=10, save_every=0)
+    calls = []
+
+    def lease_lost() -> bool:  # what the relay passes: a check before every optimizer step
+        calls.append(trainer.step)
+        return len(calls) > 2
+
+    result = trainer.train(should_stop=lease_lost)
+    assert result.stopped and result.step == 2 and calls == [0, 1, 2]
+    assert result.checkpoint == latest_checkpoint(tmp_path / "run") and result.checkpoint.name == "step_00000002"
+    exported = trainer.export_weights(tmp_path / "weights")
+    assert sorted(p.name for p in exported.iterdir()) == ["config.json", "model.safetensors"]
+    assert trainer.train(until_step=3).step == 3  # the same trainer continues

@@ -30,7 +30,7 @@ def test_prefetch_on_same_tokens_and_counters(tiny, minimum_budget):
 
 def test_prefetch_logits_match(tiny):
     ids = torch.arange(40, 90)
-    with Engine.open(tiny[0], ram_budget="200MB") as eng:
+    with Engine.open(tiny[0], ram_budget="200MB", prefill_chunk=1) as eng:
         expected = eng.logits(ids)
     with Engine.open(tiny[0], ram_budget="200MB", prefetch="on", prefetch_threads=3, prefill_chunk=1) as eng:
         got = eng.logits(ids)

@@ -165,11 +165,9 @@ def fake_hub(port: int, data_dir: str | None) -> None:
 
 
 def _register_dashboard() -> None:
-    # The read-only dashboard lives in its own subpackage (separate issue); register it if present.
-    try:
-        from .dashboard.command import dashboard
-    except ImportError:  # pragma: no cover - a build without the dashboard
-        return
+    # The read-only dashboard lives in its own subpackage (DASHBOARD.md).
+    from .dashboard.command import dashboard
+
     main.add_command(dashboard)
 
 
@@ -178,8 +176,3 @@ _register_dashboard()
 if __name__ == "__main__":  # pragma: no cover
     os.environ.setdefault("HF_HUB_DISABLE_XET", "1")
     main()
-
-# The read-only dashboard (issue 8) lives in its own subpackage; registered here.
-from .dashboard.command import dashboard as _dashboard  # noqa: E402
-
-main.add_command(_dashboard)

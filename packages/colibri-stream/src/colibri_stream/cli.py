@@ -78,6 +78,14 @@ def _engine_options(f):
         ),
         click.option("--no-direct-io", is_flag=True, help="Buffered reads instead of O_DIRECT."),
         click.option(
+            "--prefetch",
+            type=click.Choice(["off", "predict", "on"]),
+            default="off",
+            show_default=True,
+            help="Read the next layer's predicted experts ahead (on), or only measure the prediction.",
+        ),
+        click.option("--prefetch-threads", type=click.IntRange(min=1), default=2, show_default=True),
+        click.option(
             "--threads",
             type=click.IntRange(min=1),
             default=None,
@@ -109,30 +117,22 @@ def _sampling_options(f):
     return f
 
 
-def _open_engine(
-    container, ram_budget, compute, dtype, kernel_dtype, top_k, max_context, no_direct_io, threads, **extra
-):
+def _open_engine(container, options: dict, **extra):
+    """Engine.open with the CLI's engine options; errors become one-line click errors."""
     import torch
 
     from .engine import Engine  # torch import is slow; keep --help fast
 
+    options = dict(options)
+    threads = options.pop("threads")
     if threads:
         torch.set_num_threads(threads)
-
+    ram_budget = options.pop("ram_budget")
+    options["direct_io"] = not options.pop("no_direct_io")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            engine = Engine.open(
-                container,
-                ram_budget,
-                compute=compute,
-                dtype=dtype,
-                kernel_dtype=kernel_dtype,
-                top_k=top_k,
-                max_context=max_context,
-                direct_io=not no_direct_io,
-                **extra,
-            )
+            engine = Engine.open(container, ram_budget, **options, **extra)
         except BudgetError as exc:
             raise click.UsageError(str(exc)) from None
         except (StreamError, ValueError, OSError) as exc:
@@ -157,38 +157,9 @@ def main() -> None:
 @_sampling_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: the text and the stats.")
 @click.option("--trace", is_flag=True, help="With --json: include the routing trace.")
-def generate(
-    container,
-    prompt,
-    max_new_tokens,
-    ram_budget,
-    compute,
-    dtype,
-    kernel_dtype,
-    top_k,
-    max_context,
-    no_direct_io,
-    threads,
-    temperature,
-    top_p,
-    seed,
-    stop,
-    as_json,
-    trace,
-):
+def generate(container, prompt, max_new_tokens, temperature, top_p, seed, stop, as_json, trace, **options):
     """Continue PROMPT with the model in CONTAINER (greedy unless --temperature is given)."""
-    engine = _open_engine(
-        container,
-        ram_budget,
-        compute,
-        dtype,
-        kernel_dtype,
-        top_k,
-        max_context,
-        no_direct_io,
-        threads,
-        record_trace=trace,
-    )
+    engine = _open_engine(container, options, record_trace=trace)
     with engine:
 
         def show(piece: str) -> None:
@@ -224,27 +195,9 @@ def generate(
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=256, show_default=True)
 @_engine_options
 @_sampling_options
-def chat(
-    container,
-    system,
-    max_new_tokens,
-    ram_budget,
-    compute,
-    dtype,
-    kernel_dtype,
-    top_k,
-    max_context,
-    no_direct_io,
-    threads,
-    temperature,
-    top_p,
-    seed,
-    stop,
-):
+def chat(container, system, max_new_tokens, temperature, top_p, seed, stop, **options):
     """Chat with the model in CONTAINER (ChatML template). An empty line, /exit or EOF ends."""
-    engine = _open_engine(
-        container, ram_budget, compute, dtype, kernel_dtype, top_k, max_context, no_direct_io, threads
-    )
+    engine = _open_engine(container, options)
     messages = [{"role": "system", "content": system}] if system else []
     interactive = sys.stdin.isatty()
     with engine:
@@ -282,13 +235,9 @@ def chat(
 @click.argument("container", type=click.Path(exists=True, dir_okay=False))
 @_engine_options
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
-def plan(
-    container, ram_budget, compute, dtype, kernel_dtype, top_k, max_context, no_direct_io, threads, as_json
-):
-    """Show how RAM_BUDGET is split (resident, KV cache, workspace, expert cache) without running."""
-    engine = _open_engine(
-        container, ram_budget, compute, dtype, kernel_dtype, top_k, max_context, no_direct_io, threads
-    )
+def plan(container, as_json, **options):
+    """Show how the RAM budget is split (resident, KV cache, workspace, expert cache) without running."""
+    engine = _open_engine(container, options)
     with engine:
         if as_json:
             click.echo(json.dumps(_budget_dict(engine)))

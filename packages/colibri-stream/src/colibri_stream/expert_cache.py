@@ -31,8 +31,13 @@ from .stats import StreamStats
 PrepareFn = Callable[[ExpertBlob], object]  # blob -> object with .forward(x) and .nbytes
 
 
-def fetch_expert(reader: BlobReader, entry: ExpertEntry, layout: ExpertBlobLayout, prepare: PrepareFn,
-                 buffer: AlignedBuffer) -> tuple[object, float, float]:
+def fetch_expert(
+    reader: BlobReader,
+    entry: ExpertEntry,
+    layout: ExpertBlobLayout,
+    prepare: PrepareFn,
+    buffer: AlignedBuffer,
+) -> tuple[object, float, float]:
     """Read one blob into `buffer`, verify it and prepare it: (prepared, read s, verify+prepare s).
     Raises `ExpertCorruptError` naming (layer, expert). Safe to call from worker threads (each
     with its own buffer)."""
@@ -93,13 +98,15 @@ class ExpertCache:
 
     # --- use -------------------------------------------------------------------------------
     def get(self, layer: int, expert: int, pinned: Collection[ExpertKey] = ()) -> object:
-        """The prepared expert, from a slot (hit) or read from disk (miss)."""
+        """The prepared expert, from a slot (hit) or read from disk (miss). `pinned`: experts a
+        prefetched arrival must not evict (the current layer's); a demand miss may evict any
+        other expert, since experts are computed one at a time."""
         key = (layer, expert)
         counters = self.stats.layer(layer)
         if self.prefetcher is not None:
             self.prefetcher.collect(pinned)  # store finished prefetches first
             if key not in self._slots and self.prefetcher.in_flight(key):
-                self.prefetcher.take(key, pinned)  # wait for it: the read was issued ahead
+                self.prefetcher.take(key)  # needed now: wait for the read issued ahead
         found = self._slots.get(key)
         if found is not None:
             self.stats.hits += 1
@@ -111,7 +118,7 @@ class ExpertCache:
             return found
         self.stats.misses += 1
         counters.misses += 1
-        return self._load(key, pinned)
+        return self._load(key, ())
 
     def prefetch(self, keys: Iterable[ExpertKey], pinned: Collection[ExpertKey] = ()) -> int:
         """Load experts not yet cached (without counting hits or misses); returns how many."""
@@ -175,13 +182,19 @@ class ExpertCache:
         self.policy.on_insert(key)
         self._publish()
 
-    def insert_prefetched(self, key: ExpertKey, prepared, pinned: Collection[ExpertKey] = ()) -> None:
-        """Store an expert a prefetcher read (its bytes already counted by the caller)."""
+    def insert_prefetched(self, key: ExpertKey, prepared, pinned: Collection[ExpertKey] = ()) -> bool:
+        """Store an expert a prefetcher read (its bytes already counted by the caller). Returns
+        False, storing nothing, when every cached expert is pinned (counted as wasted)."""
         if key in self._slots:
-            return
-        self._make_room(key, pinned)
+            return True
+        try:
+            self._make_room(key, pinned)
+        except LookupError:
+            self.stats.prefetch_wasted += 1
+            return False
         self._insert(key, prepared)
         self._unused_prefetch.add(key)
+        return True
 
     def _publish(self) -> None:
         self.stats.cache_bytes = self.bytes_held

@@ -105,8 +105,13 @@ class Prefetcher:
 class RoutingPredictor:
     """Guesses layer i+1's experts from the hidden state entering layer i's experts."""
 
-    def __init__(self, routers: dict[int, torch.nn.Module], top_k: int, stats: StreamStats,
-                 prefetcher: Prefetcher | None):
+    def __init__(
+        self,
+        routers: dict[int, torch.nn.Module],
+        top_k: int,
+        stats: StreamStats,
+        prefetcher: Prefetcher | None,
+    ):
         self.routers, self.top_k, self.stats, self.prefetcher = routers, top_k, stats, prefetcher
         self._predicted: dict[int, set[int]] = {}
 

@@ -38,6 +38,9 @@ class StatsReport(BaseModel):
     prefetch_issued: int
     prefetch_used: int
     prefetch_wasted: int
+    prefetch_accuracy: float
+    prefetch_actual: int
+    prefetch_correct: int
     io_seconds: float
     verify_seconds: float
     compute_seconds: float
@@ -60,6 +63,7 @@ class StatsReport(BaseModel):
     filesystem: str
     compute_mode: str
     policy: str
+    prefetch: str
     trace: list[tuple[int, int, list[int]]] | None = None
 
     @model_validator(mode="before")

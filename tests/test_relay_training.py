@@ -1,0 +1,109 @@
+"""`colibri train` legs end to end: colibri-model's trainer driven by colibri-relay's lease, on the
+fake Hub (the unmodified huggingface_hub client over loopback) and on a LocalStore."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+
+os.environ["HF_HUB_DISABLE_XET"] = "1"  # the fake Hub speaks LFS only
+
+import pytest
+import torch
+from click.testing import CliRunner
+from safetensors.torch import load_file
+
+from colibri.cli import main as colibri_cli
+from colibri.relay_leg import LegError, LegOptions, run_leg
+from colibri_model.corpus import chat_file, prose_files
+from colibri_model.data import prepare
+from colibri_relay import Relay
+from colibri_relay.testing.pytest_plugin import _fake_hub_session, fake_hub  # noqa: F401
+
+SMALL_RUN = dict(seq_len=32, batch_size=2, micro_batch=2, lr=3e-3, warmup_steps=2, eval_every=0, eval_batches=1)
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    out = tmp_path_factory.mktemp("shards")
+    prepare([str(prose_files()[0])], out, val_fraction=0.05, max_val_tokens=20_000, progress=False)
+    return out
+
+
+def _options(relay: str, work, data, **kw) -> LegOptions:
+    base = dict(relay=relay, work_dir=work, data_dir=data, preset="tiny", leg_steps=3, lease_duration_s=6.0,
+                heartbeat_s=1.0, train_overrides=dict(SMALL_RUN), progress=False, log=lambda m: None)
+    base.update(kw)
+    return LegOptions(**base)
+
+
+def test_two_legs_and_an_sft_leg_on_the_fake_hub(fake_hub, shards, tmp_path):  # noqa: F811
+    spec = "hf://colibri/tiny-relay"
+    Relay(spec, lease_duration_s=6.0, heartbeat_s=1.0).init()
+
+    first = run_leg(_options(spec, tmp_path / "alice", shards, holder="alice"))
+    assert first.pushed and first.leg == 1 and (first.step_start, first.step_end) == (0, 3)
+    pushed_weights = load_file(str(tmp_path / "alice" / "leg" / "push" / "model.safetensors"))
+
+    second = run_leg(_options(spec, tmp_path / "bob", shards, holder="bob", preset=None))
+    assert second.pushed and second.leg == 2 and (second.step_start, second.step_end) == (3, 6)
+    # bob resumed exactly alice's weights
+    pulled = load_file(str(tmp_path / "bob" / "leg" / "payload" / "model.safetensors"))
+    assert all(torch.equal(pulled[k], pushed_weights[k]) for k in pushed_weights)
+
+    sft = run_leg(_options(spec, tmp_path / "erin", None, holder="erin", sft=True, chat_files=[chat_file()],
+                           leg_steps=2))
+    assert sft.pushed and sft.leg == 3
+
+    relay = Relay(spec)
+    head, state = relay.status()
+    ledger = relay.ledger(head)
+    assert [e.holder for e in ledger] == ["alice", "bob", "erin"]
+    assert [e.steps for e in ledger] == [3, 3, 2]
+    assert ledger[2].model_dump().get("kind") == "sft"
+    assert state.status == "free" and {"model.safetensors", "optimizer.safetensors", "training_state.json",
+                                       "metrics.jsonl"} <= set(state.payload)
+    # The pretraining run's metrics travelled leg after leg and are archived beside the SFT run's.
+    pretrain = relay.store.read_file("metrics_pretrain.jsonl", head).decode().splitlines()
+    assert [json.loads(line)["step"] for line in pretrain] == [0, 1, 2, 3, 4, 5, 6]
+    assert "metrics.jsonl" in state.payload
+
+
+def test_a_lost_lease_stops_the_leg_without_pushing(shards, tmp_path):
+    store = tmp_path / "relay"
+    Relay(str(store), lease_duration_s=3.0, heartbeat_s=0.3).init()
+    metrics = tmp_path / "carol" / "leg" / "run" / "metrics.jsonl"
+
+    def usurp():  # somebody force-releases the baton while carol trains: her next renewal fails the CAS
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not metrics.exists():
+            time.sleep(0.05)
+        time.sleep(0.5)
+        Relay(str(store), holder="ops").force_release()
+
+    thread = threading.Thread(target=usurp)
+    thread.start()
+    outcome = run_leg(_options(str(store), tmp_path / "carol", shards, holder="carol", leg_steps=400,
+                               lease_duration_s=3.0, heartbeat_s=0.3))
+    thread.join()
+    assert not outcome.pushed and outcome.reason == "lease lost"
+    assert 0 < outcome.step_end < 400
+    head, state = Relay(str(store)).status()
+    assert state.leg == 0 and Relay(str(store)).ledger(head) == []
+
+
+def test_bad_leg_options_fail_with_one_clear_error(shards, tmp_path):
+    store = tmp_path / "relay"
+    Relay(str(store), lease_duration_s=6.0, heartbeat_s=1.0).init()
+    with pytest.raises(LegError, match="--preset"):
+        run_leg(_options(str(store), tmp_path / "w", shards, preset=None))
+    with pytest.raises(LegError, match="pretrained checkpoint"):
+        run_leg(_options(str(store), tmp_path / "w", None, sft=True, chat_files=[chat_file()]))
+    assert Relay(str(store)).status()[1].status == "free"  # the failed legs released the baton
+
+    result = CliRunner().invoke(colibri_cli, ["train", "--relay", str(store), "--preset", "tiny"])
+    assert result.exit_code == 2 and "--leg-steps" in result.output
+    result = CliRunner().invoke(colibri_cli, ["status", "--relay", str(tmp_path / "nowhere")])
+    assert result.exit_code == 1 and "Traceback" not in result.output
