@@ -107,3 +107,48 @@ def test_bad_leg_options_fail_with_one_clear_error(shards, tmp_path):
     assert result.exit_code == 2 and "--leg-steps" in result.output
     result = CliRunner().invoke(colibri_cli, ["status", "--relay", str(tmp_path / "nowhere")])
     assert result.exit_code == 1 and "Traceback" not in result.output
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_torchrun_leg_only_rank0_talks_to_the_relay_and_all_ranks_stop_together(shards, tmp_path):
+    import subprocess
+    import sys
+
+    store = tmp_path / "relay"
+    Relay(str(store), lease_duration_s=4.0, heartbeat_s=0.4).init()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
+
+    def torchrun(work, steps):
+        return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
+                "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), "-m", "colibri.cli", "train",
+                "--relay", str(store), "--preset", "tiny", "--data", str(shards), "--leg-steps", str(steps),
+                "--work-dir", str(work), "--holder", "ddp", "--lease-duration", "4", "--heartbeat", "0.4",
+                "--seq-len", "32", "--batch-size", "4", "--micro-batch", "2", "--eval-every", "0", "--no-progress"]
+
+    done = subprocess.run(torchrun(tmp_path / "w1", 2), env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("claimed the baton") == 1  # rank 0 alone claimed and pushed
+    ledger = Relay(str(store)).ledger()
+    assert len(ledger) == 1 and ledger[0].hardware.startswith("2x") and ledger[0].steps == 2
+
+    # Second leg: the baton is force-released mid-leg; both ranks must stop, nobody pushes.
+    metrics = tmp_path / "w2" / "leg" / "run" / "metrics.jsonl"
+    proc = subprocess.Popen(torchrun(tmp_path / "w2", 500), env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 5:
+            break
+        time.sleep(0.1)
+    Relay(str(store), holder="ops").force_release()
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode != 0
+    assert "LEASE LOST" in out, (out[-2000:], err[-2000:])
+    assert len(Relay(str(store)).ledger()) == 1

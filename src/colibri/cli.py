@@ -58,6 +58,8 @@ def train(relay_spec, preset, data_dir, sft, chat_files, leg_steps, leg_hours, d
       torchrun --nproc-per-node 8 -m colibri.cli train --relay hf://me/nano-run --data shards/ --leg-hours 6
 
     Hyper-parameter options apply to a new run only; a resumed run keeps its own.
+    Exit codes: 0 leg pushed; 1 error (relay, data, checkpoint); 2 bad usage;
+    3 leg stopped without pushing (the lease was lost).
     """
     if leg_steps is None and leg_hours is None:
         raise click.UsageError("give --leg-steps N or --leg-hours H")
@@ -80,7 +82,7 @@ def train(relay_spec, preset, data_dir, sft, chat_files, leg_steps, leg_hours, d
         if isinstance(exc, RelayError):
             raise click.ClickException(f"relay: {exc}") from None
         raise
-    if not outcome.pushed:
+    if not outcome.ok:
         click.echo(f"leg not pushed: {outcome.reason}", err=True)
         sys.exit(3)
 

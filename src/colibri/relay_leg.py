@@ -72,7 +72,13 @@ class LegOutcome:
     loss_start: float | None
     loss_end: float | None
     val_loss: float | None
-    reason: str
+    reason: str  # "steps done", "time limit" or "lease lost"
+    rank: int = 0  # under torchrun only rank 0 pushes
+
+    @property
+    def ok(self) -> bool:
+        """The leg was pushed (rank 0), or this rank finished its part of a pushed leg."""
+        return self.pushed if self.rank == 0 else self.reason != "lease lost"
 
 
 def hardware_description() -> str:
@@ -227,10 +233,10 @@ def run_leg(opts: LegOptions) -> LegOutcome:
             trainer.close()
             if is_main:
                 log(f"[{relay.holder}] LEASE LOST at step {trainer.step}: {exc}. Stopping without pushing.")
-            return LegOutcome(None, False, None, step_start, trainer.step, None, None, None, "lease lost")
+            return LegOutcome(None, False, None, step_start, trainer.step, None, None, None, "lease lost", ctx.rank)
         losses = _leg_losses(run_dir / METRICS_FILE, step_start) if is_main else (None, None)
         outcome = LegOutcome(None, False, None, step_start, result.step, losses[0], result.last_loss,
-                             result.val_loss, "time limit" if vote.timed_out else "steps done")
+                             result.val_loss, "time limit" if vote.timed_out else "steps done", ctx.rank)
         if is_main:
             push_dir = _stage_push(result.checkpoint, run_dir, leg_dir / "push")
             summary = LegSummary(

@@ -35,14 +35,9 @@ def test_engine_matches_naive_forward(tiny_hf_model, groups):
     hf_model = tiny_hf_model.model.model
     expected = [[naive_score(hf_model, r, tiny_hf_model.model.max_length) for r in g] for g in groups]
     model = tiny_hf_model.model
-    # (share prefixes?, suffixes one by one on CPU or batched on the repeated cache, batch size)
-    for share, pad_free, batch_tokens in ((True, True, 64), (True, False, 100_000), (False, True, 64),
-                                          (False, True, 100_000)):
-        model.pad_free = pad_free
-        try:
-            got = ScoringEngine(model, batch_tokens=batch_tokens, share_prefixes=share).score(groups)
-        finally:
-            model.pad_free = True
+    # a huge batch puts documents with different prefix lengths in one left-padded call
+    for share, batch_tokens in ((True, 64), (True, 100_000), (False, 64), (False, 100_000)):
+        got = ScoringEngine(model, batch_tokens=batch_tokens, share_prefixes=share).score(groups)
         for got_group, want_group in zip(got, expected, strict=True):
             for (ll, greedy), (want_ll, want_greedy) in zip(got_group, want_group, strict=True):
                 assert ll == pytest.approx(want_ll, rel=1e-5, abs=1e-3)
@@ -50,20 +45,21 @@ def test_engine_matches_naive_forward(tiny_hf_model, groups):
 
 
 def test_prefix_sharing_is_used_for_multiple_choice(tiny_hf_model, groups):
-    calls = {"prefix": 0}
+    prefixes = []
     model = tiny_hf_model.model
-    original = model.prefix_forward
+    original = model.shared_prefix_logits
 
-    def counting(input_ids):
-        calls["prefix"] += 1
-        return original(input_ids)
+    def counting(prefix_ids, *args):
+        prefixes.append(prefix_ids.shape[0])
+        return original(prefix_ids, *args)
 
-    model.prefix_forward = counting
+    model.shared_prefix_logits = counting
     try:
-        ScoringEngine(model).score(groups)
+        ScoringEngine(model, batch_tokens=2048).score(groups)
     finally:
-        del model.prefix_forward
-    assert calls["prefix"] >= 8  # hellaswag and arc groups at least
+        del model.shared_prefix_logits
+    assert sum(prefixes) >= 8  # hellaswag and arc groups at least
+    assert len(prefixes) < sum(prefixes)  # several documents per call
 
 
 def test_left_truncation_to_max_length(tiny_hf_model):

@@ -13,18 +13,21 @@ How the work is laid out, and why:
 - Only the scored positions go through the LM head / log-softmax (``logits_at``): for a
   135M model with a 49152 vocabulary the head is ~20% of the FLOPs per token and the full
   ``[B, T, V]`` log-softmax dominates memory; lm-eval computes both for every position.
-- Shared prefixes: when the model supports a prefix cache (the HF adapter, through
-  ``past_key_values``) and a group's inputs share a long token prefix (hellaswag's context
-  before its four endings, arc/piqa/openbookqa questions, winogrande's sentence up to the
-  blank) the prefix runs once and only the suffixes run, batched per group. Logits then
-  differ from a full forward by float rounding only (~1e-6 relative in fp32).
+- Shared prefixes: when the model supports a prefix cache (the HF adapter, through its KV
+  cache) and a group's inputs share a long token prefix (hellaswag's context before its four
+  endings, arc/piqa/openbookqa questions, winogrande's sentence up to the blank) the prefix
+  runs once and only the suffixes run. Several documents go in one call: prefixes
+  left-padded (masked), the cache rows repeated per suffix, suffixes right-padded. Logits
+  differ from a full forward by float rounding only (~1e-6 relative in fp32). On SmolLM2-135M
+  (1 CPU thread) one call per group of suffixes beat one call per suffix by 1.3-1.6x: small
+  matmuls are inefficient, so batching matters even on CPU.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 from tqdm.auto import tqdm
@@ -45,14 +48,13 @@ class TokenLogitsModel(Protocol):
         """Logits ``[N, V]`` at positions ``(rows[n], cols[n])`` of a ``[B, T]`` batch."""
         ...
 
-    def prefix_forward(self, input_ids: torch.Tensor) -> tuple[Any, torch.Tensor]:
-        """Run a ``[1, P]`` prefix; return (opaque cache state, logits ``[V]`` at its last position)."""
-        ...
-
-    def logits_after_prefix(
-        self, state: Any, input_ids: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor
-    ) -> torch.Tensor:
-        """Logits ``[N, V]`` for ``[k, S]`` suffixes that all continue the prefix in ``state``."""
+    def shared_prefix_logits(
+        self, prefix_ids: torch.Tensor, prefix_lengths: torch.Tensor, suffix_ids: torch.Tensor,
+        owner: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run ``[G, Pmax]`` LEFT-padded prefixes once, then ``[R, S]`` right-padded suffixes,
+        row r continuing prefix ``owner[r]``. Returns (logits ``[G, V]`` at each prefix's last
+        position, logits ``[N, V]`` at suffix positions ``(rows[n], cols[n])``)."""
         ...
 
 
@@ -125,10 +127,13 @@ class ScoringEngine:
             singles.extend(works)
 
         with torch.inference_mode(), tqdm(total=len(flat), desc=desc, disable=not progress, unit="req") as bar:
-            for prefix, works in shared:
-                for work, result in zip(works, self._score_shared(prefix, works), strict=True):
-                    flat[work.slot] = result
-                bar.update(len(works))
+            for batch in self._shared_batches(shared):
+                done = 0
+                for works, results in zip((w for _, w in batch), self._score_shared(batch), strict=True):
+                    for work, result in zip(works, results, strict=True):
+                        flat[work.slot] = result
+                    done += len(works)
+                bar.update(done)
             for batch in self._length_batches(singles):
                 for work, result in zip(batch, self._score_batch(batch), strict=True):
                     flat[work.slot] = result
@@ -169,25 +174,56 @@ class ScoringEngine:
         logits = self.model.logits_at(ids, torch.tensor(rows), torch.tensor(cols))
         return _score_rows(logits, torch.tensor(targets), counts)
 
-    def _score_shared(self, prefix: int, works: list[_Work]) -> list[tuple[float, bool]]:
-        state, last_logits = self.model.prefix_forward(torch.tensor([works[0].inp[:prefix]], dtype=torch.long))
-        width = max(len(w.inp) for w in works) - prefix
-        ids = torch.zeros((len(works), width), dtype=torch.long)
-        rows, cols, targets, counts, from_prefix = [], [], [], [], []
-        for r, work in enumerate(works):
-            suffix = work.inp[prefix:]
-            ids[r, :len(suffix)] = torch.tensor(suffix, dtype=torch.long)
-            start = len(work.inp) - len(work.cont)
-            for position in range(start, len(work.inp)):
-                # position prefix-1 was computed by the prefix pass; the rest by the suffix pass
-                from_prefix.append(position == prefix - 1)
-                rows.append(r)
-                cols.append(max(position - prefix, 0))
-            targets.extend(work.cont)
-            counts.append(len(work.cont))
-        logits = self.model.logits_after_prefix(state, ids, torch.tensor(rows), torch.tensor(cols))
-        mask = torch.tensor(from_prefix)
-        if bool(mask.any()):
+    def _shared_batches(self, shared: list[tuple[int, list[_Work]]]) -> list[list[tuple[int, list[_Work]]]]:
+        """Pack groups of similar prefix length; cost = padded prefix + padded suffix tokens."""
+        ordered = sorted(shared, key=lambda item: (-item[0], -max(len(w.inp) for w in item[1])))
+        batches: list[list[tuple[int, list[_Work]]]] = []
+        current: list[tuple[int, list[_Work]]] = []
+        for item in ordered:
+            candidate = current + [item]
+            width_prefix = max(p for p, _ in candidate)
+            width_suffix = max(len(w.inp) - p for p, works in candidate for w in works)
+            rows = sum(len(works) for _, works in candidate)
+            if current and len(candidate) * width_prefix + rows * width_suffix > self.batch_tokens:
+                batches.append(current)
+                candidate = [item]
+            current = candidate
+        if current:
+            batches.append(current)
+        return batches
+
+    def _score_shared(self, batch: list[tuple[int, list[_Work]]]) -> list[list[tuple[float, bool]]]:
+        width_prefix = max(prefix for prefix, _ in batch)
+        width_suffix = max(len(w.inp) - prefix for prefix, works in batch for w in works)
+        n_rows = sum(len(works) for _, works in batch)
+        prefix_ids = torch.zeros((len(batch), width_prefix), dtype=torch.long)
+        suffix_ids = torch.zeros((n_rows, width_suffix), dtype=torch.long)
+        owner, rows, cols, from_prefix, targets, counts = [], [], [], [], [], []
+        row = 0
+        for g, (prefix, works) in enumerate(batch):
+            prefix_ids[g, width_prefix - prefix:] = torch.tensor(works[0].inp[:prefix], dtype=torch.long)
+            for work in works:
+                suffix = work.inp[prefix:]
+                suffix_ids[row, :len(suffix)] = torch.tensor(suffix, dtype=torch.long)
+                owner.append(g)
+                for position in range(len(work.inp) - len(work.cont), len(work.inp)):
+                    # position prefix-1 comes from the prefix pass; the rest from the suffix pass
+                    from_prefix.append(g if position == prefix - 1 else -1)
+                    rows.append(row)
+                    cols.append(max(position - prefix, 0))
+                targets.extend(work.cont)
+                counts.append(len(work.cont))
+                row += 1
+        last_logits, logits = self.model.shared_prefix_logits(
+            prefix_ids, torch.tensor([p for p, _ in batch]), suffix_ids, torch.tensor(owner),
+            torch.tensor(rows), torch.tensor(cols))
+        which = torch.tensor(from_prefix)
+        if bool((which >= 0).any()):
             logits = logits.clone()
-            logits[mask] = last_logits.to(logits.dtype)
-        return _score_rows(logits, torch.tensor(targets), counts)
+            logits[which >= 0] = last_logits[which[which >= 0]].to(logits.dtype)
+        flat = _score_rows(logits, torch.tensor(targets), counts)
+        out, start = [], 0
+        for _, works in batch:
+            out.append(flat[start:start + len(works)])
+            start += len(works)
+        return out

@@ -249,6 +249,97 @@ def plan(container, as_json, **options):
             )
 
 
+@main.command()
+@click.argument("container", type=click.Path(exists=True, dir_okay=False))
+@click.option(
+    "--budgets",
+    default="10%,25%,50%,100%",
+    show_default=True,
+    help="Comma-separated budgets: a percentage of the experts that fit (on top of the fixed part) or a SIZE.",
+)
+@click.option("--prompt", default=None, help="Prompt text (default: a built-in paragraph).")
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=32, show_default=True)
+@click.option(
+    "--runs", type=click.IntRange(min=1), default=3, show_default=True, help="Interleaved runs per point."
+)
+@click.option(
+    "--bandwidth-mb",
+    type=click.IntRange(min=1),
+    default=256,
+    show_default=True,
+    help="MB of blobs read to measure O_DIRECT bandwidth.",
+)
+@click.option("--compute", type=click.Choice(["auto", "int4", "dequant"]), default="auto", show_default=True)
+@click.option("--kernel-dtype", type=click.Choice(["bf16", "f32"]), default="bf16", show_default=True)
+@click.option("--prefetch", type=click.Choice(["off", "predict", "on"]), default="predict", show_default=True)
+@click.option("--max-context", type=click.IntRange(min=1), default=None)
+@click.option("--threads", type=click.IntRange(min=1), default=None)
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON instead of a table.")
+def bench(
+    container,
+    budgets,
+    prompt,
+    max_new_tokens,
+    runs,
+    bandwidth_mb,
+    compute,
+    kernel_dtype,
+    prefetch,
+    max_context,
+    threads,
+    as_json,
+):
+    """Tokens/s, hit rate vs Belady and disk-honesty checks over a sweep of RAM budgets."""
+    import torch
+
+    from .bench import format_table, run_bench
+
+    if threads:
+        torch.set_num_threads(threads)
+    prompt = prompt or BENCH_PROMPT
+    labels = [b.strip() for b in budgets.split(",") if b.strip()]
+    for label in labels:
+        if not label.endswith("%"):
+            try:
+                parse_size(label)
+            except SizeFormatError as exc:
+                raise click.BadParameter(str(exc), param_hint="--budgets") from None
+    try:
+        report = run_bench(
+            container,
+            labels,
+            prompt,
+            max_new_tokens,
+            runs,
+            bandwidth_mb << 20,
+            compute=compute,
+            kernel_dtype=kernel_dtype,
+            prefetch=prefetch,
+            max_context=max_context,
+        )
+    except BudgetError as exc:
+        raise click.UsageError(str(exc)) from None
+    except (StreamError, ValueError, OSError) as exc:
+        raise click.ClickException(f"{container}: {str(exc).splitlines()[0]}") from None
+    if as_json:
+        click.echo(json.dumps(report))
+    else:
+        click.echo(format_table(report))
+    if any(p["contaminated"] for p in report["points"]):
+        click.echo(
+            "WARNING: the engine's byte counter and /proc/self/io disagree by more than 2%: "
+            "misses were served by the page cache; these tokens/s are not disk numbers.",
+            err=True,
+        )
+
+
+BENCH_PROMPT = (
+    "The river town grew slowly through the nineteenth century. Its mills ran on water until the "
+    "railway arrived, and with the railway came coal, workers from the valleys, a school, two "
+    "churches and a newspaper that argued with both of them."
+)
+
+
 def _budget_dict(engine) -> dict:
     b = engine.budget
     return {

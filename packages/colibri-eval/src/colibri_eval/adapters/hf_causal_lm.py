@@ -5,8 +5,8 @@ weights + tokenizer), a Hub id when online, or a ``.gguf`` file (loaded with
 ``gguf_file=``; needs the ``gguf`` package).
 
 Speed: ``logits_at`` runs the decoder body and applies the LM head only at the scored
-positions; ``prefix_forward``/``logits_after_prefix`` reuse ``past_key_values`` so a shared
-context is computed once. Models whose head is not a plain linear map (final logit
+positions; ``shared_prefix_logits`` runs several documents' shared prefixes once (left-padded, masked,
+explicit position ids) and their suffixes on the repeated KV cache. Models whose head is not a plain linear map (final logit
 soft-capping, logit scaling) fall back to the full ``model(...).logits``.
 ``max_length`` follows lm-eval's hf backend: config ``n_positions`` /
 ``max_position_embeddings`` / ``n_ctx``, else the tokenizer's ``model_max_length``, else 2048.
@@ -56,9 +56,6 @@ class HFCausalLM:
         # transformers 5.2x renamed ``past_key_values`` to ``cache`` (argument and output)
         params = inspect.signature(self.decoder.forward).parameters if self.decoder is not None else {}
         self.cache_arg = "cache" if "cache" in params else "past_key_values"
-        # Measured on SmolLM2-135M, 1 CPU thread: one batched call over a group's padded
-        # suffixes beat one call per suffix by 1.3-1.6x, so batching is the default.
-        self.pad_free = False
 
     def logits_at(self, input_ids: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
         if self.headless:
@@ -66,35 +63,26 @@ class HFCausalLM:
             return self.head(hidden[rows, cols])
         return self.model(input_ids=input_ids, use_cache=False).logits[rows, cols]
 
-    def prefix_forward(self, input_ids: torch.Tensor) -> tuple[Any, torch.Tensor]:
-        out = self.decoder(input_ids=input_ids, use_cache=True)
+    def shared_prefix_logits(
+        self, prefix_ids: torch.Tensor, prefix_lengths: torch.Tensor, suffix_ids: torch.Tensor,
+        owner: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        n_prefix, width = prefix_ids.shape
+        positions = torch.arange(width)[None, :]
+        padding = (width - prefix_lengths)[:, None]
+        prefix_mask = (positions >= padding).long()  # left padding is masked out
+        prefix_positions = (positions - padding).clamp(min=0)
+        out = self.decoder(input_ids=prefix_ids, attention_mask=prefix_mask, position_ids=prefix_positions,
+                           use_cache=True)
         cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
-        return cache, self.head(out.last_hidden_state[0, -1])
-
-    def logits_after_prefix(self, state: Any, input_ids: torch.Tensor, rows: torch.Tensor,
-                            cols: torch.Tensor) -> torch.Tensor:
-        if self.pad_free:
-            return self._suffixes_one_by_one(state, input_ids, rows, cols)
-        state.batch_repeat_interleave(input_ids.shape[0])
-        out = self.decoder(input_ids=input_ids, use_cache=True, **{self.cache_arg: state})
-        return self.head(out.last_hidden_state[rows, cols])
-
-    def _suffixes_one_by_one(self, state: Any, input_ids: torch.Tensor, rows: torch.Tensor,
-                             cols: torch.Tensor) -> torch.Tensor:
-        """Run each suffix alone on the shared cache, cropping it back to the prefix after each:
-        no padding, but more, smaller calls (slower on CPU in practice; kept for devices where
-        memory, not call count, is the limit)."""
-        prefix_length = state.get_seq_length()
-        hidden = torch.empty((rows.shape[0], self.head.in_features), dtype=self.head.weight.dtype)
-        for row in range(input_ids.shape[0]):
-            picked = (rows == row).nonzero().flatten()
-            if picked.numel() == 0:
-                continue
-            length = int(cols[picked].max()) + 1
-            out = self.decoder(input_ids=input_ids[row:row + 1, :length], use_cache=True, **{self.cache_arg: state})
-            hidden[picked] = out.last_hidden_state[0, cols[picked]]
-            state.crop(-(state.get_seq_length() - prefix_length))
-        return self.head(hidden)
+        last_logits = self.head(out.last_hidden_state[:, -1])
+        cache.reorder_cache(owner)  # one cache row per suffix (index_select with repeats)
+        n_rows, suffix_width = suffix_ids.shape
+        mask = torch.cat([prefix_mask[owner], torch.ones((n_rows, suffix_width), dtype=torch.long)], dim=1)
+        suffix_positions = prefix_lengths[owner][:, None] + torch.arange(suffix_width)[None, :]
+        out = self.decoder(input_ids=suffix_ids, attention_mask=mask, position_ids=suffix_positions,
+                           use_cache=True, **{self.cache_arg: cache})
+        return last_logits, self.head(out.last_hidden_state[rows, cols])
 
 
 def load_hf(spec: str, path: str, dtype: str) -> LoadedModel:

@@ -1,0 +1,112 @@
+"""Honest I/O accounting: the engine's bytes-read counter against the kernel's `read_bytes`.
+
+`/proc/self/io` has two read counters: `rchar` counts every byte a read syscall returned,
+page-cache hits included, while `read_bytes` counts bytes this process caused to be fetched
+from storage. With O_DIRECT every expert miss is a storage read, so over a measurement window
+the engine's `bytes_read` and the growth of `read_bytes` must agree. When `read_bytes` is much
+smaller, misses were served by the page cache (the seed project's withdrawn tokens/s); when it is
+much larger, something else in the process read the disk during the window. Either way the
+window's throughput is not a disk number, and `IOWindow.contaminated` says so.
+
+The tolerance is relative (2% by default) with a small absolute slack (a few pages of
+filesystem metadata, tokenizer or Python imports reading during the window).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PROC_IO = "/proc/self/io"
+CONTAMINATION_TOLERANCE = 0.02
+ABSOLUTE_SLACK_BYTES = 64 * 1024
+
+
+class ProcIOUnavailable(RuntimeError):
+    """This system has no readable /proc/self/io (not Linux, or restricted)."""
+
+
+def read_proc_io(path: str = PROC_IO) -> dict[str, int]:
+    """The counters of /proc/self/io as ints (`rchar`, `read_bytes`, ...)."""
+    try:
+        with open(path, encoding="ascii") as f:
+            text = f.read()
+    except OSError as exc:
+        raise ProcIOUnavailable(f"cannot read {path}: {exc.strerror}") from None
+    counters = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(":")
+        if value.strip().isdigit():
+            counters[name.strip()] = int(value)
+    if "read_bytes" not in counters:
+        raise ProcIOUnavailable(f"{path} has no read_bytes line (kernel without task I/O accounting?)")
+    return counters
+
+
+@dataclass
+class IOWindow:
+    """OS read counters over a window, compared with the engine's count of the same window."""
+
+    bytes_read_engine: int = 0
+    bytes_read_os: int = 0
+    rchar: int = 0
+    tolerance: float = CONTAMINATION_TOLERANCE
+
+    @property
+    def disagreement(self) -> float:
+        """|os - engine| / engine (0 when both are 0; inf when only the OS read)."""
+        if self.bytes_read_engine == 0:
+            return 0.0 if self.bytes_read_os <= ABSOLUTE_SLACK_BYTES else float("inf")
+        return abs(self.bytes_read_os - self.bytes_read_engine) / self.bytes_read_engine
+
+    @property
+    def contaminated(self) -> bool:
+        gap = abs(self.bytes_read_os - self.bytes_read_engine)
+        return gap > ABSOLUTE_SLACK_BYTES and self.disagreement > self.tolerance
+
+    def verdict(self) -> str:
+        if not self.contaminated:
+            return "ok"
+        if self.bytes_read_os < self.bytes_read_engine:
+            return (
+                f"PAGE-CACHE CONTAMINATION: the engine counted {self.bytes_read_engine} bytes but only "
+                f"{self.bytes_read_os} reached storage ({self.disagreement:.1%} apart)"
+            )
+        return (
+            f"EXTRA DISK READS: storage delivered {self.bytes_read_os} bytes, the engine counted "
+            f"{self.bytes_read_engine} ({self.disagreement:.1%} apart)"
+        )
+
+    def to_dict(self) -> dict:
+        return {
+            "bytes_read_engine": self.bytes_read_engine,
+            "bytes_read_os": self.bytes_read_os,
+            "rchar": self.rchar,
+            "io_disagreement": round(self.disagreement, 6) if self.disagreement != float("inf") else None,
+            "page_cache_contaminated": self.contaminated,
+            "io_verdict": self.verdict(),
+        }
+
+
+class IOMeter:
+    """`with IOMeter() as m: ...; m.window(engine_bytes)`: the OS counters' growth over the block."""
+
+    def __init__(self, tolerance: float = CONTAMINATION_TOLERANCE):
+        self.tolerance = tolerance
+        self._start: dict[str, int] = {}
+        self._end: dict[str, int] = {}
+
+    def __enter__(self) -> IOMeter:
+        self._start = read_proc_io()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._end = read_proc_io()
+
+    def window(self, bytes_read_engine: int) -> IOWindow:
+        end = self._end or read_proc_io()
+        return IOWindow(
+            bytes_read_engine=bytes_read_engine,
+            bytes_read_os=end["read_bytes"] - self._start["read_bytes"],
+            rchar=end.get("rchar", 0) - self._start.get("rchar", 0),
+            tolerance=self.tolerance,
+        )
