@@ -100,7 +100,8 @@ def quality(args) -> dict:
     split = int(len(tokens) * 0.9)
     train_tokens, val_tokens = tokens[:split], tokens[split:][: args.max_eval_tokens]
     work = Path(tempfile.mkdtemp(prefix="int4-quality-"))
-    checkpoint = Path(args.checkpoint) if args.checkpoint else train_tiny(train_tokens, args.train_steps, args.seq_len, work / "trained")
+    trained_dir = Path(args.save_trained) if args.save_trained else work / "trained"
+    checkpoint = Path(args.checkpoint) if args.checkpoint else train_tiny(train_tokens, args.train_steps, args.seq_len, trained_dir)
     base = perplexity(checkpoint, val_tokens, args.seq_len, args.batch)
     rows = []
     for group, symmetric in SCHEMES:
@@ -200,6 +201,7 @@ def main() -> None:
     q.add_argument("--checkpoint", help="trained checkpoint directory (CHECKPOINT.md)")
     q.add_argument("--tokens", required=True, help="token shard, .npy, uint16 .bin or .txt")
     q.add_argument("--train-steps", type=int, default=400, help="without --checkpoint: train tiny this long")
+    q.add_argument("--save-trained", help="without --checkpoint: keep the trained tiny checkpoint here")
     q.add_argument("--seq-len", type=int, default=256)
     q.add_argument("--batch", type=int, default=8)
     q.add_argument("--max-eval-tokens", type=int, default=65536)

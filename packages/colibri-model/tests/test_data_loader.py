@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from colibri_model.data import IGNORE_INDEX, LoaderError, LoaderPosition, PackedLoader, TokenSource
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 
 def _source():
@@ -57,3 +59,24 @@ def test_errors():
         PackedLoader(_source(), seq_len=200)
     with pytest.raises(LoaderError, match="saved for seq_len 8"):
         PackedLoader(_source(), seq_len=10, position=LoaderPosition(seq_len=8))
+
+
+@settings(max_examples=40, deadline=None)
+@given(lengths=st.lists(st.integers(0, 300), min_size=1, max_size=6), seq_len=st.integers(1, 40),
+       seed=st.integers(0, 2**32 - 1), split=st.integers(0, 50))
+def test_every_window_once_per_epoch_and_resume_anywhere(lengths, seq_len, seed, split):
+    source = TokenSource([np.zeros(n, dtype=np.uint16) for n in lengths])
+    windows = [max(0, (n - 1) // seq_len) for n in lengths]
+    if sum(windows) == 0:
+        with pytest.raises(LoaderError):
+            PackedLoader(source, seq_len, seed=seed)
+        return
+    total = sum(windows)
+    loader = PackedLoader(source, seq_len, seed=seed)
+    first_epoch = loader.next_windows(total)
+    assert sorted(first_epoch) == sorted((s, w * seq_len) for s, n in enumerate(windows) for w in range(n))
+    straight = PackedLoader(source, seq_len, seed=seed).next_windows(2 * total)
+    head = PackedLoader(source, seq_len, seed=seed)
+    part = head.next_windows(min(split, 2 * total))
+    tail = PackedLoader(source, seq_len, position=head.position).next_windows(2 * total - len(part))
+    assert part + tail == straight

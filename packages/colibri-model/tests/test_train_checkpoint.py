@@ -64,7 +64,7 @@ def test_checkpoint_layout_and_optimizer_round_trip(tmp_path):
 def test_crash_during_save_leaves_no_checkpoint_that_looks_whole(tmp_path, monkeypatch):
     trainer = _trainer(tmp_path / "run", steps=4)
     checkpointing = importlib.import_module("colibri_model.training.checkpointing")
-    real = checkpointing.save_optimizer
+    real = checkpointing.write_optimizer
     calls = {"n": 0}
 
     def dies_on_second_save(*args, **kwargs):
@@ -73,13 +73,13 @@ def test_crash_during_save_leaves_no_checkpoint_that_looks_whole(tmp_path, monke
             raise KeyboardInterrupt  # a kill in the middle of writing step 4's checkpoint
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(checkpointing, "save_optimizer", dies_on_second_save)
+    monkeypatch.setattr(checkpointing, "write_optimizer", dies_on_second_save)
     with pytest.raises(KeyboardInterrupt):
         trainer.train()
     assert latest_checkpoint(tmp_path / "run").name == "step_00000002"
     partial = list((tmp_path / "run/checkpoints").glob(".tmp-*"))
     assert len(partial) == 1 and partial[0].name.startswith(".tmp-step_00000004-")
-    monkeypatch.setattr(checkpointing, "save_optimizer", real)
+    monkeypatch.setattr(checkpointing, "write_optimizer", real)
     resumed = _trainer(tmp_path / "run", steps=4)  # cleans the partial directory, resumes from step 2
     assert resumed.step == 2 and not list((tmp_path / "run/checkpoints").glob(".tmp-*"))
     assert [r.step for r in read_metrics(tmp_path / "run")] == [0, 1, 2]  # records after step 2 dropped

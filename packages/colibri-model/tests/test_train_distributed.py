@@ -1,4 +1,4 @@
-"""torchrun (DDP, gloo, 2 processes) matches one process with the same global batch."""
+"""torchrun (DDP and FSDP2, gloo, 2 processes) matches one process with the same global batch."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def _metrics(run):
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_ddp_two_processes_match_single_process(tmp_path):
+def test_ddp_and_fsdp_two_processes_match_single_process(tmp_path):
     text = tmp_path / "text.txt"
     text.write_text(prose_files()[-1].read_text()[:60_000])
     data = tmp_path / "data"
@@ -48,7 +48,18 @@ def test_ddp_two_processes_match_single_process(tmp_path):
           "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
           "-m", "colibri_model.cli", "train", "--data", str(data), "--out", str(ddp), "--steps", "4", *ARGS])
 
-    a, b = _metrics(single), _metrics(ddp)
+    # FSDP2: 2 steps, save (gathered to rank 0), a NEW torchrun resumes the sharded state, 2 more
+    fsdp = tmp_path / "fsdp"
+    for steps in ("2", "4"):
+        _run([sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
+              "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), "-m", "colibri_model.cli", "train",
+              "--data", str(data), "--out", str(fsdp), "--steps", steps, "--parallelism", "fsdp", *ARGS])
+    _compare(single, ddp)
+    _compare(single, fsdp)
+
+
+def _compare(single, other):
+    a, b = _metrics(single), _metrics(other)
     assert [r["step"] for r in a] == [r["step"] for r in b] == [0, 1, 2, 3, 4]  # rank 0 alone writes
     for ra, rb in zip(a, b, strict=False):
         for key in ("loss", "val_loss", "grad_norm"):
@@ -56,7 +67,7 @@ def test_ddp_two_processes_match_single_process(tmp_path):
                 assert abs(ra[key] - rb[key]) <= 1e-4 * max(1.0, abs(ra[key])), (ra["step"], key, ra[key], rb[key])
         assert ra["router"] == [] or [r["load"] for r in ra["router"]] == [r["load"] for r in rb["router"]]
     wa = load_file(str(single / "checkpoints/step_00000004/model.safetensors"))
-    wb = load_file(str(ddp / "checkpoints/step_00000004/model.safetensors"))
+    wb = load_file(str(other / "checkpoints/step_00000004/model.safetensors"))
     for key in wa:
         diff = (wa[key] - wb[key]).abs()
         # fp32 reduction order differs (gloo all-reduce vs one batch); Adam divides by sqrt(v),
@@ -64,4 +75,4 @@ def test_ddp_two_processes_match_single_process(tmp_path):
         # worst element by 5% of the largest possible move (lr x steps) and the mean tightly.
         assert diff.max() <= 0.05 * 3e-3 * 4 and diff.mean() <= 1e-6, (key, diff.max().item())
     assert all(torch.equal(wa[k], wb[k]) for k in wa if k.endswith("expert_bias"))
-    assert not list((ddp / "checkpoints").glob(".tmp-*"))
+    assert not list((other / "checkpoints").glob(".tmp-*"))

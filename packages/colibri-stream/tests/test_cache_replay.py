@@ -42,3 +42,35 @@ def test_replay_reproduces_the_live_engine(tiny, minimum_budget):
     assert (offline.hits, offline.misses) == (live.hits, live.misses)
     assert belady(trace, capacity).hits >= live.hits
     assert len(access_sequence(trace)) == live.hits + live.misses
+
+
+def test_bench_sweep_is_honest_and_bounded_by_belady(tiny):
+    from colibri_stream.bench import format_table, run_bench
+
+    report = run_bench(
+        tiny[0],
+        ["10%", "100%"],
+        "The river town grew slowly.",
+        max_new_tokens=6,
+        runs=2,
+        bandwidth_bytes=1 << 20,
+        prefill_chunk=16,
+    )
+    assert report["bench_version"] == "1.0" and report["disk_bandwidth"]["bytes_per_s"] > 0
+    small, full = report["points"]
+    assert small["cache_slots"] < full["cache_slots"] == full["total_experts"] == 48
+    for point in (small, full):
+        assert len(point["runs"]) == 2
+        assert point["belady_hit_rate"] >= point["hit_rate"] - 1e-9
+        if point["io_mode"] == "direct" and point["bytes_read_os"] is not None:
+            assert not point["contaminated"], point  # O_DIRECT: the OS saw every byte we counted
+    assert full["hit_rate"] >= small["hit_rate"]
+    assert "belady" in format_table(report)
+
+
+def test_bench_cli_rejects_a_bad_budget(tiny):
+    from click.testing import CliRunner
+    from colibri_stream.cli import main
+
+    result = CliRunner().invoke(main, ["bench", str(tiny[0]), "--budgets", "10%,lots"])
+    assert result.exit_code == 2 and "--budgets" in result.output

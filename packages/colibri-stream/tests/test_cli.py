@@ -117,7 +117,7 @@ def test_chat_reads_turns_from_stdin(tiny):
 
 
 def test_plan_json(tiny):
-    result = run("plan", tiny[0], "--ram-budget", "100MB", "--json")
+    result = run("plan", tiny[0], "--ram-budget", "200MB", "--json")
     assert result.exit_code == 0, result.output
     plan = json.loads(result.output)
     assert plan["total_experts"] == 48 and plan["cache_slots"] >= 1

@@ -175,8 +175,9 @@ class ScoringEngine:
         return _score_rows(logits, torch.tensor(targets), counts)
 
     def _shared_batches(self, shared: list[tuple[int, list[_Work]]]) -> list[list[tuple[int, list[_Work]]]]:
-        """Pack groups of similar prefix length; cost = padded prefix + padded suffix tokens."""
-        ordered = sorted(shared, key=lambda item: (-item[0], -max(len(w.inp) for w in item[1])))
+        """Pack groups of similar longest-suffix length (suffix rows outnumber prefixes, so their
+        padding costs more); cost = padded prefix + padded suffix tokens."""
+        ordered = sorted(shared, key=lambda item: (-max(len(w.inp) - item[0] for w in item[1]), -item[0]))
         batches: list[list[tuple[int, list[_Work]]]] = []
         current: list[tuple[int, list[_Work]]] = []
         for item in ordered:

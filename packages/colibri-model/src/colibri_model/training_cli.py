@@ -129,6 +129,8 @@ def training_options(func):
         click.option("--max-bad-steps", default=5, show_default=True, type=click.IntRange(min=1),
                      help="Stop after this many non-finite steps in a row."),
         click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda, cuda:1, ..."),
+        click.option("--parallelism", type=click.Choice(["ddp", "fsdp"]), default="ddp", show_default=True,
+                     help="Under torchrun: replicate the model (DDP) or shard it (FSDP2)."),
         click.option("--precision", type=click.Choice(["auto", "fp32", "bf16"]), default="auto", show_default=True),
         click.option("--compile/--no-compile", default=False, show_default=True, help="torch.compile the model."),
         click.option("--activation-checkpointing/--no-activation-checkpointing", default=False, show_default=True),

@@ -9,11 +9,11 @@ from .budget import Budget
 from .cache_policy import POLICIES, CachePolicy, LRUPolicy, make_policy
 from .cache_replay import ReplayResult, access_sequence, belady, replay
 from .direct_io import AlignedBuffer, BlobReader, IOFallbackWarning
-from .engine import Engine, GenerationResult
+from .engine import Engine
 from .errors import BudgetError, ContainerConfigError, ExpertCorruptError, SizeFormatError, StreamError
 from .expert_cache import ExpertCache
 from .expert_compute import DequantExpert, Int4Expert
-from .generation import SamplingConfig
+from .generation import GenerationResult, SamplingConfig
 from .report import GenerateReport, ReportVersionError, StatsReport, read_generate_report
 from .sizes import format_size, parse_size
 from .stats import LayerCounters, StreamStats, TraceEvent

@@ -369,5 +369,9 @@ def _print_summary(engine, result) -> None:
     )
 
 
+from .bench_cli import bench_suite  # noqa: E402 - issue 9's full study lives in its own module
+
+main.add_command(bench_suite)
+
 if __name__ == "__main__":
     main()

@@ -3,6 +3,8 @@
 - `SamplingConfig`: greedy when `temperature == 0` (the default), else softmax at the
   temperature restricted to the nucleus (`top_p`): the smallest set of most likely tokens whose
   probabilities sum to at least `top_p`. A seeded `torch.Generator` makes sampling repeatable.
+- `decode_loop`: prefill, then sample / decode one token at a time through the engine's KV
+  cache, yielding text; `GenerationResult` is what it reports at the end.
 - `TextAssembler`: turns the growing list of generated ids into text pieces for streaming. It
   re-decodes the whole generation each step (byte-level BPE merges and multi-byte characters
   make per-token decoding wrong), holds back an incomplete UTF-8 character (decoded as U+FFFD)
@@ -13,7 +15,10 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 from tokenizers import Tokenizer
@@ -108,3 +113,85 @@ class TextAssembler:
                     longest = n
                     break
         return longest
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    token_ids: list[int]
+    prompt_tokens: int
+    finish_reason: Literal["stop", "eos", "length"]
+    prefill_seconds: float  # time to first token
+    decode_seconds: float
+    stats: dict = field(default_factory=dict)
+
+    @property
+    def tokens_per_s(self) -> float:
+        decoded = max(len(self.token_ids) - 1, 0)  # the first token comes from the prefill
+        return decoded / self.decode_seconds if self.decode_seconds > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        return {
+            "text": self.text,
+            "token_ids": self.token_ids,
+            "prompt_tokens": self.prompt_tokens,
+            "new_tokens": len(self.token_ids),
+            "finish_reason": self.finish_reason,
+            "ttft_s": round(self.prefill_seconds, 6),
+            "decode_s": round(self.decode_seconds, 6),
+            "tokens_per_s": round(self.tokens_per_s, 4),
+            "stats": self.stats,
+        }
+
+
+def decode_loop(
+    engine,
+    prompt_ids: list[int],
+    max_new_tokens: int,
+    sampling: SamplingConfig,
+    stop: tuple[str, ...],
+    stop_ids: set[int],
+    result: list | None,
+) -> Iterator[str]:
+    """The generation loop of `Engine.stream` (engine: its `_forward`, `kv_cache`, `stats`,
+    `tokenizer`, `max_context`). Appends a `GenerationResult` to `result` at the end."""
+    sampler = TokenSampler(sampling)
+    assembler = TextAssembler(engine.tokenizer, stop)
+    engine.kv_cache.length = 0
+    finish = "length"
+    began = time.perf_counter()
+    logits = None
+    if max_new_tokens > 0:
+        engine.stats.prefill_tokens += len(prompt_ids)
+        logits = engine._forward(prompt_ids, keep="last")
+    prefill_seconds = time.perf_counter() - began
+    for step in range(max_new_tokens):
+        token = sampler(logits)
+        if token in stop_ids:
+            finish = "eos"
+            break
+        piece = assembler.add(token)
+        if piece:
+            yield piece
+        if assembler.stopped:
+            finish = "stop"
+            break
+        if step + 1 == max_new_tokens or engine.kv_cache.length + 1 > engine.max_context:
+            break
+        engine.stats.decode_tokens += 1
+        logits = engine._forward([token], keep="last")
+    tail = assembler.finish()
+    if tail:
+        yield tail
+    if result is not None:
+        result.append(
+            GenerationResult(
+                assembler.text,
+                list(assembler.ids),
+                len(prompt_ids),
+                finish,
+                prefill_seconds,
+                time.perf_counter() - began - prefill_seconds,
+                engine.stats.to_dict(),
+            )
+        )

@@ -12,6 +12,8 @@ checked like colibri-model's reader does: `format_version` major 1, `model_type`
 
 from __future__ import annotations
 
+import ctypes
+
 import torch
 from colibri_int4 import Container
 from colibri_model import ColibriConfig, ColibriForCausalLM, ExpertBackend
@@ -71,7 +73,33 @@ def build_model(
     leftover = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta]
     if leftover:
         raise ContainerConfigError(f"{container.path}: no weights for {leftover[:3]}")
+    del state, raw
+    release_free_heap()
     return model.eval()
+
+
+def release_free_heap() -> None:
+    """Hand freed heap pages back to the OS (glibc `malloc_trim`).
+
+    NOTE: materialising the resident tensors frees the raw region and many fp32 temporaries;
+    glibc keeps much of that heap mapped (measured: 31 MB of a 321 MB NanoColibri slice), which
+    would sit outside the budget. A no-op where glibc is not the allocator."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def anonymous_rss() -> int | None:
+    """This process's anonymous resident memory in bytes (Linux `RssAnon`), or None."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        return None
+    return None
 
 
 def module_bytes(model: torch.nn.Module) -> int:

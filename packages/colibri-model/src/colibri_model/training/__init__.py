@@ -7,7 +7,9 @@
 - optimizer_io.py  AdamW and its state in safetensors
 - checkpointing.py atomic checkpoint directories under RUN/checkpoints/
 - metrics.py       metrics.jsonl schema (metrics_version) and MFU
+- validation.py    the fixed validation set and its loss at either top_k
 - distributed.py   torchrun environment, gloo/NCCL process group
+- sharding.py      FSDP2 (`parallelism="fsdp"`) and gathering its state for checkpoints
 """
 
 from .checkpointing import latest_checkpoint, list_checkpoints

@@ -18,7 +18,8 @@ import re
 import shutil
 from pathlib import Path
 
-from .optimizer_io import OPTIMIZER_FILE, save_optimizer
+from ..checkpoint import save_checkpoint
+from .optimizer_io import OPTIMIZER_FILE, write_optimizer
 from .state import TRAINING_STATE_FILE, TrainingState, write_training_state
 
 CHECKPOINTS_DIR = "checkpoints"
@@ -63,8 +64,22 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_checkpoint(run_dir: str | os.PathLike, model, optimizer, state: TrainingState,
-                     tokenizer_json: str | None, keep: int) -> Path:
+class _StateView:
+    """What checkpoint.save_checkpoint needs of a model: its config and a state dict.
+
+    NOTE: lets a rank-0 copy gathered from an FSDP2-sharded model be written by the one
+    checkpoint writer of CHECKPOINT.md, without materialising a second model.
+    """
+
+    def __init__(self, config, state: dict):
+        self.config, self._state = config, state
+
+    def state_dict(self) -> dict:
+        return self._state
+
+
+def write_checkpoint(run_dir: str | os.PathLike, config, model_state: dict, optimizer_payload: tuple[dict, dict],
+                     state: TrainingState, tokenizer_json: str | None, keep: int) -> Path:
     """Write one complete checkpoint atomically; returns its final path."""
     root = Path(run_dir) / CHECKPOINTS_DIR
     root.mkdir(parents=True, exist_ok=True)
@@ -75,8 +90,8 @@ def write_checkpoint(run_dir: str | os.PathLike, model, optimizer, state: Traini
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
-    model.save_pretrained(tmp, tokenizer_json=tokenizer_json)
-    save_optimizer(tmp / OPTIMIZER_FILE, model, optimizer)
+    save_checkpoint(_StateView(config, model_state), tmp, tokenizer_json=tokenizer_json)
+    write_optimizer(tmp / OPTIMIZER_FILE, optimizer_payload)
     write_training_state(tmp, state)
     for f in tmp.iterdir():
         with open(f, "rb") as handle:

@@ -51,6 +51,7 @@ class TrainConfig(BaseModel):
     max_bad_steps: int = Field(5, gt=0, description="stop after this many non-finite steps in a row")
 
     device: str = "auto"
+    parallelism: Literal["ddp", "fsdp"] = "ddp"  # under torchrun: replicate (DDP) or shard (FSDP2)
     precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto: bf16 autocast on CUDA, fp32 on CPU
     compile: bool = False
     activation_checkpointing: bool = False

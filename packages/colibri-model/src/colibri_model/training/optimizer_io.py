@@ -45,24 +45,41 @@ def _names(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[lis
     return [[by_id[id(p)] for p in group["params"]] for group in optimizer.param_groups]
 
 
-def save_optimizer(path: str | os.PathLike, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+def optimizer_payload(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
+    """(tensors, metadata) of the file, from a local (non-sharded) optimizer."""
     names = _names(model, optimizer)
     flat_names = [n for group in names for n in group]
     state = optimizer.state_dict()
+    named_state = {flat_names[index]: entries for index, entries in state["state"].items()}
+    return payload_from_named_state(named_state, state["param_groups"], names)
+
+
+def payload_from_named_state(named_state: dict, param_groups: list[dict], names: list[list[str]]) -> tuple[dict, dict]:
     tensors = {}
-    for index, entries in state["state"].items():
+    for name, entries in named_state.items():
         for key, value in entries.items():
             tensor = value if torch.is_tensor(value) else torch.tensor(value)
-            tensors[f"{flat_names[index]}::{key}"] = tensor.detach().contiguous().cpu()
+            tensors[f"{name}::{key}"] = tensor.detach().contiguous().cpu()
     groups = []
-    for group, group_names in zip(state["param_groups"], names, strict=False):
+    for group, group_names in zip(param_groups, names, strict=True):
         groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": group_names})
     metadata = {"optimizer_state_version": OPTIMIZER_STATE_VERSION, "optimizer": "AdamW",
                 "param_groups": json.dumps(groups)}
+    return tensors, metadata
+
+
+def write_optimizer(path: str | os.PathLike, payload: tuple[dict, dict]) -> None:
+    tensors, metadata = payload
     save_file(tensors, str(path), metadata=metadata)
 
 
-def load_optimizer(path: str | os.PathLike, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+def save_optimizer(path: str | os.PathLike, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    write_optimizer(path, optimizer_payload(model, optimizer))
+
+
+def read_optimizer_file(path: str | os.PathLike, model: torch.nn.Module,
+                        optimizer: torch.optim.Optimizer) -> dict[str, dict[str, torch.Tensor]]:
+    """The file's state per parameter name, checked against the model (names, groups, shapes)."""
     path = Path(path)
     if not path.is_file():
         raise OptimizerStateError(f"{path}: missing")
@@ -79,25 +96,31 @@ def load_optimizer(path: str | os.PathLike, model: torch.nn.Module, optimizer: t
         raise OptimizerStateError(f"{path}: optimizer_state_version {version or '(missing)'} is not supported "
                                   f"(this colibri-model reads {OPTIMIZER_STATE_VERSION})")
     saved_groups = json.loads(metadata["param_groups"])
-    names = _names(model, optimizer)
-    if [g["params"] for g in saved_groups] != names:
+    if [g["params"] for g in saved_groups] != _names(model, optimizer):
         raise OptimizerStateError(f"{path}: parameter groups do not match this model's parameters")
-    params = dict(model.named_parameters())
+    shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}  # a DTensor reports its global shape
+    named: dict[str, dict[str, torch.Tensor]] = {}
+    for key, tensor in tensors.items():
+        name, entry = key.split("::", 1)
+        if name not in shapes:
+            raise OptimizerStateError(f"{path}: state for unknown parameter {name}")
+        if entry != "step" and tuple(tensor.shape) != shapes[name]:
+            raise OptimizerStateError(f"{path}: {name}::{entry} has shape {tuple(tensor.shape)}, "
+                                      f"the parameter has {shapes[name]}")
+        named.setdefault(name, {})[entry] = tensor
+    return named
+
+
+def load_optimizer(path: str | os.PathLike, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    named = read_optimizer_file(path, model, optimizer)
+    names = _names(model, optimizer)
     flat_names = [n for group in names for n in group]
-    state: dict[int, dict] = {}
-    for index, name in enumerate(flat_names):
-        entries = {key.split("::", 1)[1]: t for key, t in tensors.items() if key.split("::", 1)[0] == name}
-        for key, t in entries.items():
-            if key != "step" and t.shape != params[name].shape:
-                raise OptimizerStateError(f"{path}: {name}::{key} has shape {tuple(t.shape)}, "
-                                          f"the parameter has {tuple(params[name].shape)}")
-        if entries:
-            state[index] = entries
+    state = {index: named[name] for index, name in enumerate(flat_names) if name in named}
     position = 0
     groups = []
     # Hyper-parameters come from the CURRENT optimizer (this run's config and device, e.g. fused
     # on CUDA); only the moments and step counts come from the file.
-    for current, group_names in zip(optimizer.param_groups, names, strict=False):
+    for current, group_names in zip(optimizer.param_groups, names, strict=True):
         options = {k: v for k, v in current.items() if k != "params"}
         groups.append({**options, "params": list(range(position, position + len(group_names)))})
         position += len(group_names)

@@ -1,12 +1,12 @@
-"""The Trainer: one loop for pretraining and SFT, on one process or under torchrun (DDP).
+"""The Trainer: one loop for pretraining and SFT, on one process or under torchrun (DDP/FSDP2).
 
 Per optimizer step:
   1. draw the GLOBAL batch from the packed loader; this rank takes its slice and splits it into
      `grad_accum` micro-batches;
-  2. forward/backward each micro-batch (bf16 autocast on CUDA; DDP syncs gradients only on the
-     last one). Each micro loss is weighted by its share of the global count of target tokens,
-     so the gradient is the token-weighted mean over the global batch whatever the world size
-     or the SFT masks;
+  2. forward/backward each micro-batch (bf16 autocast on CUDA; DDP or FSDP2 syncs gradients
+     only on the last one). Each micro loss is weighted by its share of the global count of
+     target tokens, so the gradient is the token-weighted mean over the global batch whatever
+     the world size or the SFT masks;
   3. all-reduce the loss; clip; if the loss or the gradient norm is not finite, skip the update
      (and log it), stopping with `TrainingDivergedError` after `max_bad_steps` in a row;
   4. set the scheduled lr and step AdamW. The expert-bias balancer runs as an optimizer
@@ -37,15 +37,16 @@ from tqdm import tqdm
 from ..balancing import ExpertBiasBalancer
 from ..checkpoint import CheckpointFormatError, read_config
 from ..config import ColibriConfig
-from ..data.loader import IGNORE_INDEX, PackedLoader, TokenSource, fixed_batches
+from ..data.loader import IGNORE_INDEX, PackedLoader, TokenSource
 from ..model import ColibriForCausalLM
 from .checkpointing import latest_checkpoint, remove_partial_checkpoints, write_checkpoint
 from .config import TrainConfig
 from .distributed import DistributedContext, init_distributed
 from .metrics import MetricsRecord, MetricsWriter, RouterLayerMetrics, flops_per_token, peak_flops
-from .optimizer_io import OPTIMIZER_FILE, build_optimizer, load_optimizer
+from .optimizer_io import OPTIMIZER_FILE, build_optimizer, load_optimizer, optimizer_payload
 from .schedules import ScheduleState, check_resume, decay_start_of, lr_at
 from .state import TrainingState, capture_rng, config_hash, read_training_state, restore_rng
+from .validation import build_val_batches, validation_loss
 
 
 class TrainingDivergedError(RuntimeError):
@@ -122,29 +123,34 @@ class Trainer:
         self.model.activation_checkpointing = train_config.activation_checkpointing
         self.model.train()
 
+        self.sharded = self.ctx.enabled and train_config.parallelism == "fsdp"
+        if self.sharded:
+            from .sharding import shard_model
+
+            shard_model(self.model)  # in place: parameters become DTensors, before AdamW sees them
         self.optimizer = build_optimizer(self.model, train_config, self.device)
         self.balancer = ExpertBiasBalancer(self.model)
         self.balancer.attach(self.optimizer)
         self.loader = PackedLoader(train_source, train_config.seq_len, seed=train_config.seed,
                                    position=state.loader if state else None)
-        # The validation set is the first eval_batches x batch_size (global) sequences of the
-        # validation stream, so it is the same whatever the world size or micro-batch; each rank
-        # scores every world_size-th of them.
-        val = fixed_batches(val_source, train_config.seq_len, 1, train_config.eval_batches * train_config.batch_size)
-        mine = val[self.ctx.rank::self.ctx.world_size]
-        mb = train_config.micro_batch
-        self.val_batches = [(torch.cat([x for x, _ in mine[i:i + mb]]), torch.cat([y for _, y in mine[i:i + mb]]))
-                            for i in range(0, len(mine), mb)]
+        self.val_batches = build_val_batches(val_source, train_config.seq_len, train_config.micro_batch,
+                                             train_config.eval_batches * train_config.batch_size, self.ctx,
+                                             every_rank_all=self.sharded)
         self.step = state.step if state else 0
         self.tokens_seen = state.tokens_seen if state else 0
         self.skipped_steps = state.skipped_steps if state else 0
         self.bad_in_row = state.bad_steps_in_row if state else 0
         if state is not None:
-            load_optimizer(source / OPTIMIZER_FILE, self.model, self.optimizer)
+            if self.sharded:
+                from .sharding import load_full_optimizer
+
+                load_full_optimizer(source / OPTIMIZER_FILE, self.model, self.optimizer)
+            else:
+                load_optimizer(source / OPTIMIZER_FILE, self.model, self.optimizer)
             restore_rng(state.rng)
 
         self.forward_model: torch.nn.Module = self.model
-        if self.ctx.enabled:
+        if self.ctx.enabled and not self.sharded:
             # broadcast_buffers=False: the routers' token counters are per-rank buffers that the
             # balancer all-reduces itself; DDP's default would overwrite them with rank 0's.
             self.forward_model = DistributedDataParallel(
@@ -237,7 +243,11 @@ class Trainer:
             x, y = inputs[micro * mb:(micro + 1) * mb], targets[micro * mb:(micro + 1) * mb]
             n_valid = float(valid[micro * mb:(micro + 1) * mb].sum())
             last = micro == self.grad_accum - 1
-            sync = contextlib.nullcontext() if last or not ctx.enabled else self.forward_model.no_sync()
+            if self.sharded:
+                self.model.set_requires_gradient_sync(last)
+                sync = contextlib.nullcontext()
+            else:
+                sync = contextlib.nullcontext() if last or not ctx.enabled else self.forward_model.no_sync()
             autocast = torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast)
             with sync, autocast:
                 out = self.forward_model(x, targets=y)
@@ -255,11 +265,9 @@ class Trainer:
         mean_loss = (stats[0] / global_valid).item() if global_valid else float("nan")
         aux = stats[1].item() / ctx.world_size if self.config.aux_loss_alpha > 0 else None
 
-        if cfg.grad_clip > 0:
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip).item()
-        else:
-            grad_norm = math.sqrt(sum(float(p.grad.double().pow(2).sum()) for p in self.model.parameters()
-                                      if p.grad is not None))
+        # max_norm=inf measures without clipping; under FSDP2 the norm is a DTensor
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip or float("inf"))
+        grad_norm = (norm.full_tensor() if hasattr(norm, "full_tensor") else norm).item()
         skip_reason = None
         if global_valid == 0:
             skip_reason = "no target tokens in the batch"
@@ -286,32 +294,10 @@ class Trainer:
                              skipped=skip_reason is not None, skip_reason=skip_reason, router=router)
 
     # --- validation ------------------------------------------------------------------------
-    @torch.no_grad()
     def evaluate(self, top_k: int | None = None) -> float:
-        """Mean validation loss over the fixed validation batches (eval mode; top_k pinned if given)."""
-        model = self.model
-        model.eval()
-        model.set_top_k(top_k)
-        routers = [layer.router for layer in model.moe_layers()]
-        for r in routers:
-            r.count_tokens = False  # validation must not leak into the balancer's counts
-        total = torch.zeros(2, dtype=torch.float64, device=self.device)
-        try:
-            for x, y in self.val_batches:
-                x, y = x.to(self.device), y.to(self.device)
-                n = float((y != IGNORE_INDEX).sum())
-                if n == 0:
-                    continue
-                with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
-                    out = model(x, targets=y)
-                total += torch.tensor([out.lm_loss.double().item() * n, n], dtype=torch.float64, device=self.device)
-        finally:
-            for r in routers:
-                r.count_tokens = True
-            model.set_top_k(None)
-            model.train()
-        total = self.ctx.all_reduce_sum(total)
-        return (total[0] / total[1]).item() if total[1] > 0 else float("nan")
+        """Mean validation loss over the fixed validation set (eval mode; top_k pinned if given)."""
+        return validation_loss(self.model, self.val_batches, self.device, self.autocast, self.ctx,
+                               reduce=not self.sharded, top_k=top_k)
 
     # --- checkpoints -----------------------------------------------------------------------
     def training_state(self) -> TrainingState:
@@ -334,9 +320,17 @@ class Trainer:
         training_state.json: push it as it is, resume from it with `resume_from`.
         """
         path = None
+        if self.sharded:  # gathering is collective: every rank joins, rank 0 receives
+            from .sharding import full_model_state, full_optimizer_payload
+
+            model_state = full_model_state(self.model)
+            payload = full_optimizer_payload(self.model, self.optimizer)
+        elif self.ctx.is_main:
+            model_state = {n: t.detach().cpu() for n, t in self.model.state_dict().items()}
+            payload = optimizer_payload(self.model, self.optimizer)
         if self.ctx.is_main:
             state = self.training_state()
-            path = write_checkpoint(self.run_dir, self.model, self.optimizer, state, self.tokenizer_json,
+            path = write_checkpoint(self.run_dir, self.config, model_state, payload, state, self.tokenizer_json,
                                     self.cfg.keep_checkpoints)
             if path.name != getattr(self.last_checkpoint, "name", None):
                 self.parent_id = state.checkpoint_id

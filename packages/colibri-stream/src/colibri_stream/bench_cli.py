@@ -1,0 +1,206 @@
+"""`colibri-stream bench-suite`: every measurement of issue 9 in one run, JSON + a table.
+
+    colibri-stream bench-suite --workdir /var/tmp/colibri-bench --json-out bench.json
+    colibri-stream bench-suite --workload trained --workload random --repeats 3
+
+Workloads:
+- `trained`: a model trained on the bundled prose (trained_workload.py, cached in WORKDIR),
+  generating after held-out passages: realistic routing.
+- `random`: a random-weight container of the same shapes (synthetic_container.py): routing with
+  no locality, the worst case.
+- `micro`: a random-weight Colibri-Micro container (~3.7 GB, written to WORKDIR and deleted
+  afterwards): far larger than any budget, so the run is disk-bound.
+
+Each workload runs the budget sweep of bench.py (`run_bench`: interleaved runs, Belady on the
+same trace, O_DIRECT bandwidth, /proc/self/io check); `trained` adds the policy study (tuning
+vs held-out text), the prefetch study and a warm run (bench_studies.py). WORKDIR must be on a
+real disk: on tmpfs no read reaches storage and the command refuses.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from .direct_io import RAM_FILESYSTEMS, filesystem_type
+
+WORKLOADS = ("trained", "random", "micro")
+SUITE_VERSION = "1.0"
+
+
+def _log(message: str) -> None:
+    click.echo(message, err=True)
+
+
+def _sweep(container, budgets, prompt, max_new_tokens, repeats, bandwidth_bytes, **options) -> dict:
+    from .bench import run_bench
+
+    report = run_bench(container, budgets, prompt, max_new_tokens, repeats, bandwidth_bytes, **options)
+    bandwidth = report["disk_bandwidth"]["bytes_per_s"]
+    for point in report["points"]:
+        io_s = sum(r["io_seconds"] for r in point["runs"])
+        engine_rate = point["bytes_read_engine"] / io_s if io_s > 0 else None
+        point["engine_read_mb_s"] = round(engine_rate / 1e6, 2) if engine_rate else None
+        point["read_efficiency"] = round(engine_rate / bandwidth, 4) if engine_rate and bandwidth else None
+    return report
+
+
+def run_suite(workdir: Path, workloads: tuple[str, ...], budgets: list[str], repeats: int,
+              max_new_tokens: int, train_steps: int, bandwidth_mb: int) -> dict:
+    from .bench_studies import policy_study, prefetch_study, text_trace, warm_run
+    from .synthetic_container import synthetic_container
+    from .trained_workload import ROUTING_MODEL, heldout_prompts, train_routing_model, tuning_prompts
+
+    fractions = [float(b[:-1]) / 100 for b in budgets if b.endswith("%")]
+    text_tokens = 256  # tokens of each passage read one per forward pass (policy, prefetch studies)
+    out: dict = {"suite_version": SUITE_VERSION, "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                 "workdir": str(workdir), "filesystem": filesystem_type(workdir), "workloads": {}}
+    heldout = heldout_prompts(4, 600)
+    bandwidth_bytes = bandwidth_mb << 20
+    if "trained" in workloads or "random" in workloads:
+        _log(f"training the routing model ({train_steps} steps; cached in {workdir / 'routing'}) ...")
+        trained = train_routing_model(workdir / "routing", steps=train_steps)
+    if "trained" in workloads:
+        _log("trained workload: budget sweep on held-out text")
+        sweep = _sweep(trained.container, budgets, heldout[0], max_new_tokens, repeats, bandwidth_bytes,
+                       prefetch="predict", prefill_chunk=128)
+        _log("trained workload: policy study (tuning vs held-out traces)")
+        tune_trace, shape = text_trace(trained.container, tuning_prompts(4, 1500), text_tokens)
+        held_trace, _ = text_trace(trained.container, heldout_prompts(4, 1500), text_tokens)
+        policies = policy_study(tune_trace, held_trace, shape["total_experts"], shape["n_experts"], shape["top_k"],
+                                fractions or [0.25])
+        _log("trained workload: prefetch study at 25%")
+        prefetch = prefetch_study(trained.container, heldout_prompts(2, 1500), 0.25, repeats, text_tokens, log=_log)
+        _log("trained workload: warm run")
+        warm = warm_run(trained.container, heldout[:2], max_new_tokens)
+        out["workloads"]["trained"] = {"container": str(trained.container), "train_steps": trained.steps,
+                                       "val_loss": trained.val_loss, "sweep": sweep, "policies": policies,
+                                       "prefetch": prefetch, "warm": warm}
+    if "random" in workloads:
+        _log("random workload: random-weight container of the same shapes")
+        with synthetic_container(workdir, "tiny", seed=1, **ROUTING_MODEL) as path:
+            sweep = _sweep(path, budgets, heldout[0], max_new_tokens, repeats, bandwidth_bytes, prefetch="predict")
+        out["workloads"]["random"] = {"sweep": sweep}
+    if "micro" in workloads:
+        _log("micro workload: writing a ~3.7 GB random Colibri-Micro container ...")
+        started = time.perf_counter()
+        with synthetic_container(workdir, "micro") as path:
+            written = time.perf_counter() - started
+            size = path.stat().st_size
+            micro_budgets = [b for b in budgets if b in ("10%", "25%")] or budgets[:1]
+            sweep = _sweep(path, micro_budgets, heldout[0][:200], min(max_new_tokens, 8), max(1, min(repeats, 2)),
+                           bandwidth_bytes, dtype="bf16", max_context=256, prefill_chunk=64)
+        out["workloads"]["micro"] = {"container_bytes": size, "write_seconds": round(written, 1), "sweep": sweep}
+    out["goals"] = goals(out)
+    return out
+
+
+def goals(report: dict) -> dict:
+    """The issue's four goals, measured value against target (None when not measured)."""
+    w = report["workloads"]
+    g: dict = {}
+    trained = w.get("trained")
+    if trained:
+        at25 = next((p for p in trained["policies"]["points"] if abs(p["budget_fraction"] - 0.25) < 1e-9), None)
+        if at25:
+            default = trained["policies"]["default_policy"]
+            g["hit_rate_vs_belady_at_25pct"] = {"target": 0.90, "lru": at25["heldout"]["lru"]["vs_belady"],
+                                                 default: at25["heldout"][default]["vs_belady"]}
+        g["warm_outside_compute_fraction"] = {"target_below": 0.25,
+                                              "measured": trained["warm"]["outside_compute_fraction"]}
+        pf = trained["prefetch"]
+        g["prefetch_accuracy"] = {"target": 0.72, "measured": pf["predict"]["prefetch_accuracy"],
+                                  "speedup_on_vs_off": pf["speedup_on_vs_off"]}
+    micro = w.get("micro")
+    if micro:
+        eff = [p["read_efficiency"] for p in micro["sweep"]["points"] if p.get("read_efficiency")]
+        g["disk_read_efficiency"] = {"target": 0.85, "measured": round(statistics.median(eff), 4) if eff else None,
+                                     "disk_mb_s": round(micro["sweep"]["disk_bandwidth"]["bytes_per_s"] / 1e6, 1)}
+    contaminated = [name for name, v in w.items() if any(p["contaminated"] for p in v["sweep"]["points"])]
+    g["page_cache_contaminated_workloads"] = contaminated
+    return g
+
+
+def format_suite(report: dict) -> str:
+    from .bench import format_table
+
+    lines = [f"colibri-stream bench-suite {report['date_utc']} (workdir on {report['filesystem']})"]
+    for name, w in report["workloads"].items():
+        lines += ["", f"== {name} ==", format_table(w["sweep"])]
+        if "policies" in w:
+            lines.append("policies (hit rate; held-out text, tuning text, random routing; vs Belady):")
+            for p in w["policies"]["points"]:
+                cells = []
+                for policy in ("lru", "lru-layer", "lfu", "pinned"):
+                    h = p["heldout"][policy]
+                    cells.append(f"{policy} {h['hit_rate']:.3f} ({h['vs_belady']:.2f})")
+                lines.append(f"  {p['budget_fraction']:>5.0%} slots {p['cache_slots']:>4}: belady "
+                             f"{p['heldout']['belady_hit_rate']:.3f} | " + " | ".join(cells)
+                             + f" | random lru {p['random']['lru']['hit_rate']:.3f} / belady "
+                             f"{p['random']['belady_hit_rate']:.3f}")
+            lines.append(f"  default policy chosen on held-out text: {w['policies']['default_policy']}")
+        if "prefetch" in w:
+            pf = w["prefetch"]
+            lines.append(f"prefetch at {pf['budget_fraction']:.0%}: off {pf['off']['tokens_per_s']:.2f} tok/s, "
+                         f"on {pf['on']['tokens_per_s']:.2f} tok/s (x{pf['speedup_on_vs_off']}), accuracy "
+                         f"{pf['predict']['prefetch_accuracy']:.3f}, used {pf['on']['prefetch_used']} / wasted "
+                         f"{pf['on']['prefetch_wasted']} of {pf['on']['prefetch_issued']}")
+        if "warm" in w:
+            lines.append(f"warm run: {w['warm']['outside_compute_fraction']:.1%} of wall time outside compute "
+                         f"({w['warm']['misses']} misses)")
+    lines += ["", "goals: " + json.dumps(report["goals"])]
+    return "\n".join(lines)
+
+
+@click.command("bench-suite")
+@click.option("--workdir", type=click.Path(file_okay=False, path_type=Path), default=Path("/var/tmp/colibri-bench"),
+              show_default=True, help="Where containers and the trained model live (a real disk, not tmpfs).")
+@click.option("--workload", "workloads", type=click.Choice(WORKLOADS), multiple=True,
+              help="Repeatable; default: trained and random (micro writes 3.7 GB: ask for it).")
+@click.option("--budgets", default="10%,25%,50%,100%", show_default=True,
+              help="Comma-separated percentages of the routed experts that fit in the cache.")
+@click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Interleaved cold runs per point (medians reported).")
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=32, show_default=True)
+@click.option("--train-steps", type=click.IntRange(min=1), default=250, show_default=True,
+              help="Optimizer steps of the routing model (cached per step count).")
+@click.option("--bandwidth-mb", type=click.IntRange(min=1), default=256, show_default=True,
+              help="MB read with O_DIRECT to measure the disk's bandwidth.")
+@click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True, help="torch threads.")
+@click.option("--json-out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also write the JSON report here.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of the table.")
+def bench_suite(workdir, workloads, budgets, repeats, max_new_tokens, train_steps, bandwidth_mb, threads,
+                json_out, as_json):
+    """Budget sweeps with Belady and disk-honesty checks, the policy and prefetch studies, a warm run."""
+    import torch
+
+    labels = [b.strip() for b in budgets.split(",") if b.strip()]
+    for label in labels:
+        try:
+            ok = label.endswith("%") and 0 < float(label[:-1]) <= 100
+        except ValueError:
+            ok = False
+        if not ok:
+            raise click.BadParameter(f"{label!r} is not a percentage in (0%, 100%]", param_hint="--budgets")
+    fs = filesystem_type(workdir)  # checked before creating anything
+    if fs in RAM_FILESYSTEMS:
+        raise click.BadParameter(f"{workdir} is on {fs}: reads never reach storage; use a directory on a disk",
+                                 param_hint="--workdir")
+    workdir.mkdir(parents=True, exist_ok=True)
+    torch.set_num_threads(threads)
+    report = run_suite(workdir, tuple(workloads) or ("trained", "random"), labels, repeats, max_new_tokens,
+                       train_steps, bandwidth_mb)
+    text = json.dumps(report, indent=1)
+    if json_out:
+        json_out.write_text(text + "\n")
+    click.echo(text if as_json else format_suite(report))
+    if report["goals"]["page_cache_contaminated_workloads"]:
+        click.echo("WARNING: page-cache contamination in " + ", ".join(report["goals"]["page_cache_contaminated_workloads"])
+                   + ": those tokens/s are not disk numbers", err=True)
+        sys.exit(1)

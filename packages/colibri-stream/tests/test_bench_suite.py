@@ -1,0 +1,130 @@
+"""The benchmark's parts: /proc/self/io accounting, O_DIRECT bandwidth, the synthetic container,
+the policy / prefetch / warm studies on a tiny container, and the bench-suite CLI's refusals."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+from colibri_int4 import Container
+from colibri_stream import Engine
+from colibri_stream.bench_cli import bench_suite, goals
+from colibri_stream.bench_studies import (
+    policy_study,
+    prefetch_study,
+    random_trace_like,
+    routing_trace,
+    text_trace,
+    warm_run,
+)
+from colibri_stream.disk_bandwidth import measure_read_bandwidth
+from colibri_stream.io_accounting import IOMeter, IOWindow, ProcIOUnavailable, read_proc_io
+from colibri_stream.synthetic_container import synthetic_container
+from colibri_stream.trained_workload import heldout_prompts, tuning_prompts
+
+
+def test_io_window_flags_contamination_both_ways():
+    assert not IOWindow(10_000_000, 10_100_000).contaminated  # 1% apart
+    cached = IOWindow(10_000_000, 0)  # the page cache served every miss
+    assert cached.contaminated and "PAGE-CACHE" in cached.verdict()
+    extra = IOWindow(10_000_000, 10_500_000)
+    assert extra.contaminated and "EXTRA" in extra.verdict()
+    assert not IOWindow(0, 4096).contaminated  # a page of metadata is not contamination
+    assert IOWindow(0, 10_000_000).contaminated
+    assert IOWindow(5, 0).to_dict()["page_cache_contaminated"] is False  # under the absolute slack
+
+
+def test_proc_io_parsing(tmp_path):
+    fake = tmp_path / "io"
+    fake.write_text("rchar: 10\nwchar: 3\nread_bytes: 4096\nwrite_bytes: 0\n")
+    assert read_proc_io(str(fake)) == {"rchar": 10, "wchar": 3, "read_bytes": 4096, "write_bytes": 0}
+    fake.write_text("rchar: 10\n")
+    with pytest.raises(ProcIOUnavailable, match="read_bytes"):
+        read_proc_io(str(fake))
+    with pytest.raises(ProcIOUnavailable, match="cannot read"):
+        read_proc_io(str(tmp_path / "missing"))
+
+
+def test_engine_bytes_agree_with_the_os(tiny, minimum_budget):
+    base = minimum_budget(tiny[0])
+    with Engine.open(tiny[0], ram_budget=base) as eng:
+        with IOMeter() as meter:
+            eng.generate(list(range(500, 540)), 8, stop_token_ids=[])
+        window = meter.window(eng.stats.bytes_read)
+        assert eng.stats.bytes_read > 0
+        if eng.stats.io_mode == "direct" and eng.stats.filesystem not in ("tmpfs", "ramfs"):
+            assert not window.contaminated, window.verdict()
+
+
+def test_bandwidth_reads_blob_sized_ranges(tiny):
+    with Container.open(tiny[0]) as c:
+        offsets = [e.offset for e in c.header.experts.entries]
+        blob = c.header.experts.blob_length
+    bw = measure_read_bandwidth(tiny[0], offsets, blob, max_bytes=blob * 10)
+    assert bw.reads == 10 and bw.bytes_read == 10 * blob and bw.bytes_per_s > 0
+    assert bw.to_dict()["read_size"] == blob
+    with pytest.raises(ValueError):
+        measure_read_bandwidth(tiny[0], [], blob)
+
+
+def test_synthetic_container_is_valid_and_removed(tmp_path):
+    with synthetic_container(tmp_path, "tiny", n_experts=16, n_layers=3) as path:
+        with Container.open(path) as c:
+            assert c.verify().failures == []
+            assert len(c.header.experts.entries) == 2 * 16
+        with Engine.open(path, ram_budget="300MB") as eng:
+            assert len(eng.generate("hello", 4, stop_token_ids=[]).token_ids) == 4
+    assert not path.exists() and not list(tmp_path.iterdir())
+
+
+def test_prompts_split_tuning_from_heldout():
+    tune, held = tuning_prompts(4, 300), heldout_prompts(4, 300)
+    assert len(tune) == len(held) == 4 and all(len(p) > 200 for p in tune + held)
+    assert not set(tune) & set(held)
+
+
+def test_studies_on_a_tiny_container(tiny):
+    tune, shape = routing_trace(tiny[0], ["The river town grew slowly."], 8)
+    held, _ = text_trace(tiny[0], ["Its mills ran on water until the railway came, and with it coal."], 64)
+    assert len({e.step for e in held}) == len(held) // 3  # one token per step, 3 MoE layers
+    assert all(len(e.experts) == 1 for e in held)  # top-1 serving, one token: decode-shaped
+    assert shape["total_experts"] == 48 and shape["top_k"] == 1
+    rnd = random_trace_like(held, shape["n_experts"])
+    assert [len(e.experts) for e in rnd] == [len(e.experts) for e in held]
+    study = policy_study(tune, held, shape["total_experts"], shape["n_experts"], shape["top_k"], [0.25, 1.0])
+    assert study["default_policy"] in study["heldout_mean_hit_rate"]
+    for point in study["points"]:
+        for trace in ("tuning", "heldout", "random"):
+            ceiling = point[trace]["belady_hit_rate"]
+            assert all(point[trace][p]["hit_rate"] <= ceiling + 1e-9 for p in ("lru", "lfu", "lru-layer", "pinned"))
+    full = study["points"][1]["heldout"]
+    assert full["lru"]["hit_rate"] == full["belady_hit_rate"]  # everything fits: only cold misses
+
+    pf = prefetch_study(tiny[0], ["The river town grew slowly."], 0.25, 1, 12, log=lambda m: None)
+    assert pf["predict"]["prefetch_issued"] == 0 and 0 <= pf["predict"]["prefetch_accuracy"] <= 1
+    assert pf["on"]["prefetch_issued"] > 0 and pf["off"]["prefetch_issued"] == 0
+    warm = warm_run(tiny[0], ["The river town grew slowly."], 6)
+    assert warm["misses"] == 0 and warm["hits"] > 0 and 0 <= warm["outside_compute_fraction"] <= 1
+
+
+def test_goals_summary_reads_the_report():
+    point = {"budget_fraction": 0.25, "heldout": {"lru": {"vs_belady": 0.93}, "lfu": {"vs_belady": 0.95}}}
+    report = {"workloads": {"trained": {
+        "policies": {"points": [point], "default_policy": "lfu"},
+        "warm": {"outside_compute_fraction": 0.1},
+        "prefetch": {"predict": {"prefetch_accuracy": 0.8}, "speedup_on_vs_off": 1.1},
+        "sweep": {"points": [{"contaminated": True}]}}}}
+    g = goals(report)
+    assert g["hit_rate_vs_belady_at_25pct"] == {"target": 0.9, "lru": 0.93, "lfu": 0.95}
+    assert g["page_cache_contaminated_workloads"] == ["trained"]
+
+
+def test_cli_refuses_bad_budgets_and_tmpfs(tmp_path):
+    runner = CliRunner()
+    result = runner.invoke(bench_suite, ["--workdir", str(tmp_path), "--budgets", "25%,lots"])
+    assert result.exit_code == 2 and "--budgets" in result.output and "Traceback" not in result.output
+    result = runner.invoke(bench_suite, ["--workdir", str(tmp_path), "--budgets", "150%"])
+    assert result.exit_code == 2
+    result = runner.invoke(bench_suite, ["--workdir", "/dev/shm/colibri-bench-test"])
+    if result.exit_code == 2:
+        assert "tmpfs" in result.output
+    assert "--workload" in runner.invoke(bench_suite, ["--help"]).output
