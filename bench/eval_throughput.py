@@ -59,7 +59,7 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=20)
     parser.add_argument("--data-dir", default="bundled")
     parser.add_argument("--lm-eval-batch-size", default="1", help="lm-eval's --batch_size (its default is 1)")
-    parser.add_argument("--batch-tokens", type=int, default=4096)
+    parser.add_argument("--batch-tokens", type=int, default=1024)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads for BOTH harnesses (default 1: on a shared, oversubscribed CPU "

@@ -57,7 +57,8 @@ def main() -> None:
 @click.option("--max-drop", type=click.FloatRange(min=0), default=0.02, show_default=True,
               help="Largest tolerated drop vs --baseline (absolute for accuracies, relative for perplexity).")
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16"]), default="float32", show_default=True)
-@click.option("--batch-tokens", type=click.IntRange(min=16), default=4096, show_default=True, help="Padded tokens per forward pass.")
+@click.option("--batch-tokens", type=click.IntRange(min=16), default=1024, show_default=True,
+              help="Padded tokens per forward pass (1024 measured fastest on CPU for a 135M model).")
 @click.option("--bootstrap-iters", type=click.IntRange(min=0), default=100_000, show_default=True,
               help="Bootstrap resamples for perplexity stderr (lm-eval's default); 0 = no stderr.")
 @click.option("--ram-budget", default=None, help="int4 only: RAM budget for the expert cache, e.g. 2GiB.")

@@ -43,7 +43,7 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window  # noq
 
 class ColibriLM(LM):
     def __init__(self, pretrained: str, backend: str = "colibri", dtype: str = "float32",
-                 batch_tokens: int | str = 4096, ram_budget: str | None = None,
+                 batch_tokens: int | str = 1024, ram_budget: str | None = None,
                  max_gen_toks: int | str = 256, **ignored: Any) -> None:
         super().__init__()
         self.loaded = load_model(f"{backend}:{pretrained}", dtype=dtype, ram_budget=ram_budget)

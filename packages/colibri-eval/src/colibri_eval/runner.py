@@ -69,7 +69,7 @@ def evaluate(
     *,
     progress: bool = False,
     bootstrap_iters: int = DEFAULT_BOOTSTRAP_ITERS,
-    batch_tokens: int = 4096,
+    batch_tokens: int = 1024,
     on_sample: SampleSink | None = None,
     documents: dict[str, list[Document]] | None = None,
 ) -> EvalResults:

@@ -105,7 +105,7 @@ class ScoringEngine:
     [[(-10.2, False)]]
     """
 
-    def __init__(self, model: TokenLogitsModel, batch_tokens: int = 4096, share_prefixes: bool = True) -> None:
+    def __init__(self, model: TokenLogitsModel, batch_tokens: int = 1024, share_prefixes: bool = True) -> None:
         self.model = model
         self.batch_tokens = batch_tokens
         self.share_prefixes = share_prefixes and bool(getattr(model, "supports_prefix_cache", False))
