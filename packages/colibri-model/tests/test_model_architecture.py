@@ -2,7 +2,6 @@
 full forward, the top-1 router-gradient finding, and aux-loss-free balancing."""
 
 import torch
-
 from colibri_model import ColibriForCausalLM, ExpertBiasBalancer, get_preset
 from colibri_model.experts import GroupedExperts
 from colibri_model.moe import MoELayer

@@ -5,8 +5,6 @@ import json
 import pytest
 import torch
 from click.testing import CliRunner
-from pydantic import ValidationError
-
 from colibri_model import (
     CheckpointFormatError,
     ColibriConfig,
@@ -16,6 +14,7 @@ from colibri_model import (
     read_config,
 )
 from colibri_model.cli import main as cli_main
+from pydantic import ValidationError
 
 
 def test_nano_matches_nanocolibri_published_figures():

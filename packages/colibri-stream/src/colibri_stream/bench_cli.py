@@ -93,9 +93,13 @@ def run_suite(workdir: Path, workloads: tuple[str, ...], budgets: list[str], rep
             written = time.perf_counter() - started
             size = path.stat().st_size
             micro_budgets = [b for b in budgets if b in ("10%", "25%")] or budgets[:1]
-            sweep = _sweep(path, micro_budgets, heldout[0][:200], min(max_new_tokens, 8), max(1, min(repeats, 2)),
-                           bandwidth_bytes, dtype="bf16", max_context=256, prefill_chunk=64)
-        out["workloads"]["micro"] = {"container_bytes": size, "write_seconds": round(written, 1), "sweep": sweep}
+            micro = dict(dtype="bf16", max_context=256, prefill_chunk=64)
+            micro_args = (heldout[0][:200], min(max_new_tokens, 8), max(1, min(repeats, 2)), bandwidth_bytes)
+            sweep = _sweep(path, micro_budgets, *micro_args, **micro)
+            _log("micro workload: the same first budget with prefetch on (2 threads)")
+            with_prefetch = _sweep(path, micro_budgets[:1], *micro_args, prefetch="on", prefetch_threads=2, **micro)
+        out["workloads"]["micro"] = {"container_bytes": size, "write_seconds": round(written, 1), "sweep": sweep,
+                                     "sweep_prefetch_on": with_prefetch}
     out["goals"] = goals(out)
     return out
 
@@ -121,6 +125,9 @@ def goals(report: dict) -> dict:
         eff = [p["read_efficiency"] for p in micro["sweep"]["points"] if p.get("read_efficiency")]
         g["disk_read_efficiency"] = {"target": 0.85, "measured": round(statistics.median(eff), 4) if eff else None,
                                      "disk_mb_s": round(micro["sweep"]["disk_bandwidth"]["bytes_per_s"] / 1e6, 1)}
+        if "sweep_prefetch_on" in micro:
+            off, on = micro["sweep"]["points"][0], micro["sweep_prefetch_on"]["points"][0]
+            g["micro_prefetch_speedup"] = round(on["tokens_per_s"] / off["tokens_per_s"], 4) if off["tokens_per_s"] else None
     contaminated = [name for name, v in w.items() if any(p["contaminated"] for p in v["sweep"]["points"])]
     g["page_cache_contaminated_workloads"] = contaminated
     return g
@@ -132,6 +139,8 @@ def format_suite(report: dict) -> str:
     lines = [f"colibri-stream bench-suite {report['date_utc']} (workdir on {report['filesystem']})"]
     for name, w in report["workloads"].items():
         lines += ["", f"== {name} ==", format_table(w["sweep"])]
+        if "sweep_prefetch_on" in w:
+            lines += ["with prefetch on (2 threads):", format_table(w["sweep_prefetch_on"])]
         if "policies" in w:
             lines.append("policies (hit rate; held-out text, tuning text, random routing; vs Belady):")
             for p in w["policies"]["points"]:

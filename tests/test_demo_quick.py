@@ -1,0 +1,32 @@
+"""A shortened `make demo`: the whole loop through the real command lines, offline."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from colibri_relay import Relay
+
+
+def test_quick_demo_runs_the_whole_loop(tmp_path):
+    out = tmp_path / "demo"
+    done = subprocess.run([sys.executable, "-m", "colibri.cli", "demo", "--quick", "--out", str(out)],
+                          capture_output=True, text=True, timeout=1500)
+    assert done.returncode == 0, (done.stdout[-4000:], done.stderr[-4000:])
+    summary = json.loads((out / "demo-summary.json").read_text())
+
+    # 1. three pretraining legs by alice, bob and dave (who took over from the killed carol), 2. SFT
+    ledger = Relay(str(out / "relay")).ledger()
+    assert [e.holder for e in ledger] == ["alice", "bob", "dave", "erin"]
+    assert ledger[3].model_dump()["kind"] == "sft"
+    assert summary["takeover"]["killed"] == "carol" and "carol" not in [e.holder for e in ledger]
+    # 3. int4 container, 4. streamed generation with misses, 5. eval results, 6. ledger printed
+    assert summary["container"]["bytes"] > 0 and summary["container"]["bits_per_weight"] < 6
+    gen = summary["generation"]
+    assert gen["stats"]["misses"] > 0 and gen["cache_slots"] < gen["total_experts"]
+    assert gen["stats"]["bytes_read"] > 0
+    for path in summary["eval"]["results"]:
+        results = json.loads(open(path).read())
+        assert results  # written by colibri-eval
+    assert "dashboard" in done.stdout and "legs    4 pushed" in done.stdout
