@@ -89,3 +89,13 @@ def test_live_engine_matches_offline_replay(tiny, minimum_budget, name):
     offline = replay(BENCH_POLICIES[name](warmup, capacity), trace, capacity)
     assert (offline.hits, offline.misses) == (live.hits, live.misses)
     assert live.misses > capacity  # the budget really forced evictions
+
+
+def test_policies_are_available_by_name(tiny):
+    from colibri_stream import POLICIES, make_policy
+
+    assert {"lru", "lfu", "lru-layer"} <= set(POLICIES)
+    assert isinstance(make_policy("lfu"), LFUPolicy)
+    with Engine.open(tiny[0], ram_budget="200MB", cache_policy="lru-layer") as eng:
+        assert eng.stats.policy == "lru-layer"
+        eng.generate("hello", 2, stop_token_ids=[])

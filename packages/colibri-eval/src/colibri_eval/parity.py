@@ -9,6 +9,7 @@ task (every metric and its stderr). Used by the parity test and bench/eval_throu
 
 from __future__ import annotations
 
+import contextlib
 import math
 import tempfile
 import time
@@ -30,7 +31,7 @@ def run_lm_eval(model: Any, model_args: str | None, task_names: list[str], data_
     from lm_eval.tasks import TaskManager  # noqa: PLC0415
 
     directory = bundled_data_dir() if str(data_dir) == BUNDLED else Path(data_dir)
-    with tempfile.TemporaryDirectory(prefix="colibri-eval-yaml-") as yaml_dir:
+    with tempfile.TemporaryDirectory(prefix="colibri-eval-yaml-") as yaml_dir, _spawned_pools():
         names = write_local_task_yamls(directory, yaml_dir, task_names)
         manager = TaskManager(include_path=yaml_dir, include_defaults=False)
         started = time.perf_counter()
@@ -44,6 +45,22 @@ def run_lm_eval(model: Any, model_args: str | None, task_names: list[str], data_
         renamed["results"][task] = out["results"][local]
         renamed["samples"][task] = sorted(out["samples"][local], key=lambda s: s["doc_id"])
     return renamed, seconds
+
+
+@contextlib.contextmanager
+def _spawned_pools():
+    """NOTE: lm-eval's bootstrap stderr (perplexity) runs a `multiprocessing.Pool`, which forks by
+    default on Linux. Forking a process that runs other threads (torch's, a test's HTTP server,
+    a relay heartbeat) can leave a child holding a lock that never gets released: seen as a hang
+    in `make test`. Spawned workers start clean."""
+    import multiprocessing
+
+    previous = multiprocessing.get_start_method(allow_none=True)
+    multiprocessing.set_start_method("spawn", force=True)
+    try:
+        yield
+    finally:
+        multiprocessing.set_start_method(previous, force=True)
 
 
 def _close(a: float, b: float, rel: float, abs_tol: float) -> bool:

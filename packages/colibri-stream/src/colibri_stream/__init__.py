@@ -14,6 +14,7 @@ from .errors import BudgetError, ContainerConfigError, ExpertCorruptError, SizeF
 from .expert_cache import ExpertCache
 from .expert_compute import DequantExpert, Int4Expert
 from .generation import GenerationResult, SamplingConfig
+from .policies import LayerLRUPolicy, LFUPolicy, PinnedLRUPolicy  # registers lfu, lru-layer
 from .report import GenerateReport, ReportVersionError, StatsReport, read_generate_report
 from .sizes import format_size, parse_size
 from .stats import LayerCounters, StreamStats, TraceEvent
@@ -38,6 +39,9 @@ __all__ = [
     "IOFallbackWarning",
     "Int4Expert",
     "LRUPolicy",
+    "LFUPolicy",
+    "LayerLRUPolicy",
+    "PinnedLRUPolicy",
     "LayerCounters",
     "ReportVersionError",
     "SamplingConfig",

@@ -43,6 +43,9 @@ def _sweep(container, budgets, prompt, max_new_tokens, repeats, bandwidth_bytes,
     report = run_bench(container, budgets, prompt, max_new_tokens, repeats, bandwidth_bytes, **options)
     bandwidth = report["disk_bandwidth"]["bytes_per_s"]
     for point in report["points"]:
+        if options.get("prefetch") == "on":  # reads happen on workers: io_seconds counts only waits
+            point["engine_read_mb_s"] = point["read_efficiency"] = None
+            continue
         io_s = sum(r["io_seconds"] for r in point["runs"])
         engine_rate = point["bytes_read_engine"] / io_s if io_s > 0 else None
         point["engine_read_mb_s"] = round(engine_rate / 1e6, 2) if engine_rate else None

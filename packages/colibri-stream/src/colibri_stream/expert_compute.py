@@ -34,7 +34,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 import torch.nn.functional as F
-from colibri_int4 import ExpertBlob, ExpertBlobLayout, unpack_nibbles
+from colibri_int4 import ExpertBlob, ExpertBlobLayout
+
+from .int4_repack import pack_for_cpu_kernel
 
 INT4_GROUPS = (32, 64, 128, 256)
 
@@ -86,8 +88,7 @@ class Int4Expert:
         blob: ExpertBlob, parts: tuple[str, ...], dtype: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor]:
         packed = np.concatenate([blob.packed[p] for p in parts], axis=0)
-        nibbles = torch.from_numpy(unpack_nibbles(packed)).to(torch.int32)  # [N, K]
-        weight = torch.ops.aten._convert_weight_to_int4pack_for_cpu(nibbles, 1)
+        weight = pack_for_cpu_kernel(packed)  # == the converter's output, 4x faster (int4_repack.py)
         scales = torch.cat([_half_to_tensor(blob.scales[p], blob.scale_dtype) for p in parts], 0)  # [N, K/G]
         if blob.zeros is not None:
             zeros = torch.cat([_half_to_tensor(blob.zeros[p], blob.scale_dtype) for p in parts], 0)

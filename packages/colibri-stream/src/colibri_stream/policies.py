@@ -10,6 +10,9 @@
 - `PinnedLRUPolicy` ("pinned"): pins the hottest experts of a warm-up routing trace
   (`from_trace`), which are evicted only when nothing else can be; the rest is LRU.
 
+The parameter-free ones register their names in `cache_policy.POLICIES` when this module is
+imported (the package imports it), so `Engine.open(..., cache_policy="lfu")` works.
+
 Cost: `victim` scans the cached keys (O(slots)) for the layer and frequency policies; at a few
 thousand slots that is microseconds against a millisecond-scale disk read. Every policy here
 is deterministic, so replaying a routing trace offline (cache_replay.replay) gives exactly the
@@ -22,7 +25,7 @@ from __future__ import annotations
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Collection, Iterable, Sequence
 
-from .cache_policy import CachePolicy, ExpertKey, LRUPolicy
+from .cache_policy import POLICIES, CachePolicy, ExpertKey, LRUPolicy
 from .stats import TraceEvent
 
 
@@ -127,6 +130,10 @@ class PinnedLRUPolicy(LRUPolicy):
                 return key
         return super().victim(pinned)
 
+
+# Make the parameter-free policies available by name to `Engine.open(cache_policy="lfu")`.
+POLICIES.setdefault(LayerLRUPolicy.name, LayerLRUPolicy)
+POLICIES.setdefault(LFUPolicy.name, LFUPolicy)
 
 PolicyFactory = Callable[[Sequence[TraceEvent], int], CachePolicy]
 
