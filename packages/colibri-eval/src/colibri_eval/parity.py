@@ -31,7 +31,7 @@ def run_lm_eval(model: Any, model_args: str | None, task_names: list[str], data_
     from lm_eval.tasks import TaskManager  # noqa: PLC0415
 
     directory = bundled_data_dir() if str(data_dir) == BUNDLED else Path(data_dir)
-    with tempfile.TemporaryDirectory(prefix="colibri-eval-yaml-") as yaml_dir, _spawned_pools():
+    with tempfile.TemporaryDirectory(prefix="colibri-eval-yaml-") as yaml_dir, _bootstrap_in_process():
         names = write_local_task_yamls(directory, yaml_dir, task_names)
         manager = TaskManager(include_path=yaml_dir, include_defaults=False)
         started = time.perf_counter()
@@ -48,19 +48,31 @@ def run_lm_eval(model: Any, model_args: str | None, task_names: list[str], data_
 
 
 @contextlib.contextmanager
-def _spawned_pools():
-    """NOTE: lm-eval's bootstrap stderr (perplexity) runs a `multiprocessing.Pool`, which forks by
-    default on Linux. Forking a process that runs other threads (torch's, a test's HTTP server,
-    a relay heartbeat) can leave a child holding a lock that never gets released: seen as a hang
-    in `make test`. Spawned workers start clean."""
-    import multiprocessing
+def _bootstrap_in_process():
+    """Run lm-eval's bootstrap stderr in this process, chunk by chunk, with its own
+    `_bootstrap_internal` (so the numbers are exactly lm-eval's).
 
-    previous = multiprocessing.get_start_method(allow_none=True)
-    multiprocessing.set_start_method("spawn", force=True)
+    NOTE: lm-eval's `bootstrap_stderr` opens a `multiprocessing.Pool`. Forking a process that
+    runs other threads (torch's, a test's HTTP server, a relay heartbeat) hung `make test` in
+    the pool's teardown, and spawned workers hung waiting for their tasks; the bootstrap of a
+    few hundred items takes well under a second in-process anyway.
+    """
+    from lm_eval.api import metrics
+
+    original = metrics.bootstrap_stderr
+
+    def bootstrap_stderr(f, xs, iters):
+        chunk = min(1000, iters)
+        samples: list = []
+        for i in range(iters // chunk):
+            samples.extend(metrics._bootstrap_internal(f, chunk)((i, xs)))
+        return metrics.sample_stddev(samples)
+
+    metrics.bootstrap_stderr = bootstrap_stderr
     try:
         yield
     finally:
-        multiprocessing.set_start_method(previous, force=True)
+        metrics.bootstrap_stderr = original
 
 
 def _close(a: float, b: float, rel: float, abs_tol: float) -> bool:
