@@ -74,7 +74,7 @@ class Engine:
         int4 kernels where the shapes allow, else dequantized; always dequantized on CUDA);
         `dtype` "f32" | "bf16" for resident weights, activations and KV cache; `kernel_dtype`
         "bf16" | "f32" for activations inside the int4 kernels (bf16 is the fast path, f32 the
-        exact one); `device`; `cache_policy` (name or `CachePolicy`, default LRU); `top_k`
+        exact one); `device`; `cache_policy` (name or `CachePolicy`, default LFU with aging, chosen by measurement); `top_k`
         (default: the config's top_k_infer); `max_context` (KV cache length, default
         max_seq_len); `prefill_chunk` (tokens per forward pass); `direct_io`; `record_trace`;
         `tokenizer` (default: the container's, else colibri-model's bundled one).
