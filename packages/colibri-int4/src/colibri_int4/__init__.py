@@ -8,7 +8,7 @@ from .dequantize import dequantize_container
 from .errors import CheckpointError, ContainerError, Int4Error
 from .estimate import SizeEstimate, estimate_container_size
 from .expert_blob import ExpertBlob, decode_expert_blob, encode_expert_blob
-from .export import ExportReport, export_checkpoint
+from .export import ContainerFileWriter, ExportReport, export_checkpoint
 from .header import ContainerHeader, ExpertEntry, TensorEntry
 from .layout import ExpertBlobLayout, ModelShape
 from .quantize import dequantize_q4, quantize_q4, unpack_nibbles
@@ -20,6 +20,7 @@ __version__ = "0.1.0"
 __all__ = [
     "CheckpointError",
     "Container",
+    "ContainerFileWriter",
     "ContainerError",
     "ContainerHeader",
     "ExpertBlob",

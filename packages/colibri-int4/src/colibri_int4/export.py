@@ -102,6 +102,59 @@ def _pwrite_all(fd: int, data, offset: int) -> None:
         view, offset = view[n:], offset + n
 
 
+class ContainerFileWriter:
+    """Writes one container file: body at planned offsets, then the header, then an atomic rename.
+
+    The file is written as `OUT.tmp`, sized to the plan up front, and renamed over `OUT` only after
+    the header (which holds every CRC, so it comes last) is written and fsynced; any error removes
+    the temporary file. Used by `export_checkpoint` and by writers of synthetic containers, so that
+    every container goes through the same header and preamble code.
+
+        with ContainerFileWriter(out, config, scheme, plan, json_length) as writer:
+            writer.write(bytes_, offset)              # body: resident tensors and expert blobs
+            writer.crcs[name_or_(layer, expert)] = "%08x" % crc
+    """
+
+    def __init__(self, out_path: str | os.PathLike, config: dict, scheme: QuantScheme, plan, json_length: int):
+        self.out_path = Path(out_path)
+        self.tmp = self.out_path.with_name(self.out_path.name + ".tmp")
+        self.config, self.scheme, self.plan, self.json_length = config, scheme, plan, json_length
+        self.crcs: dict = {}
+        self.fd = -1
+
+    def __enter__(self) -> ContainerFileWriter:
+        self.fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.ftruncate(self.fd, self.plan.file_size)
+        except BaseException:
+            self._abort()
+            raise
+        return self
+
+    def write(self, data, offset: int) -> None:
+        _pwrite_all(self.fd, data, offset)
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            self._abort()
+            return
+        try:
+            json_bytes = _build_header(self.config, self.scheme, self.plan, self.crcs).to_json_bytes()
+            if len(json_bytes) != self.json_length:  # fixed-width CRCs make this impossible; guard anyway
+                raise RuntimeError("header length changed between planning and writing")
+            _pwrite_all(self.fd, pack_preamble(json_bytes) + json_bytes, 0)
+            os.fsync(self.fd)
+        except BaseException:
+            self._abort()
+            raise
+        os.close(self.fd)
+        os.replace(self.tmp, self.out_path)
+
+    def _abort(self) -> None:
+        os.close(self.fd)
+        self.tmp.unlink(missing_ok=True)
+
+
 def export_checkpoint(
     checkpoint_dir: str | os.PathLike, out_path: str | os.PathLike, scheme: QuantScheme | None = None,
     progress: bool = False,
@@ -123,24 +176,10 @@ def export_checkpoint(
         except ValueError as exc:
             raise CheckpointError(f"{checkpoint_dir}: cannot quantize with this scheme: {exc}") from None
         input_bytes = sum(st.nbytes(name) for name in st.entries)
-        tmp = out_path.with_name(out_path.name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            os.ftruncate(fd, plan.file_size)
+        with ContainerFileWriter(out_path, config, scheme, plan, json_length) as writer:
             bar = tqdm(total=input_bytes, unit="B", unit_scale=True, desc="export", disable=not progress)
-            crcs = _write_body(fd, st, plan, scheme, tokenizer, bar)
+            writer.crcs.update(_write_body(writer.fd, st, plan, scheme, tokenizer, bar))
             bar.close()
-            json_bytes = _build_header(config, scheme, plan, crcs).to_json_bytes()
-            if len(json_bytes) != json_length:  # fixed-width CRCs make this impossible; guard anyway
-                raise RuntimeError("header length changed between planning and writing")
-            _pwrite_all(fd, pack_preamble(json_bytes) + json_bytes, 0)
-            os.fsync(fd)
-        except BaseException:
-            os.close(fd)
-            tmp.unlink(missing_ok=True)
-            raise
-        os.close(fd)
-        os.replace(tmp, out_path)
     return ExportReport(out_path, plan.file_size, plan.resident_length, plan.expert_bytes, input_bytes,
                         time.perf_counter() - started)
 

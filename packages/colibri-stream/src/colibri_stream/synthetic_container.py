@@ -26,8 +26,8 @@ from pathlib import Path
 
 import numpy as np
 from colibri_int4 import Container, QuantScheme, encode_expert_blob
-from colibri_int4.export import _build_header, _pwrite_all, plan_with_header  # noqa: PLC2701 - the real writer
-from colibri_int4.header import model_shape, pack_preamble
+from colibri_int4.export import ContainerFileWriter, plan_with_header
+from colibri_int4.header import model_shape
 from colibri_int4.tensor_codec import encode_tensor
 from colibri_model import get_preset
 from colibri_model.checkpoint import config_to_checkpoint_json
@@ -49,17 +49,14 @@ def write_synthetic_container(
     shape = model_shape(config)
     plan, json_length = plan_with_header(config, shape, scheme, 0)
     rng = np.random.default_rng(seed)
-    tmp = out_path.with_name(out_path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        os.ftruncate(fd, plan.file_size)
-        crcs: dict = {}
+    with ContainerFileWriter(out_path, config, scheme, plan, json_length) as writer:
+        crcs = writer.crcs
         for placed in plan.tensors:
             values = _random_tensor(rng, placed.spec.name, placed.spec.shape, config)
             offset, crc = placed.offset, 0
             for section in encode_tensor(values, placed.spec.encoding, scheme):
                 data = memoryview(np.ascontiguousarray(section)).cast("B")
-                _pwrite_all(fd, data, offset)
+                writer.write(data, offset)
                 crc, offset = zlib.crc32(data, crc), offset + len(data)
             if offset - placed.offset != placed.length:
                 raise RuntimeError(
@@ -83,19 +80,8 @@ def write_synthetic_container(
                 blob = bytearray(bases[i % BASE_EXPERTS])
                 for section in packed:
                     blob[section.offset : section.offset + section.length] = rng.bytes(section.length)
-                _pwrite_all(fd, blob, offset)
+                writer.write(blob, offset)
                 crcs[(layer, expert)] = f"{zlib.crc32(blob):08x}"
-        json_bytes = _build_header(config, scheme, plan, crcs).to_json_bytes()
-        if len(json_bytes) != json_length:
-            raise RuntimeError("header length changed between planning and writing")
-        _pwrite_all(fd, pack_preamble(json_bytes) + json_bytes, 0)
-        os.fsync(fd)
-    except BaseException:
-        os.close(fd)
-        tmp.unlink(missing_ok=True)
-        raise
-    os.close(fd)
-    os.replace(tmp, out_path)
     Container.open(out_path).close()  # the reader's full header validation
     return out_path
 
