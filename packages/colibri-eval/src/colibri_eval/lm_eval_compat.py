@@ -52,6 +52,11 @@ def import_lm_eval() -> ModuleType:
             pass
     import lm_eval  # noqa: PLC0415
 
+    # NOTE: from lm-eval 0.4.10 the model registry fills lazily, and only while it is empty: once
+    # our `colibri` type is registered, `hf` and the other built-ins would never be found. Load
+    # the built-in table first (a no-op on 0.4.9, which registers them on import).
+    import lm_eval.models  # noqa: F401, PLC0415
+
     return lm_eval
 
 
