@@ -188,7 +188,7 @@ def run_demo(out: Path | None, quick: bool = False) -> dict:
     info = json.loads(stage.run([_bin("colibri-int4"), "inspect", container, "--json"], capture=True).stdout)
     size_bytes = container.stat().st_size
     print(f"    container {size_bytes / 1e6:.2f} MB: resident {info['resident_bytes'] / 1e6:.2f} MB, "
-          f"experts {info['expert_bytes'] / 1e6:.2f} MB, {info['bits_per_weight']} bits/weight (experts)", flush=True)
+          f"experts {info['expert_bytes'] / 1e6:.2f} MB, {info['bits_per_weight']:.2f} bits/weight (experts, blobs padded to 4 KiB)", flush=True)
     summary["container"] = {"path": str(container), "bytes": size_bytes, "resident_bytes": info["resident_bytes"],
                             "expert_bytes": info["expert_bytes"], "bits_per_weight": info["bits_per_weight"]}
 
