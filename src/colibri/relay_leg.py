@@ -21,6 +21,7 @@ import os
 import platform
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -58,7 +59,7 @@ class LegOptions:
     # Hyper-parameters of a NEW run (a resumed run keeps the ones in its training_state.json).
     train_overrides: dict = field(default_factory=dict)
     progress: bool = True
-    log: callable = print
+    log: Callable[[str], None] = print
 
 
 @dataclass
