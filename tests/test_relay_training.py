@@ -97,16 +97,23 @@ def test_a_lost_lease_stops_the_leg_without_pushing(shards, tmp_path):
 def test_bad_leg_options_fail_with_one_clear_error(shards, tmp_path):
     store = tmp_path / "relay"
     Relay(str(store), lease_duration_s=6.0, heartbeat_s=1.0).init()
+    head_before = Relay(str(store)).store.head()
     with pytest.raises(LegError, match="--preset"):
         run_leg(_options(str(store), tmp_path / "w", shards, preset=None))
     with pytest.raises(LegError, match="pretrained checkpoint"):
         run_leg(_options(str(store), tmp_path / "w", None, sft=True, chat_files=[chat_file()]))
-    assert Relay(str(store)).status()[1].status == "free"  # the failed legs released the baton
+    with pytest.raises(LegError, match="--chat-data"):
+        run_leg(_options(str(store), tmp_path / "w", None, sft=True))
+    with pytest.raises(LegError, match="--data DIR"):
+        run_leg(_options(str(store), tmp_path / "w", None))
+    # Refused before claiming: a typo costs no claim/release commits (on the Hub, rate-limited).
+    assert Relay(str(store)).store.head() == head_before
 
-    result = CliRunner().invoke(colibri_cli, ["train", "--relay", str(store), "--preset", "tiny"])
+    runner = CliRunner()
+    result = runner.invoke(colibri_cli, ["train", "--relay", str(store), "--preset", "tiny"], catch_exceptions=False)
     assert result.exit_code == 2 and "--leg-steps" in result.output
-    result = CliRunner().invoke(colibri_cli, ["status", "--relay", str(tmp_path / "nowhere")])
-    assert result.exit_code == 1 and "Traceback" not in result.output
+    result = runner.invoke(colibri_cli, ["status", "--relay", str(tmp_path / "nowhere")], catch_exceptions=False)
+    assert result.exit_code == 1 and result.output.startswith("Error: relay:")
 
 
 def _free_port() -> int:

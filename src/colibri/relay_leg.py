@@ -94,8 +94,6 @@ def _pulled_state(payload_dir: Path):
 
 def _train_config(opts: LegOptions, state) -> TrainConfig:
     """The leg's TrainConfig: the run's own hyper-parameters, with this leg's step target."""
-    if opts.leg_steps is None and opts.leg_hours is None:
-        raise LegError("give --leg-steps N or --leg-hours H (or both)")
     span = opts.leg_steps if opts.leg_steps is not None else 10_000_000  # hours-bounded leg
     continuing = state is not None and (state.kind == "sft") == opts.sft
     if continuing:
@@ -107,8 +105,6 @@ def _train_config(opts: LegOptions, state) -> TrainConfig:
     if opts.decay:
         if base.get("schedule", "wsd") != "wsd":
             raise LegError("--decay applies to the WSD schedule only")
-        if opts.leg_steps is None:
-            raise LegError("--decay needs --leg-steps: the decay's length")
         base.update(decay_start=start, decay_fraction=0.0)
     elif continuing and state.schedule.decay_start is not None and state.schedule.phase in ("decay", "done"):
         raise LegError(
@@ -123,16 +119,12 @@ def _train_config(opts: LegOptions, state) -> TrainConfig:
 def _build_trainer(opts: LegOptions, payload: Path, run_dir: Path, state) -> Trainer:
     cfg = _train_config(opts, state)
     continuing = state is not None and (state.kind == "sft") == opts.sft
-    if opts.sft:
-        if not opts.chat_files:
-            raise LegError("an SFT leg needs --chat-data FILE (JSONL with `messages`)")
+    if opts.sft:  # options were checked before the claim (check_options); state is what we pulled
         if state is None:
             raise LegError("an SFT leg needs a pretrained checkpoint on the relay; push a pretraining leg first")
         if continuing:
             return Trainer.for_sft(run_dir, opts.chat_files, cfg, resume_from=payload, tokenizer=str(payload))
         return Trainer.for_sft(run_dir, opts.chat_files, cfg, init_from=payload)
-    if opts.data_dir is None:
-        raise LegError("a pretraining leg needs --data DIR (made by `colibri-model prepare`)")
     if state is None:
         if not opts.preset:
             raise LegError("the relay is empty: give --preset NAME for the model to start")
@@ -196,9 +188,30 @@ class _StopVote:
         return self.timed_out
 
 
+def check_options(opts: LegOptions, relay: Relay | None = None) -> None:
+    """Refuse bad options BEFORE claiming: every claim and release is a commit (on the Hub, against
+    its rate limits), so a typo must not cost two. With `relay`, also peek (a read, no claim) at
+    whether an empty relay was given a model to start."""
+    if opts.leg_steps is None and opts.leg_hours is None:
+        raise LegError("give --leg-steps N or --leg-hours H (or both)")
+    if opts.decay and opts.leg_steps is None:
+        raise LegError("--decay needs --leg-steps: the decay's length")
+    if opts.sft and not opts.chat_files:
+        raise LegError("an SFT leg needs --chat-data FILE (JSONL with `messages`)")
+    if not opts.sft and opts.data_dir is None:
+        raise LegError("a pretraining leg needs --data DIR (made by `colibri-model prepare`)")
+    if relay is not None:
+        _, state = relay.status()
+        if not state.payload and opts.sft:
+            raise LegError("an SFT leg needs a pretrained checkpoint on the relay; push a pretraining leg first")
+        if not state.payload and not opts.preset:
+            raise LegError("the relay is empty: give --preset NAME for the model to start")
+
+
 def run_leg(opts: LegOptions) -> LegOutcome:
     """Run one leg end to end. Raises LegError for bad options; returns how the leg ended."""
     log = opts.log
+    check_options(opts)
     ctx = init_distributed("auto")
     is_main = ctx.rank == 0
     work = Path(opts.work_dir)
@@ -209,6 +222,7 @@ def run_leg(opts: LegOptions) -> LegOutcome:
     leg = None
     try:
         if is_main:
+            check_options(opts, relay)
             leg = relay.claim(wait=True, timeout_s=opts.claim_timeout_s)
             log(f"[{relay.holder}] claimed the baton: leg {leg.number}, epoch {leg.state.epoch}")
         leg_dir = work / "leg"

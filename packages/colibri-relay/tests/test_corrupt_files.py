@@ -106,3 +106,26 @@ def test_local_store_of_an_unknown_major_version_is_refused(tmp_path):
     (store.root / "store.json").write_text('{"store_version": "3.0"}')
     with pytest.raises(StoreError, match=r"3\.0.*1\.0"):
         LocalStore(tmp_path / "s").head()
+
+
+def test_a_damaged_local_store_gives_one_line_errors_not_tracebacks(tmp_path):
+    import shutil
+
+    from click.testing import CliRunner
+    from colibri_relay.cli import main as relay_cli
+
+    store = tmp_path / "relay"
+    runner = CliRunner()
+    assert runner.invoke(relay_cli, ["init", "--store", str(store)], catch_exceptions=False).exit_code == 0
+    shutil.rmtree(store / "blobs")  # a partial copy of the store, say
+    (store / "blobs").mkdir()
+    for args in (["status", "--store", str(store)], ["ledger", "--store", str(store)]):
+        result = runner.invoke(relay_cli, args, catch_exceptions=False)
+        assert result.exit_code == 1, result.output
+        assert "damaged" in result.output and len(result.output.strip().splitlines()) == 1
+
+    a_file = tmp_path / "not-a-dir"
+    a_file.write_text("x")
+    result = runner.invoke(relay_cli, ["init", "--store", str(a_file)], catch_exceptions=False)
+    assert result.exit_code != 0 and "cannot create a store" in result.output
+    assert a_file.read_text() == "x"  # nothing lost

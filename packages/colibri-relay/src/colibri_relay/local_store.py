@@ -101,7 +101,10 @@ class LocalStore(RelayStore):
 
     def create(self) -> str:
         for sub in ("blobs", "commits", "refs/tags", "tmp"):
-            (self.root / sub).mkdir(parents=True, exist_ok=True)
+            try:
+                (self.root / sub).mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise StoreError(f"{self.root}: cannot create a store here ({exc.strerror})") from None
         with FileLock(str(self.root / "lock")):
             if not (self.root / "refs" / "main").exists():
                 sha = self._write_commit(None, {}, "initial commit")
@@ -112,7 +115,10 @@ class LocalStore(RelayStore):
 
     def head(self) -> str:
         self._check_exists()
-        sha = (self.root / "refs" / "main").read_text().strip()
+        try:
+            sha = (self.root / "refs" / "main").read_text().strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise StoreError(f"{self.root}/refs/main is unreadable ({exc})") from None
         if not SHA_RE.match(sha):
             raise StoreError(f"{self.root}/refs/main is corrupt: {sha[:60]!r}")
         return sha
@@ -138,6 +144,15 @@ class LocalStore(RelayStore):
             raise RevisionNotFound(f"commit {sha} not found in {self.root}") from None
         except ValueError as exc:
             raise StoreError(f"{path} is corrupt: {exc}") from None
+        except OSError as exc:
+            raise StoreError(f"{path} is unreadable ({exc.strerror})") from None
+        # A hand-edited or partly copied store must fail here, in one line, not deep in a reader.
+        tree = data.get("tree") if isinstance(data, dict) else None
+        if not isinstance(tree, dict) or not all(
+            isinstance(e, dict) and isinstance(e.get("sha256"), str) and isinstance(e.get("size"), int)
+            for e in tree.values()
+        ):
+            raise StoreError(f"{path} is corrupt: not a commit with a tree of {{path: {{sha256, size}}}}")
         return data
 
     def _write_commit(self, parent: str | None, tree: dict, title: str) -> str:
@@ -166,7 +181,11 @@ class LocalStore(RelayStore):
 
     def read_file(self, path: str, revision: str) -> bytes:
         sha, entry = self._entry(path, revision)
-        data = self._blob(entry["sha256"]).read_bytes()
+        try:
+            data = self._blob(entry["sha256"]).read_bytes()
+        except OSError as exc:
+            raise StoreError(f"{self.root}: blob of {path} at {sha[:12]} is missing or unreadable "
+                             f"({exc.strerror}); the store is damaged") from None
         actual = hashlib.sha256(data).hexdigest()
         if actual != entry["sha256"]:
             raise ChecksumMismatch(path, f"{self.root}@{sha[:12]}", entry["sha256"], actual, len(data))
@@ -182,7 +201,13 @@ class LocalStore(RelayStore):
             fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".relay-dl-")
             try:
                 h = hashlib.sha256()
-                with open(self._blob(entry["sha256"]), "rb") as src, os.fdopen(fd, "wb") as dst:
+                try:
+                    src = open(self._blob(entry["sha256"]), "rb")  # noqa: SIM115 - closed below
+                except OSError as exc:
+                    os.close(fd)
+                    raise StoreError(f"{self.root}: blob of {path} at {sha[:12]} is missing or unreadable "
+                                     f"({exc.strerror}); the store is damaged") from None
+                with src, os.fdopen(fd, "wb") as dst:
                     while block := src.read(1 << 20):
                         h.update(block)
                         dst.write(block)
