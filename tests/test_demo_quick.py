@@ -26,7 +26,15 @@ def test_quick_demo_runs_the_whole_loop(tmp_path):
     gen = summary["generation"]
     assert gen["stats"]["misses"] > 0 and gen["cache_slots"] < gen["total_experts"]
     assert gen["stats"]["bytes_read"] > 0
+    from colibri_eval import read_results
+
+    tasks = {"lambada_openai", "piqa", "winogrande", "arc_easy", "arc_challenge", "openbookqa", "hellaswag"}
+    assert len(summary["eval"]["results"]) == 2  # the checkpoint and the int4 container
     for path in summary["eval"]["results"]:
-        results = json.loads(open(path).read())
-        assert results  # written by colibri-eval
+        read_results(path)  # a valid, versioned results file
+        scored = json.loads(open(path).read())["tasks"]
+        assert set(scored) == tasks, path
+        for task, entry in scored.items():
+            metrics = entry["metrics"]
+            assert 0.0 <= metrics["acc"]["value"] <= 1.0 and entry["n"] == 8, (task, entry)
     assert "dashboard" in done.stdout and "legs    4 pushed" in done.stdout

@@ -27,8 +27,17 @@ def test_sft_from_checkpoint_on_bundled_chat(tmp_path):
     records = read_metrics(tmp_path / "sft")
     assert [r.step for r in records] == [0, 1, 2, 3] and all(r.kind == "sft" for r in records)
     assert all(r.loss is not None and r.loss < 11.5 for r in records[1:]) and records[-1].val_loss is not None
+    assert records[-1].loss < records[1].loss  # it learns
     state = read_training_state(tmp_path / "sft/checkpoints/step_00000003")
     assert state.kind == "sft" and state.data_fingerprint.startswith("sft:")
+    # It started from --init's weights: 3 small AdamW steps move each weight by ~lr per step, far
+    # less than the distance to a fresh random init (std 0.02).
+    from safetensors.torch import load_file
+
+    before = load_file(str(base / "model.safetensors"))
+    after = load_file(str(tmp_path / "sft/checkpoints/step_00000003/model.safetensors"))
+    drift = max(float((after[k].float() - before[k].float()).abs().max()) for k in before)
+    assert 0 < drift < 0.01, drift
     assert (tmp_path / "sft/checkpoints/step_00000003/tokenizer.json").is_file()
 
 
