@@ -39,10 +39,6 @@ _MAX_OFFSET = 1 << 53
 Crc = Field(pattern=r"^[0-9a-f]{8}$")
 
 
-def crc32_hex(data) -> str:
-    return f"{zlib.crc32(data) & 0xFFFFFFFF:08x}"
-
-
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 

@@ -50,22 +50,28 @@ def read_config(directory: str | os.PathLike) -> ColibriConfig:
         raise CheckpointFormatError(f"{path}: not valid JSON ({exc})") from None
     if not isinstance(data, dict):
         raise CheckpointFormatError(f"{path}: expected a JSON object")
+    return parse_checkpoint_config(data, str(path))
+
+
+def parse_checkpoint_config(data: dict, where: str) -> ColibriConfig:
+    """Validate a checkpoint's config.json object (`where` names it in errors)."""
+    data = dict(data)
     version = data.pop("format_version", None)
     if version is None:
-        raise CheckpointFormatError(f"{path}: no format_version field")
+        raise CheckpointFormatError(f"{where}: no format_version field")
     if _major(version) != _major(FORMAT_VERSION):
         raise CheckpointFormatError(
-            f"{path}: checkpoint format_version {version} is not supported "
+            f"{where}: checkpoint format_version {version} is not supported "
             f"(this colibri-model reads {FORMAT_VERSION})"
         )
     model_type = data.pop("model_type", "colibri")
     if model_type != "colibri":
-        raise CheckpointFormatError(f"{path}: model_type {model_type!r} is not 'colibri'")
+        raise CheckpointFormatError(f"{where}: model_type {model_type!r} is not 'colibri'")
     try:
         return ColibriConfig.model_validate(data)
     except ValueError as exc:
         first = str(exc).splitlines()
-        raise CheckpointFormatError(f"{path}: invalid config: {' '.join(first[:3])}") from None
+        raise CheckpointFormatError(f"{where}: invalid config: {' '.join(first[:3])}") from None
 
 
 def _atomic_write_text(path: Path, text: str) -> None:

@@ -114,7 +114,14 @@ class ColibriConfig(BaseModel):
 
     @classmethod
     def load(cls, path: str | Path) -> ColibriConfig:
-        return cls.from_json(Path(path).read_text())
+        """A config JSON file: a bare config, or a checkpoint's config.json (whose
+        `format_version` is checked and stripped, see CHECKPOINT.md)."""
+        data = json.loads(Path(path).read_text())
+        if isinstance(data, dict) and "format_version" in data:
+            from .checkpoint import parse_checkpoint_config  # checkpoint.py imports this module
+
+            return parse_checkpoint_config(data, str(path))
+        return cls.model_validate(data)
 
     def with_updates(self, **changes) -> ColibriConfig:
         """A validated copy with some fields changed (the config itself is frozen)."""

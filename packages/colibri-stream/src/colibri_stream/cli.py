@@ -78,6 +78,12 @@ def _engine_options(f):
         ),
         click.option("--no-direct-io", is_flag=True, help="Buffered reads instead of O_DIRECT."),
         click.option(
+            "--cache-policy",
+            type=click.Choice(["lfu", "lru", "lru-layer"]),
+            default=None,
+            help="Expert-cache eviction policy (default: lfu, chosen by measurement; see bench/RESULTS.md).",
+        ),
+        click.option(
             "--prefetch",
             type=click.Choice(["off", "predict", "on"]),
             default="off",

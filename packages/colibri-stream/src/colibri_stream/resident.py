@@ -90,18 +90,6 @@ def release_free_heap() -> None:
         pass
 
 
-def anonymous_rss() -> int | None:
-    """This process's anonymous resident memory in bytes (Linux `RssAnon`), or None."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as status:
-            for line in status:
-                if line.startswith("RssAnon:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError):
-        return None
-    return None
-
-
 def module_bytes(model: torch.nn.Module) -> int:
     """Bytes held by a module's parameters and buffers (shared tensors counted once)."""
     seen, total = set(), 0

@@ -102,10 +102,3 @@ def read_shard(path: str | os.PathLike) -> np.ndarray:
         return np.zeros(0, dtype=np.uint16)
     return np.memmap(path, dtype="<u2", mode="r", offset=HEADER_SIZE, shape=(header.token_count,))
 
-
-def file_sha256(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
