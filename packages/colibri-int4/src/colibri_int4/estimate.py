@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from .header import PREAMBLE_SIZE
-from .layout import ModelShape, checkpoint_tensor_shapes
+from .header import PREAMBLE_SIZE, model_shape
+from .layout import checkpoint_tensor_shapes
 from .scheme import QuantScheme
 
 
@@ -38,7 +38,7 @@ def estimate_container_size(config: dict, scheme: QuantScheme | None = None, tok
     from .export import plan_with_header  # export imports tqdm; keep this module light
 
     scheme = scheme or QuantScheme()
-    shape = ModelShape.model_validate(config)
+    shape = model_shape(config)  # one-line ContainerError naming the field
     plan, json_length = plan_with_header(config, shape, scheme, tokenizer_length)
     shapes = checkpoint_tensor_shapes(shape)
     total = expert = 0

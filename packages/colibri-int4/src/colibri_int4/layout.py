@@ -48,6 +48,8 @@ class ModelShape(BaseModel):
     def _consistent(self) -> ModelShape:
         if self.n_dense_layers > self.n_layers:
             raise ValueError(f"n_dense_layers {self.n_dense_layers} > n_layers {self.n_layers}")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_heads {self.n_heads} is not divisible by n_kv_heads {self.n_kv_heads}")
         if self.n_layers > self.n_dense_layers and (self.n_experts == 0 or self.expert_dim == 0):
             raise ValueError("MoE layers need n_experts > 0 and expert_dim > 0")
         return self

@@ -295,10 +295,18 @@ class HubStore(RelayStore):
         return sha
 
     def _check_parent(self, sha: str, parent: str) -> None:
-        try:
-            items, _ = self._commits_page(sha)
-        except Exception:  # noqa: BLE001 - the commit landed; a failed check read is not a failure
-            return
+        # The server enforces parentCommit too; this read is the client's own proof. If it keeps
+        # failing, say the outcome is unknown: the lease writer then looks for its nonce.
+        for attempt in range(3):
+            try:
+                items, _ = self._commits_page(sha)
+                break
+            except Exception as exc:  # noqa: BLE001 - any transport or server error: retry
+                last = exc
+                time.sleep(0.2 * (attempt + 1))
+        else:
+            raise OutcomeUnknown(f"{self.spec}: commit {sha[:12]} landed but its parent could not be read "
+                                 f"back to check it ({last})")
         if len(items) < 2 or items[0]["id"] != sha or items[1]["id"] != parent:
             got = items[1]["id"] if len(items) > 1 else None
             raise CasLost(f"{self.spec}: new commit {sha[:12]} has parent {str(got)[:12]}, not {parent[:12]}")

@@ -12,62 +12,45 @@ Discipline (issue: the seed's numbers were page-cache hits, not disk reads):
 - every point is run `runs` times, interleaved across budgets (noise on a shared machine hits
   all points alike), each run on a fresh engine (cold cache); medians are reported.
 
-Budgets are given as fractions of the routed experts' prepared size (0.25 = a quarter of the
-experts fit) on top of the fixed part (resident + KV + workspace + staging), or as sizes.
+Budgets are given as percentages of the routed experts' prepared size ("25%" = a quarter of the
+experts fit) on top of the fixed part (resident + KV + workspace + staging), or as sizes ("600MB").
 """
 
 from __future__ import annotations
 
 import os
 import platform
-import random
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
 
 from .cache_replay import belady
-from .direct_io import AlignedBuffer, BlobReader
+from .disk_bandwidth import measure_read_bandwidth
 from .engine import Engine
+from .io_accounting import IOWindow, ProcIOUnavailable, read_proc_io
 
 BENCH_VERSION = "1.0"
-CONTAMINATION_TOLERANCE = 0.02
 
 
 def os_read_bytes() -> int | None:
-    """Bytes this process caused to be fetched from storage (`/proc/self/io` read_bytes)."""
+    """Bytes this process caused to be fetched from storage (`/proc/self/io` read_bytes), or None."""
     try:
-        with open("/proc/self/io", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("read_bytes:"):
-                    return int(line.split()[1])
-    except OSError:
+        return read_proc_io()["read_bytes"]
+    except ProcIOUnavailable:
         return None
-    return None
 
 
 def measure_disk_bandwidth(engine: Engine, max_bytes: int = 256 << 20, seed: int = 0) -> dict:
     """O_DIRECT read bandwidth of the container's expert blobs, one blob per read, shuffled."""
-    entries = list(engine.container.header.experts.entries)
-    random.Random(seed).shuffle(entries)
-    reader = BlobReader(engine.path, direct=True)
-    buffer = AlignedBuffer(engine.container.blob_length)
-    try:
-        before, started, done = os_read_bytes(), time.perf_counter(), 0
-        for entry in entries:
-            if done >= max_bytes:
-                break
-            reader.read_into(buffer.view, entry.offset, entry.length)
-            done += entry.length
-        seconds = time.perf_counter() - started
-        after = os_read_bytes()
-    finally:
-        reader.close()
-        buffer.close()
+    offsets = [entry.offset for entry in engine.container.header.experts.entries]
+    before = os_read_bytes()
+    measured = measure_read_bandwidth(engine.path, offsets, engine.container.blob_length, max_bytes, seed)
+    after = os_read_bytes()
     return {
-        "bytes": done,
-        "seconds": round(seconds, 6),
-        "bytes_per_s": done / seconds if seconds > 0 else 0.0,
-        "io_mode": reader.mode,
+        "bytes": measured.bytes_read,
+        "seconds": round(measured.seconds, 6),
+        "bytes_per_s": measured.bytes_per_s,
+        "io_mode": measured.mode,
         "bytes_read_os": None if before is None or after is None else after - before,
     }
 
@@ -192,8 +175,7 @@ def _summarise(point: BenchPoint, bandwidth: float) -> BenchPoint:
     os_bytes = [r["bytes_read_os"] for r in runs]
     point.bytes_read_os = None if None in os_bytes else sum(os_bytes)
     if point.bytes_read_os is not None:
-        gap = abs(point.bytes_read_engine - point.bytes_read_os)
-        point.contaminated = gap > CONTAMINATION_TOLERANCE * max(point.bytes_read_engine, 1)
+        point.contaminated = IOWindow(point.bytes_read_engine, point.bytes_read_os).contaminated
     tokens = sum(r["new_tokens"] for r in runs)
     point.bytes_read_per_token = point.bytes_read_engine / tokens if tokens else 0.0
     # Decode-only I/O bound: misses per decoded token at the measured bandwidth (prefill excluded

@@ -307,9 +307,13 @@ def bench(
     for label in labels:
         if not label.endswith("%"):
             try:
-                parse_size(label)
+                size = parse_size(label)
             except SizeFormatError as exc:
                 raise click.BadParameter(str(exc), param_hint="--budgets") from None
+            if size < 4096:  # "0.25" meant a share, not a quarter of a byte
+                raise click.BadParameter(
+                    f"{label!r} is {size} bytes; write a share of the experts as a percentage (25%) "
+                    "or a size with a unit (600MB)", param_hint="--budgets")
     try:
         report = run_bench(
             container,
