@@ -33,13 +33,21 @@ def test_perplexity_bootstrap_reproduces_lm_eval_sampling():
 def test_perplexity_bootstrap_equals_lm_eval_function():
     if importlib.util.find_spec("lm_eval") is None:
         pytest.skip("lm-eval not installed")
-    from colibri_eval.lm_eval_compat import import_lm_eval
-
-    import_lm_eval()
-    from lm_eval.api.metrics import bootstrap_stderr, perplexity
+    import subprocess
+    import sys
 
     lls = [-(i % 5) * 1.1 - 0.2 for i in range(23)]
-    assert perplexity_bootstrap_stderr(lls, 1000) == pytest.approx(bootstrap_stderr(perplexity, lls, 1000), rel=1e-10)
+    # lm-eval's bootstrap_stderr forks a multiprocessing.Pool; forking this test process (torch
+    # threads, other tests' servers) can hang, so lm-eval runs in a fresh process of its own.
+    code = (
+        "from colibri_eval.lm_eval_compat import import_lm_eval; import_lm_eval()\n"
+        "from lm_eval.api.metrics import bootstrap_stderr, perplexity\n"
+        f"print(repr(bootstrap_stderr(perplexity, {lls!r}, 1000)))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    theirs = float(done.stdout.strip().splitlines()[-1])
+    assert perplexity_bootstrap_stderr(lls, 1000) == pytest.approx(theirs, rel=1e-10)
 
 
 def test_mean_metrics_and_ties():
