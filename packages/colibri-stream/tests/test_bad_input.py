@@ -89,5 +89,5 @@ def test_unknown_model_config_version_is_refused(tiny, tmp_path):
     with open(path, "r+b") as f:
         f.write(pack_preamble(new_json) + new_json)
         assert f.tell() == PREAMBLE_SIZE + len(new_json)
-    with pytest.raises(ValueError, match="2.0.*1.x"):
+    with pytest.raises(ValueError, match=r"2\.0 is not supported.*reads 1\.0"):
         Engine.open(path, ram_budget="200MB")

@@ -17,29 +17,18 @@ import ctypes
 import torch
 from colibri_int4 import Container
 from colibri_model import ColibriConfig, ColibriForCausalLM, ExpertBackend
+from colibri_model.checkpoint import CheckpointFormatError, parse_checkpoint_config
 
 from .errors import ContainerConfigError
-
-CHECKPOINT_FORMAT_MAJOR = "1"
 
 
 def model_config(container: Container) -> ColibriConfig:
     """The container's model config as a validated `ColibriConfig`."""
-    data = dict(container.config)
-    version = str(data.pop("format_version", "1.0"))
-    if version.split(".")[0] != CHECKPOINT_FORMAT_MAJOR:
-        raise ContainerConfigError(
-            f"{container.path}: model config format_version {version} is not supported "
-            f"(this colibri-stream reads {CHECKPOINT_FORMAT_MAJOR}.x)"
-        )
-    model_type = data.pop("model_type", "colibri")
-    if model_type != "colibri":
-        raise ContainerConfigError(f"{container.path}: model_type {model_type!r} is not 'colibri'")
+    # The container carries the checkpoint's config.json; colibri-model owns its parsing.
     try:
-        return ColibriConfig.model_validate(data)
-    except ValueError as exc:
-        first = " ".join(str(exc).splitlines()[:3])
-        raise ContainerConfigError(f"{container.path}: invalid model config: {first}") from None
+        return parse_checkpoint_config(dict(container.config), f"{container.path}: model config")
+    except CheckpointFormatError as exc:
+        raise ContainerConfigError(str(exc)) from None
 
 
 def build_model(

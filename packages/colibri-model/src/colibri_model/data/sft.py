@@ -10,7 +10,6 @@ under `val_fraction` (stable under re-ordering). Everything is held in memory: s
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from ..chat import ChatFormatError, encode_chat_batch, validate_messages
 from ..tokenizer import EOS_TOKEN
 from .loader import TokenSource
 from .prepare import is_validation
-from .sources import DataSourceError
+from .sources import DataSourceError, jsonl_rows
 
 
 def read_conversations(path: str | os.PathLike) -> list[tuple[str, list[dict]]]:
@@ -30,20 +29,12 @@ def read_conversations(path: str | os.PathLike) -> list[tuple[str, list[dict]]]:
     if not path.is_file():
         raise DataSourceError(f"{path}: no such chat JSONL file")
     rows = []
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataSourceError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
-            try:
-                messages = validate_messages(row.get("messages") if isinstance(row, dict) else None,
-                                             f"{path}:{number}")
-            except ChatFormatError as exc:
-                raise DataSourceError(str(exc)) from None
-            rows.append((line, messages))
+    for number, line, row in jsonl_rows(path):
+        try:
+            messages = validate_messages(row.get("messages") if isinstance(row, dict) else None, f"{path}:{number}")
+        except ChatFormatError as exc:
+            raise DataSourceError(str(exc)) from None
+        rows.append((line, messages))
     if not rows:
         raise DataSourceError(f"{path}: holds no conversations")
     return rows

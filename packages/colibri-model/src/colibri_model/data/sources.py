@@ -86,20 +86,26 @@ def _text_documents(path: Path, doc_chars: int) -> Iterator[str]:
         yield "\n\n".join(group)
 
 
-def _jsonl_documents(path: Path, field: str) -> Iterator[str]:
+def jsonl_rows(path: Path) -> Iterator[tuple[int, str, object]]:
+    """(line number, raw line, parsed JSON) of each non-empty line of a .jsonl[.gz] file; a line
+    that is not JSON raises DataSourceError naming the file and line."""
     opener = gzip.open if path.name.lower().endswith(".gz") else open
     with opener(path, "rt", encoding="utf-8") as f:
         for number, line in enumerate(f, 1):
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
+                yield number, line, json.loads(line)
             except json.JSONDecodeError as exc:
                 raise DataSourceError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
-            value = row.get(field) if isinstance(row, dict) else None
-            if not isinstance(value, str):
-                raise DataSourceError(f"{path}:{number}: no string field {field!r}")
-            yield value
+
+
+def _jsonl_documents(path: Path, field: str) -> Iterator[str]:
+    for number, _, row in jsonl_rows(path):
+        value = row.get(field) if isinstance(row, dict) else None
+        if not isinstance(value, str):
+            raise DataSourceError(f"{path}:{number}: no string field {field!r}")
+        yield value
 
 
 def _parquet_documents(path: Path, field: str) -> Iterator[str]:
