@@ -36,3 +36,38 @@ def test_prefetch_logits_match(tiny):
         got = eng.logits(ids)
         assert eng.stats.prefetch_issued > 0
     assert torch.equal(got, expected)
+
+
+def test_predictor_guesses_from_residual_plus_shared_with_next_layers_norm():
+    """The hooks hand the predictor this layer's residual h and shared output; the guess is the
+    next layer's router on the next layer's norm of h + shared(x), not on this layer's input."""
+    from colibri_model import ColibriConfig, ColibriForCausalLM
+    from colibri_stream.prefetch import RoutingPredictor
+    from colibri_stream.stats import StreamStats
+
+    from .conftest import TINY
+
+    torch.manual_seed(0)
+    model = ColibriForCausalLM(ColibriConfig(**{**TINY, "n_experts": 64})).eval()
+    with torch.no_grad():  # distinct norm gains, so using the wrong layer's norm would show
+        for block in model.layers:
+            block.ffn_norm.weight.uniform_(0.2, 3.0)
+    blocks = {i: b for i, b in enumerate(model.layers) if b.is_moe}
+    predictor = RoutingPredictor(blocks, top_k=1, stats=StreamStats(), prefetcher=None)
+    this, following = blocks[1], blocks[2]
+    h = torch.randn(1, 40, TINY["d_model"])
+    positions = torch.arange(40)
+    with torch.no_grad():
+        after_attention = h + this.attn(this.attn_norm(h), positions)
+        this(h, positions)  # the hooks see h (post-attention residual) and shared(x)
+        x = this.ffn_norm(after_attention).reshape(40, -1)
+        predictor.before_layer(1, x, [0])
+        state = after_attention.reshape(40, -1) + this.moe.shared(x)
+        expected, _, _ = following.moe.router(following.ffn_norm(state), 1)
+        naive, _, _ = following.moe.router(x, 1)
+    assert predictor._predicted[2] == set(torch.unique(expected).tolist())
+    assert set(torch.unique(naive).tolist()) != set(torch.unique(expected).tolist())
+    predictor.close()
+    with torch.no_grad():
+        this(h, positions)
+    assert not predictor._residual and not predictor._shared  # hooks removed

@@ -45,9 +45,14 @@ class MoELayer(nn.Module):
         expert_ids, gates, scores = self.router(flat, k)
         if self.record_routing:
             self.last_expert_ids = expert_ids.detach().view(B, T, k)
+        # The shared expert runs before the routed ones (same sum, same bits: one addition of
+        # two tensors): a streaming backend's prefetcher reads its output through a forward hook
+        # and predicts the next layer's experts from `h + shared(x)` while the routed experts
+        # are fetched and computed (colibri-stream, prefetch.py).
+        shared_out = self.shared(flat) if self.shared is not None else None
         out = self.experts(flat, expert_ids, gates)
-        if self.shared is not None:
-            out = out + self.shared(flat)
+        if shared_out is not None:
+            out = out + shared_out
         if self.training and self.aux_loss_alpha > 0:
             self.aux_loss = self.aux_loss_alpha * sequence_aux_loss(scores, expert_ids, B, k)
         else:

@@ -153,8 +153,7 @@ class Engine:
                 model.set_top_k(top_k)
             if opts.prefetch != "off":
                 prefetcher = Prefetcher(cache, prefetch_threads) if prefetch_threads else None
-                routers = {i: model.layers[i].moe.router for i in backends}
-                predictor = RoutingPredictor(routers, top_k, stats, prefetcher)
+                predictor = RoutingPredictor({i: model.layers[i] for i in backends}, top_k, stats, prefetcher)
                 for backend in backends.values():
                     backend.predictor = predictor
             actual_resident = module_bytes(model)
