@@ -71,3 +71,24 @@ def test_predictor_guesses_from_residual_plus_shared_with_next_layers_norm():
     with torch.no_grad():
         this(h, positions)
     assert not predictor._residual and not predictor._shared  # hooks removed
+
+
+def test_prefetch_auto_by_expert_size_budget_and_room(tiny, minimum_budget, monkeypatch):
+    """"auto" (the default) is off for small experts; for large ones it is on, unless the cache
+    already holds every expert or the budget has no room for the workers' buffers."""
+    import colibri_stream.engine as engine_module
+
+    with Engine.open(tiny[0], ram_budget="200MB") as eng:  # 16 KB-class test experts: off
+        assert eng.stats.prefetch == "off" and eng.budget.staging_bytes == eng.container.blob_layout.blob_length
+    monkeypatch.setattr(engine_module, "PREFETCH_AUTO_MIN_BLOB", 1)  # every expert counts as large
+    with_workers = minimum_budget(tiny[0], prefetch="on")
+    without = minimum_budget(tiny[0], prefetch="off")
+    assert with_workers > without
+    with Engine.open(tiny[0], ram_budget=with_workers) as eng:
+        assert eng.stats.prefetch == "on"
+        eng.generate(list(range(900, 930)), 8, stop_token_ids=[])
+        assert eng.stats.prefetch_issued > 0
+    with Engine.open(tiny[0], ram_budget=without) as eng:  # no room for workers: off, not an error
+        assert eng.stats.prefetch == "off"
+    with Engine.open(tiny[0], ram_budget="200MB") as eng:  # every expert fits: nothing to read ahead
+        assert eng.budget.slots == eng.budget.total_experts and eng.stats.prefetch == "off"

@@ -85,10 +85,11 @@ def _engine_options(f):
         ),
         click.option(
             "--prefetch",
-            type=click.Choice(["off", "predict", "on"]),
-            default="off",
+            type=click.Choice(["auto", "off", "predict", "on"]),
+            default="auto",
             show_default=True,
-            help="Read the next layer's predicted experts ahead (on), or only measure the prediction.",
+            help="Read the next layer's predicted experts ahead (on), or only measure the prediction "
+            "(predict); auto = on for experts of 512 KiB or more, where it pays.",
         ),
         click.option("--prefetch-threads", type=click.IntRange(min=1), default=2, show_default=True),
         click.option(

@@ -31,6 +31,7 @@ from tokenizers import Tokenizer
 from .budget import Budget, kv_cache_bytes, plan_budget, workspace_bytes
 from .cache_policy import make_policy
 from .direct_io import BlobReader
+from .errors import BudgetError
 from .expert_cache import ExpertCache
 from .expert_compute import DequantExpert, Int4Expert, int4_supported, prepared_nbytes
 from .generation import GenerationResult, SamplingConfig, decode_loop
@@ -77,6 +78,9 @@ class Engine:
         exact one); `device`; `cache_policy` (name or `CachePolicy`, default LFU with aging, chosen by measurement); `top_k`
         (default: the config's top_k_infer); `max_context` (KV cache length, default
         max_seq_len); `prefill_chunk` (tokens per forward pass); `direct_io`; `record_trace`;
+        `prefetch` "auto" | "off" | "predict" | "on" (read the next layer's predicted experts on
+        `prefetch_threads` workers; "predict" only measures the guess; "auto", the default, is
+        "on" for experts of `PREFETCH_AUTO_MIN_BLOB` bytes or more, where it was measured to pay);
         `tokenizer` (default: the container's, else colibri-model's bundled one).
 
         Raises `BudgetError` (naming the minimum) when `ram_budget` cannot hold the resident
@@ -115,19 +119,26 @@ class Engine:
         )  # router token counters
         tokenizer, tokenizer_bytes = _load_tokenizer(container, opts.tokenizer)
         blob_length = layout.blob_length if layout else 0
-        # Prefetch workers each hold a staging buffer and, until it is stored, one prepared expert.
-        prefetch_threads = opts.prefetch_threads if opts.prefetch == "on" and layout else 0
-        budget = plan_budget(
-            budget_bytes,
-            config,
-            resident_bytes,
-            kv_cache_bytes(config, max_context, elem),
-            workspace_bytes(config, min(opts.prefill_chunk, max_context), max_context, elem),
-            blob_length + prefetch_threads * (blob_length + slot_bytes),
-            slot_bytes,
-            top_k,
-            other_bytes=tokenizer_bytes,
-        )
+
+        def plan(prefetch_threads: int) -> Budget:
+            # Prefetch workers each hold a staging buffer and, until it is stored, one prepared expert.
+            return plan_budget(
+                budget_bytes,
+                config,
+                resident_bytes,
+                kv_cache_bytes(config, max_context, elem),
+                workspace_bytes(config, min(opts.prefill_chunk, max_context), max_context, elem),
+                blob_length + prefetch_threads * (blob_length + slot_bytes),
+                slot_bytes,
+                top_k,
+                other_bytes=tokenizer_bytes,
+            )
+
+        prefetch = opts.prefetch
+        if prefetch == "auto":
+            prefetch, budget = _choose_prefetch(plan, blob_length, opts.prefetch_threads)
+        else:
+            budget = plan(opts.prefetch_threads if prefetch == "on" and layout else 0)
         stats = StreamStats(record_trace=opts.record_trace)
         policy = make_policy(opts.cache_policy)
         reader = BlobReader(container.path, direct=opts.direct_io)
@@ -151,8 +162,8 @@ class Engine:
             model = build_model(container, config, backends, dtype, device)
             if top_k != config.top_k_infer:
                 model.set_top_k(top_k)
-            if opts.prefetch != "off":
-                prefetcher = Prefetcher(cache, prefetch_threads) if prefetch_threads else None
+            if prefetch != "off":
+                prefetcher = Prefetcher(cache, opts.prefetch_threads) if prefetch == "on" and layout else None
                 predictor = RoutingPredictor({i: model.layers[i] for i in backends}, top_k, stats, prefetcher)
                 for backend in backends.values():
                     backend.predictor = predictor
@@ -176,7 +187,7 @@ class Engine:
         stats.compute_mode = (
             f"int4-{'bf16' if expert_dtype == torch.bfloat16 else 'f32'}" if compute == "int4" else compute
         )
-        stats.policy, stats.prefetch = policy.name, opts.prefetch
+        stats.policy, stats.prefetch = policy.name, prefetch
         engine = cls(
             container,
             config,
@@ -345,6 +356,28 @@ def _numel(shape) -> int:
     for s in shape:
         n *= int(s)
     return n
+
+
+# Prefetch pays once reading an expert takes long enough to hide behind the compute of a layer:
+# measured x1.14 tokens/s with 1.88 MB experts (a Micro-shaped container) and x0.80-0.97 with
+# 16 KB ones, where handing a microsecond read to a thread costs more than it hides
+# (bench/RESULTS.md, issue 9). "auto" turns it on from this blob size.
+PREFETCH_AUTO_MIN_BLOB = 512 * 1024
+
+
+def _choose_prefetch(plan: Callable[[int], Budget], blob_length: int, threads: int) -> tuple[str, Budget]:
+    """Resolve prefetch "auto" to "on" or "off", with the budget planned for that choice.
+
+    On only for large experts, when the budget can also hold the workers' buffers, and when the
+    cache cannot already hold every expert (then there is nothing left to read ahead)."""
+    if blob_length >= PREFETCH_AUTO_MIN_BLOB:
+        try:
+            budget = plan(threads)
+        except BudgetError:
+            budget = None
+        if budget is not None and budget.slots < budget.total_experts:
+            return "on", budget
+    return "off", plan(0)
 
 
 def _choose_compute(compute: str, layout, config, device: torch.device) -> str:

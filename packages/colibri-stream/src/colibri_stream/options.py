@@ -49,7 +49,7 @@ class EngineOptions:
     prefill_chunk: int = 128
     direct_io: bool = True
     record_trace: bool = False
-    prefetch: Literal["off", "predict", "on"] = "off"
+    prefetch: Literal["auto", "off", "predict", "on"] = "auto"
     prefetch_threads: int = 2
     tokenizer: str | os.PathLike | Tokenizer | None = None
 
@@ -58,8 +58,8 @@ class EngineOptions:
             raise ValueError(f"compute must be auto, int4 or dequant, got {self.compute!r}")
         if self.prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1, got {self.prefill_chunk}")
-        if self.prefetch not in ("off", "predict", "on"):
-            raise ValueError(f"prefetch must be off, predict or on, got {self.prefetch!r}")
+        if self.prefetch not in ("auto", "off", "predict", "on"):
+            raise ValueError(f"prefetch must be auto, off, predict or on, got {self.prefetch!r}")
         if self.prefetch_threads < 1:
             raise ValueError(f"prefetch_threads must be >= 1, got {self.prefetch_threads}")
         if self.max_context is not None and self.max_context < 1:
