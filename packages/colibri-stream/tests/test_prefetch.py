@@ -16,6 +16,8 @@ def test_prefetch_on_same_tokens_and_counters(tiny, minimum_budget):
         with Engine.open(tiny[0], ram_budget=budget, prefetch=mode) as eng:
             result = eng.generate(prompt, 24, stop_token_ids=[])
             runs[mode] = (result.token_ids, eng.stats.to_dict(), eng.budget)
+            if mode == "on":  # every read a pass started is stored and counted when it returns
+                assert not eng.cache.prefetcher._inflight
     off, predict, on = runs["off"], runs["predict"], runs["on"]
     assert off[0] == predict[0] == on[0]
     assert predict[1]["bytes_read"] == off[1]["bytes_read"]  # predicting reads nothing

@@ -238,6 +238,8 @@ class Engine:
             logits = self.model(chunk, cache=self.kv_cache).logits[0]
             self.stats.forward_seconds += time.perf_counter() - began
             outputs.append(logits.float() if keep == "all" else logits[-1].float())
+        if self.cache.prefetcher is not None:
+            self.cache.prefetcher.drain()
         return torch.cat(outputs, 0) if keep == "all" else outputs[-1]
 
     def logits(self, input_ids: Sequence[int] | torch.Tensor) -> torch.Tensor:

@@ -93,6 +93,13 @@ class Prefetcher:
         self.stats.io_seconds += time.perf_counter() - started
         self._store(key, future, pinned)
 
+    def drain(self) -> None:
+        """Wait for every read still in flight and store it. The engine calls this when a forward
+        pass ends, so every byte a pass read is counted by the time it returns (a read left
+        running would reach /proc/self/io before the engine's counter)."""
+        for key in list(self._inflight):
+            self.take(key)
+
     def _store(self, key: ExpertKey, future: Future, pinned: Collection[ExpertKey]) -> None:
         if future.exception() is not None:
             self.stats.prefetch_wasted += 1
