@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 from colibri_stream import Engine, LRUPolicy
-from colibri_stream.cache_replay import access_sequence, belady, replay
+from colibri_stream.cache_replay import access_sequence, belady, replay, static_oracle
 from colibri_stream.stats import TraceEvent
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -29,6 +29,17 @@ def test_belady_bounds_lru(seq, capacity):
     optimal, lru = belady(trace, capacity), replay(LRUPolicy(), trace, capacity)
     assert optimal.hits >= lru.hits
     assert optimal.hits + optimal.misses == len(seq) == lru.hits + lru.misses
+    fixed = static_oracle(trace, capacity)  # a fixed set is one policy among all: MIN bounds it
+    assert optimal.hits >= fixed.hits and fixed.hits + fixed.misses == len(seq)
+
+
+def test_static_oracle_pins_the_most_used_experts():
+    # (1,0) x4, (1,1) x3, (1,2) x1. 2 slots: pin (1,0) (3 hits after its first use); the other
+    # slot streams (1,1), (1,1), (1,2), (1,1): one back-to-back repeat -> 4 hits in all
+    seq = [(1, 0), (1, 1), (1, 0), (1, 1), (1, 0), (1, 2), (1, 1), (1, 0)]
+    assert static_oracle(events(seq), 2).hits == 4
+    assert static_oracle(events(seq), 3).hits == 5  # pin (1,0) and (1,1)
+    assert static_oracle(events(seq), 1).hits == 0  # one slot, no back-to-back repeat
 
 
 def test_replay_reproduces_the_live_engine(tiny, minimum_budget):

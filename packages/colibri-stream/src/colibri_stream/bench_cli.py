@@ -152,7 +152,8 @@ def format_suite(report: dict) -> str:
                     h = p["heldout"][policy]
                     cells.append(f"{policy} {h['hit_rate']:.3f} ({h['vs_belady']:.2f})")
                 lines.append(f"  {p['budget_fraction']:>5.0%} slots {p['cache_slots']:>4}: belady "
-                             f"{p['heldout']['belady_hit_rate']:.3f} | " + " | ".join(cells)
+                             f"{p['heldout']['belady_hit_rate']:.3f}, static oracle "
+                             f"{p['heldout']['static_oracle_hit_rate']:.3f} | " + " | ".join(cells)
                              + f" | random lru {p['random']['lru']['hit_rate']:.3f} / belady "
                              f"{p['random']['belady_hit_rate']:.3f}")
             lines.append(f"  default policy chosen on held-out text: {w['policies']['default_policy']}")

@@ -23,7 +23,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from .cache_replay import belady, replay
+from .cache_replay import belady, replay, static_oracle
 from .engine import Engine
 from .io_accounting import IOMeter
 from .policies import BENCH_POLICIES
@@ -73,7 +73,8 @@ def policy_study(tuning: Sequence[TraceEvent], heldout: Sequence[TraceEvent], to
         row: dict = {"budget_fraction": fraction, "cache_slots": capacity}
         for name, trace in traces.items():
             ceiling = belady(trace, capacity).hit_rate
-            row[name] = {"belady_hit_rate": round(ceiling, 6)}
+            row[name] = {"belady_hit_rate": round(ceiling, 6),
+                         "static_oracle_hit_rate": round(static_oracle(trace, capacity).hit_rate, 6)}
             for policy_name, factory in BENCH_POLICIES.items():
                 # the warm-up trace is always the tuning trace: pinning never sees held-out text
                 hit = replay(factory(tuning, capacity), trace, capacity).hit_rate

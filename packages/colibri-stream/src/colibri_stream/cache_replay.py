@@ -14,6 +14,7 @@ O(n log n) with a heap of next-use positions and lazy deletion.
 from __future__ import annotations
 
 import heapq
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -94,3 +95,24 @@ def belady(trace: Sequence[TraceEvent] | Sequence[ExpertKey], capacity: int) -> 
         cached[key] = next_use[i]
         heapq.heappush(heap, (-next_use[i], key))
     return ReplayResult(hits, misses)
+
+
+def static_oracle(trace: Sequence[TraceEvent], capacity: int) -> ReplayResult:
+    """The best *fixed* choice of experts, made knowing the whole trace: the `capacity - 1` most
+    used experts stay pinned (their first uses still miss) and the last slot takes every other
+    expert in turn, as a demand-paged cache must. It is one policy among all, so MIN bounds it.
+    A policy that only learns *which* experts are popular cannot do much better; closing the
+    rest of the gap to Belady takes knowing *when* each expert will be used next."""
+    if capacity < 1:
+        raise ValueError("capacity must be >= 1")
+    accesses = access_sequence(trace)
+    kept = {key for key, _ in Counter(accesses).most_common(capacity - 1)}
+    hits, seen, streamed = 0, set(), None
+    for key in accesses:
+        if key in kept:
+            hits += key in seen
+            seen.add(key)
+        else:
+            hits += key == streamed
+            streamed = key
+    return ReplayResult(hits, len(accesses) - hits)
