@@ -306,12 +306,17 @@ def _bigger_than_ram(out: Path, new_tokens: int) -> dict:
             os_bytes = read_proc_io()["read_bytes"] - before
             stats = engine.stats.to_dict()
             plan = engine.budget
+            blob_mb = engine.container.blob_layout.blob_length / 1e6
         window = IOWindow(bytes_read_engine=stats["bytes_read"], bytes_read_os=os_bytes)
         print(f"    RAM budget {budget / 1e9:.2f} GB < container {size / 1e9:.2f} GB: {plan.slots} of "
               f"{plan.total_experts} experts fit; hit rate {stats['hit_rate']:.1%}, {stats['misses']} misses, "
               f"{stats['bytes_read'] / 1e6:.1f} MB read by the engine vs {os_bytes / 1e6:.1f} MB that reached "
               f"storage (/proc/self/io read_bytes: {window.verdict()}); {result.tokens_per_s:.2f} tokens/s",
               flush=True)
+        if stats["prefetch"] == "on":  # "auto" turns it on for experts this large
+            print(f"    prefetch (auto: on for {blob_mb:.2f} MB experts): "
+                  f"next layer's experts guessed {stats['prefetch_accuracy']:.0%} right, "
+                  f"{stats['prefetch_used']} of {stats['prefetch_issued']} read-ahead experts used", flush=True)
         return {"container_bytes": size, "ram_budget": budget, "cache_slots": plan.slots,
                 "total_experts": plan.total_experts, "stats": stats, "bytes_read_os": os_bytes,
                 "io_verdict": window.verdict(), "tokens_per_s": round(result.tokens_per_s, 3)}

@@ -98,7 +98,7 @@ def run_suite(workdir: Path, workloads: tuple[str, ...], budgets: list[str], rep
             micro_budgets = [b for b in budgets if b in ("10%", "25%")] or budgets[:1]
             micro = dict(dtype="bf16", max_context=256, prefill_chunk=64)
             micro_args = (heldout[0][:200], min(max_new_tokens, 8), max(1, min(repeats, 2)), bandwidth_bytes)
-            sweep = _sweep(path, micro_budgets, *micro_args, **micro)
+            sweep = _sweep(path, micro_budgets, *micro_args, prefetch="off", **micro)  # reads on this thread
             _log("micro workload: the same first budget with prefetch on (2 threads)")
             with_prefetch = _sweep(path, micro_budgets[:1], *micro_args, prefetch="on", prefetch_threads=2, **micro)
         out["workloads"]["micro"] = {"container_bytes": size, "write_seconds": round(written, 1), "sweep": sweep,
@@ -180,7 +180,7 @@ def format_suite(report: dict) -> str:
 @click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True,
               help="Interleaved cold runs per point (medians reported).")
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=32, show_default=True)
-@click.option("--train-steps", type=click.IntRange(min=1), default=250, show_default=True,
+@click.option("--train-steps", type=click.IntRange(min=1), default=1500, show_default=True,
               help="Optimizer steps of the routing model (cached per step count).")
 @click.option("--bandwidth-mb", type=click.IntRange(min=1), default=256, show_default=True,
               help="MB read with O_DIRECT to measure the disk's bandwidth.")
