@@ -107,14 +107,19 @@ def test_studies_on_a_tiny_container(tiny):
 
 
 def test_goals_summary_reads_the_report():
-    point = {"budget_fraction": 0.25, "heldout": {"lru": {"vs_belady": 0.93}, "lfu": {"vs_belady": 0.95}}}
-    report = {"workloads": {"trained": {
-        "policies": {"points": [point], "default_policy": "lfu"},
-        "warm": {"outside_compute_fraction": 0.1},
-        "prefetch": {"predict": {"prefetch_accuracy": 0.8}, "speedup_on_vs_off": 1.1},
-        "sweep": {"points": [{"contaminated": True}]}}}}
+    point = {"budget_fraction": 0.25, "heldout": {"lru": {"vs_belady": 0.93}, "lfu": {"vs_belady": 0.95},
+                                                  "belady_hit_rate": 0.8, "static_oracle_hit_rate": 0.6}}
+    nano_off, nano_on = {"tokens_per_s": 2.0, "contaminated": False}, {"tokens_per_s": 2.5}
+    report = {"workloads": {
+        "trained": {
+            "policies": {"points": [point], "default_policy": "lfu"},
+            "warm": {"outside_compute_fraction": 0.1},
+            "prefetch": {"predict": {"prefetch_accuracy": 0.8}, "speedup_on_vs_off": 1.1},
+            "sweep": {"points": [{"contaminated": True}]}},
+        "nano": {"sweep": {"points": [nano_off]}, "sweep_prefetch_on": {"points": [nano_on]}}}}
     g = goals(report)
-    assert g["hit_rate_vs_belady_at_25pct"] == {"target": 0.9, "lru": 0.93, "lfu": 0.95}
+    assert g["hit_rate_vs_belady_at_25pct"] == {"target": 0.9, "lru": 0.93, "lfu": 0.95, "static_oracle": 0.75}
+    assert g["nano_prefetch_speedup"] == 1.25 and "micro_prefetch_speedup" not in g
     assert g["page_cache_contaminated_workloads"] == ["trained"]
 
 
