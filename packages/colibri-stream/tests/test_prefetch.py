@@ -76,13 +76,18 @@ def test_predictor_guesses_from_residual_plus_shared_with_next_layers_norm():
 
 
 def test_prefetch_auto_by_expert_size_budget_and_room(tiny, minimum_budget, monkeypatch):
-    """"auto" (the default) is off for small experts; for large ones it is on, unless the cache
-    already holds every expert or the budget has no room for the workers' buffers."""
+    """"auto" (the default) is off for small experts; for large ones it is on, unless no CPU is
+    free beyond torch's threads, the cache already holds every expert, or the budget has no room
+    for the workers' buffers."""
     import colibri_stream.engine as engine_module
 
     with Engine.open(tiny[0], ram_budget="200MB") as eng:  # 16 KB-class test experts: off
         assert eng.stats.prefetch == "off" and eng.budget.staging_bytes == eng.container.blob_layout.blob_length
     monkeypatch.setattr(engine_module, "PREFETCH_AUTO_MIN_BLOB", 1)  # every expert counts as large
+    monkeypatch.setattr(engine_module, "_spare_cpus", lambda device: 0)
+    with Engine.open(tiny[0], ram_budget=minimum_budget(tiny[0], prefetch="on")) as eng:
+        assert eng.stats.prefetch == "off"  # torch's threads use every CPU: workers would steal it
+    monkeypatch.setattr(engine_module, "_spare_cpus", lambda device: 1)
     with_workers = minimum_budget(tiny[0], prefetch="on")
     without = minimum_budget(tiny[0], prefetch="off")
     assert with_workers > without

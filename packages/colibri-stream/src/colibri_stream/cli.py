@@ -89,7 +89,8 @@ def _engine_options(f):
             default="auto",
             show_default=True,
             help="Read the next layer's predicted experts ahead (on), or only measure the prediction "
-            "(predict); auto = on for experts of 512 KiB or more, where it pays.",
+            "(predict); auto = on for experts of 512 KiB or more with a CPU free beyond --threads, "
+            "where it pays.",
         ),
         click.option("--prefetch-threads", type=click.IntRange(min=1), default=2, show_default=True),
         click.option(

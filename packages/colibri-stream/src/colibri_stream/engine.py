@@ -80,7 +80,8 @@ class Engine:
         max_seq_len); `prefill_chunk` (tokens per forward pass); `direct_io`; `record_trace`;
         `prefetch` "auto" | "off" | "predict" | "on" (read the next layer's predicted experts on
         `prefetch_threads` workers; "predict" only measures the guess; "auto", the default, is
-        "on" for experts of `PREFETCH_AUTO_MIN_BLOB` bytes or more, where it was measured to pay);
+        "on" for experts of `PREFETCH_AUTO_MIN_BLOB` bytes or more when a CPU is free beyond
+        torch's threads, where it was measured to pay; set torch's threads before opening);
         `tokenizer` (default: the container's, else colibri-model's bundled one).
 
         Raises `BudgetError` (naming the minimum) when `ram_budget` cannot hold the resident
@@ -136,7 +137,7 @@ class Engine:
 
         prefetch = opts.prefetch
         if prefetch == "auto":
-            prefetch, budget = _choose_prefetch(plan, blob_length, opts.prefetch_threads)
+            prefetch, budget = _choose_prefetch(plan, blob_length, opts.prefetch_threads, device)
         else:
             budget = plan(opts.prefetch_threads if prefetch == "on" and layout else 0)
         stats = StreamStats(record_trace=opts.record_trace)
@@ -360,19 +361,36 @@ def _numel(shape) -> int:
     return n
 
 
-# Prefetch pays once reading an expert takes long enough to hide behind the compute of a layer:
-# measured x1.14 tokens/s with 1.88 MB experts (a Micro-shaped container) and x0.80-0.97 with
-# 16 KB ones, where handing a microsecond read to a thread costs more than it hides
-# (bench/RESULTS.md, issue 9). "auto" turns it on from this blob size.
+# Prefetch pays once reading an expert takes long enough to hide behind the compute of a layer,
+# and only when a CPU is free for the workers (CRC and repack are CPU work). Measured
+# (bench/RESULTS.md, issue 9), prefetch on / off:
+#   16 KB experts, 1 torch thread on 2 cores:               x0.75 (a handoff costs more than the read)
+#   0.84 MB (NanoColibri), 1 torch thread on 2 cores:       x1.02-1.04
+#   1.88 MB (Micro), 1 torch thread on 2 cores:             x1.14
+#   0.84 MB, 2 torch threads on 2 cores (no CPU to spare):  x0.63
+# So "auto" turns it on from this blob size, with at least one CPU beyond torch's threads.
 PREFETCH_AUTO_MIN_BLOB = 512 * 1024
 
 
-def _choose_prefetch(plan: Callable[[int], Budget], blob_length: int, threads: int) -> tuple[str, Budget]:
+def _spare_cpus(device: torch.device) -> int:
+    """CPUs this process may use beyond torch's intra-op threads (an accelerator computes
+    elsewhere, so there the CPUs are all free for reads)."""
+    try:
+        available = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        available = os.cpu_count() or 1
+    return available if device.type != "cpu" else available - torch.get_num_threads()
+
+
+def _choose_prefetch(
+    plan: Callable[[int], Budget], blob_length: int, threads: int, device: torch.device
+) -> tuple[str, Budget]:
     """Resolve prefetch "auto" to "on" or "off", with the budget planned for that choice.
 
-    On only for large experts, when the budget can also hold the workers' buffers, and when the
-    cache cannot already hold every expert (then there is nothing left to read ahead)."""
-    if blob_length >= PREFETCH_AUTO_MIN_BLOB:
+    On only for large experts, with a CPU to spare for the workers, when the budget can also
+    hold the workers' buffers, and when the cache cannot already hold every expert (then there
+    is nothing left to read ahead)."""
+    if blob_length >= PREFETCH_AUTO_MIN_BLOB and _spare_cpus(device) >= 1:
         try:
             budget = plan(threads)
         except BudgetError:
