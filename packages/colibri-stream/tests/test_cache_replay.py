@@ -67,12 +67,14 @@ def test_bench_sweep_is_honest_and_bounded_by_belady(tiny):
         bandwidth_bytes=1 << 20,
         prefill_chunk=16,
     )
-    assert report["bench_version"] == "1.0" and report["disk_bandwidth"]["bytes_per_s"] > 0
+    assert report["bench_version"] == "2.0" and report["disk_bandwidth"]["bytes_per_s"] > 0
     small, full = report["points"]
     assert small["cache_slots"] < full["cache_slots"] == full["total_experts"] == 48
     for point in (small, full):
         assert len(point["runs"]) == 2
         assert point["belady_hit_rate"] >= point["hit_rate"] - 1e-9
+        assert point["policy"] == "lfu" and point["prefetch"] == "off"  # the defaults, for 16 KB-class experts
+        assert point["hit_vs_belady"] == point["hit_rate"] / point["belady_hit_rate"]
         if point["io_mode"] == "direct" and point["bytes_read_os"] is not None:
             assert not point["contaminated"], point  # O_DIRECT: the OS saw every byte we counted
     assert full["hit_rate"] >= small["hit_rate"]
