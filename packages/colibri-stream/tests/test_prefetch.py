@@ -64,6 +64,7 @@ def test_predictor_guesses_from_residual_plus_shared_with_next_layers_norm():
         this(h, positions)  # the hooks see h (post-attention residual) and shared(x)
         x = this.ffn_norm(after_attention).reshape(40, -1)
         predictor.before_layer(1, x, [0])
+        assert not predictor._residual  # the guess did not pose as layer 2's residual
         state = after_attention.reshape(40, -1) + this.moe.shared(x)
         expected, _, _ = following.moe.router(following.ffn_norm(state), 1)
         naive, _, _ = following.moe.router(x, 1)

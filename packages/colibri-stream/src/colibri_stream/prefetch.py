@@ -162,7 +162,9 @@ class RoutingPredictor:
                 state = residual.reshape(-1, residual.shape[-1])
                 if shared is not None:
                     state = state + shared.reshape(state.shape)
-                guess_input = following.ffn_norm(state)
+                # .forward, not __call__: the guess must not fire this predictor's own hook on
+                # the next layer's norm (the real pass would overwrite it, but only by luck)
+                guess_input = following.ffn_norm.forward(state)
             ids, _, _ = following.moe.router(guess_input, self.top_k)
         guess = torch.unique(ids).tolist()
         self._predicted[layer + 1] = set(guess)
