@@ -89,6 +89,8 @@ def test_resident_bit_flip_names_the_tensor(tmp_path, good):
     data[t.offset + 5] ^= 0x80
     with Container.open(write(tmp_path, bytes(data))) as c, pytest.raises(ContainerError, match="v_proj.*checksum mismatch"):
         c.read_resident()
+    with Container.open(write(tmp_path, bytes(data))) as c, pytest.raises(ContainerError, match="v_proj.*checksum mismatch"):
+        list(c.iter_resident())  # the tensor-by-tensor reader checks each CRC too
 
 
 def _first_expert(field, value):

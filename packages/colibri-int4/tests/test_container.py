@@ -100,6 +100,30 @@ def test_bits_per_weight_and_raw_resident(tiny_container):
         assert q.data.shape == (64, 32) and q.scales.shape == (64, 2)
 
 
+def test_iter_resident_reads_tensor_by_tensor_and_row_blocks_match(tiny_container):
+    """`iter_resident` yields what `read_resident` does, one tensor read at a time; `rows`
+    dequantizes any block of a 2-D tensor exactly as the whole tensor does."""
+    path, _, _ = tiny_container
+    with Container.open(path) as c:
+        whole = c.read_resident(dequantize=False)
+        one_by_one = list(c.iter_resident())
+    assert [t.name for t in one_by_one] == list(whole)
+    encodings = set()
+    for raw in one_by_one:
+        np.testing.assert_array_equal(raw.dequantize(), whole[raw.name].dequantize())
+        if len(raw.shape) == 2:
+            encodings.add(raw.encoding)
+            full = raw.dequantize()
+            for start, stop in ((0, 1), (3, 17), (raw.shape[0] - 5, raw.shape[0] + 9)):
+                block = raw.rows(start, stop)
+                assert block.shape == (len(range(raw.shape[0])[start:stop]), raw.shape[1])
+                np.testing.assert_array_equal(block.dequantize(), full[start:stop])
+        else:
+            with pytest.raises(ValueError, match="only 2-D"):
+                raw.rows(0, 1)
+    assert "q4" in encodings
+
+
 def test_estimator_for_nano_matches_the_design():
     nano = {"vocab_size": 49152, "d_model": 1024, "n_layers": 24, "n_dense_layers": 1, "n_heads": 16,
             "n_kv_heads": 4, "head_dim": 64, "qk_norm": True, "dense_ffn_dim": 3072, "n_experts": 64,

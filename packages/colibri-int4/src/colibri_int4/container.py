@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -171,6 +172,17 @@ class Container:
             raw = decode_tensor(chunk, t.name, t.encoding, tuple(t.shape), self.scheme)
             out[t.name] = raw.dequantize() if dequantize else raw
         return out
+
+    def iter_resident(self, verify: bool = True) -> Iterator[RawTensor]:
+        """Each resident tensor in file order, read with its own `pread` and CRC-checked: only
+        one tensor's stored bytes are in memory at a time (`read_resident` holds the whole
+        region), which keeps a runtime's peak memory while it materialises the model close to
+        the model's own size."""
+        for t in self.header.tensors:
+            chunk = _read(self._fd, t.length, t.offset, f"tensor '{t.name}'")
+            if verify and f"{zlib.crc32(chunk) & 0xFFFFFFFF:08x}" != t.crc32:
+                raise ContainerError(f"tensor '{t.name}' at bytes [{t.offset}, {t.offset + t.length}): checksum mismatch")
+            yield decode_tensor(chunk, t.name, t.encoding, tuple(t.shape), self.scheme)
 
     def read_tokenizer_json(self) -> str | None:
         """The checkpoint's tokenizer.json carried in the container, verified, or None."""

@@ -46,6 +46,19 @@ class RawTensor:
     def zeros_f32(self) -> np.ndarray | None:
         return None if self.zeros is None else decode_half(self.zeros, self.scale_dtype)
 
+    def rows(self, start: int, stop: int) -> RawTensor:
+        """Rows [start, stop) of a 2-D tensor, as views (every encoding here is row-major with
+        per-row groups), so a runtime can dequantize a large tensor a block of rows at a time."""
+        if len(self.shape) != 2:
+            raise ValueError(f"tensor '{self.name}' has shape {self.shape}: only 2-D tensors have rows")
+
+        def cut(array):
+            return None if array is None else array[start:stop]
+
+        rows = len(range(*slice(start, stop).indices(self.shape[0])))
+        return RawTensor(self.name, self.encoding, (rows, self.shape[1]), self.data[start:stop],
+                         cut(self.scales), cut(self.zeros), self.group_size, self.scale_dtype)
+
     def dequantize(self) -> np.ndarray:
         if self.encoding == "f32":
             return np.array(self.data, dtype=np.float32)

@@ -7,13 +7,13 @@
            + cache slots x slot size (prepared routed experts: int4-pack layout or dequantized)
 
            + tokenizer               (estimate: 900 bytes per vocabulary entry, calibrated in engine.py)
+           + heap slack              (freed memory the C heap may hold until the engine trims it, heap.py)
 
 Weights, caches and buffers are counted exactly from tensor sizes; the workspace is an upper
 estimate of the live activations of one forward pass over `prefill_chunk` tokens (hidden states,
-attention scores, the widest FFN, logits in fp32). Not counted: the interpreter, torch's own
-allocations and heap fragmentation (freed heap is returned after loading, see resident.py).
-Measured on a 3-layer NanoColibri slice (fp32 resident 321 MB) at a 450 MB budget: anonymous RSS
-grew by 436 MB from after imports to after a 32-token generation, within the budget.
+attention scores, the widest FFN, logits in fp32). Not counted: the interpreter and torch's own
+allocations. Measured with bench/ram_budget.py (NanoColibri shapes, bf16, 32 tokens): the peak
+anonymous RSS growth from before `Engine.open` stays within 1% of the budget (RESULTS.md).
 
 The minimum budget holds one layer's working set: `top_k` slots, the experts one token needs.
 """
@@ -39,6 +39,7 @@ class Budget:
     slots: int
     total_experts: int
     other_bytes: int = 0  # the tokenizer (an estimate, see engine.TOKENIZER_BYTES_PER_TOKEN)
+    heap_slack_bytes: int = 0  # freed heap held until trimmed (heap.slack_bytes)
 
     @property
     def cache_capacity_bytes(self) -> int:
@@ -52,6 +53,7 @@ class Budget:
             + self.workspace_bytes
             + self.staging_bytes
             + self.other_bytes
+            + self.heap_slack_bytes
         )
 
     @property
@@ -62,7 +64,8 @@ class Budget:
         return (
             f"budget {format_size(self.ram_budget)}: resident {format_size(self.resident_bytes)}, "
             f"KV cache {format_size(self.kv_cache_bytes)}, workspace {format_size(self.workspace_bytes)}, "
-            f"staging {format_size(self.staging_bytes)}, tokenizer {format_size(self.other_bytes)}, expert cache {self.slots} x "
+            f"staging {format_size(self.staging_bytes)}, tokenizer {format_size(self.other_bytes)}, "
+            f"heap slack {format_size(self.heap_slack_bytes)}, expert cache {self.slots} x "
             f"{format_size(self.slot_bytes)} = {format_size(self.cache_capacity_bytes)} "
             f"({self.slots}/{self.total_experts} experts)"
         )
@@ -93,11 +96,12 @@ def plan_budget(
     slot_bytes: int,
     top_k: int,
     other_bytes: int = 0,
+    heap_slack_bytes: int = 0,
 ) -> Budget:
     """Split `ram_budget`; raise `BudgetError` naming the minimum if one layer's working set
     (top_k experts) does not fit beside the fixed parts."""
     total_experts = config.n_moe_layers * config.n_experts
-    fixed = resident_bytes + kv_bytes + workspace + staging_bytes + other_bytes
+    fixed = resident_bytes + kv_bytes + workspace + staging_bytes + other_bytes + heap_slack_bytes
     working_set = min(top_k, config.n_experts) * slot_bytes if total_experts else 0
     minimum = fixed + working_set
     if ram_budget < minimum:
@@ -105,7 +109,8 @@ def plan_budget(
             f"ram budget {format_size(ram_budget)} ({ram_budget} bytes) is too small: the minimum is "
             f"{format_size(minimum)} ({minimum} bytes) = resident {format_size(resident_bytes)} + KV cache "
             f"{format_size(kv_bytes)} + workspace {format_size(workspace)} + staging {format_size(staging_bytes)} "
-            f"+ tokenizer {format_size(other_bytes)} + one layer's working set ({top_k} x {format_size(slot_bytes)})",
+            f"+ tokenizer {format_size(other_bytes)} + heap slack {format_size(heap_slack_bytes)} "
+            f"+ one layer's working set ({top_k} x {format_size(slot_bytes)})",
             minimum,
         )
     slots = min(total_experts, (ram_budget - fixed) // slot_bytes) if slot_bytes else 0
@@ -119,4 +124,5 @@ def plan_budget(
         int(slots),
         total_experts,
         other_bytes,
+        heap_slack_bytes,
     )

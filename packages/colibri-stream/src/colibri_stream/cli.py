@@ -360,6 +360,8 @@ def _budget_dict(engine) -> dict:
         "kv_cache_bytes": b.kv_cache_bytes,
         "workspace_bytes": b.workspace_bytes,
         "staging_bytes": b.staging_bytes,
+        "tokenizer_bytes": b.other_bytes,
+        "heap_slack_bytes": b.heap_slack_bytes,
         "slot_bytes": b.slot_bytes,
         "cache_slots": b.slots,
         "total_experts": b.total_experts,

@@ -35,6 +35,8 @@ from .errors import BudgetError
 from .expert_cache import ExpertCache
 from .expert_compute import DequantExpert, Int4Expert, int4_supported, prepared_nbytes
 from .generation import GenerationResult, SamplingConfig, decode_loop
+from .heap import slack_bytes as heap_slack_bytes
+from .heap import trim_if_above
 from .options import EngineOptions
 from .prefetch import Prefetcher, RoutingPredictor
 from .resident import build_model, model_config, module_bytes
@@ -133,6 +135,7 @@ class Engine:
                 slot_bytes,
                 top_k,
                 other_bytes=tokenizer_bytes,
+                heap_slack_bytes=heap_slack_bytes(blob_length),
             )
 
         prefetch = opts.prefetch
@@ -241,6 +244,10 @@ class Engine:
             outputs.append(logits.float() if keep == "all" else logits[-1].float())
         if self.cache.prefetcher is not None:
             self.cache.prefetcher.drain()
+        # Freed verify/repack temporaries stay on the C heap (heap.py): give them back once they
+        # pass the budget's slack. Trimming after every miss kept the peak lower but cost 27% of
+        # tokens/s; once per pass costs about 5% (bench/RESULTS.md).
+        trim_if_above(self.budget.heap_slack_bytes)
         return torch.cat(outputs, 0) if keep == "all" else outputs[-1]
 
     def logits(self, input_ids: Sequence[int] | torch.Tensor) -> torch.Tensor:

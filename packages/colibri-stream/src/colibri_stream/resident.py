@@ -3,8 +3,9 @@
 The model is constructed on the meta device with a `StreamedExperts` backend per MoE layer (so
 the stacked routed-expert parameters never exist), then every resident tensor is dequantized
 one at a time from the container's encoding (q8/q4/bf16/f32) to the engine dtype and assigned
-(`load_state_dict(assign=True)`). Peak memory is the raw resident region plus the materialised
-tensors plus one fp32 temporary, never a second full fp32 copy.
+(`load_state_dict(assign=True)`). Each tensor is read on its own and dequantized a block of rows
+at a time, so the peak while opening is the materialised tensors plus one tensor's stored bytes
+plus one block: the budget, which counts the materialised model, holds during the open too.
 
 The container carries the checkpoint's `config.json` verbatim (FORMAT.md), so the config is
 checked like colibri-model's reader does: `format_version` major 1, `model_type` "colibri".
@@ -12,14 +13,13 @@ checked like colibri-model's reader does: `format_version` major 1, `model_type`
 
 from __future__ import annotations
 
-import ctypes
-
 import torch
 from colibri_int4 import Container
 from colibri_model import ColibriConfig, ColibriForCausalLM, ExpertBackend
 from colibri_model.checkpoint import CheckpointFormatError, parse_checkpoint_config
 
 from .errors import ContainerConfigError
+from .heap import release_free_heap
 
 
 def model_config(container: Container) -> ColibriConfig:
@@ -43,10 +43,10 @@ def build_model(
     with torch.device("meta"):
         model = ColibriForCausalLM(config, expert_backends=backends)
     state = {}
-    for name, raw in container.read_resident(dequantize=False).items():
+    for raw in container.iter_resident():
         # 1-D tensors (norms, expert_bias) stay fp32 like colibri-model keeps them.
-        target = torch.float32 if (len(raw.shape) == 1 or name.endswith("expert_bias")) else dtype
-        state[name] = torch.from_numpy(raw.dequantize()).to(device=device, dtype=target)
+        target = torch.float32 if (len(raw.shape) == 1 or raw.name.endswith("expert_bias")) else dtype
+        state[raw.name] = _materialise(raw, target, device)
     expected = set(model.state_dict())
     missing, unexpected = expected - set(state), set(state) - expected
     if missing or unexpected:
@@ -62,21 +62,28 @@ def build_model(
     leftover = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta]
     if leftover:
         raise ContainerConfigError(f"{container.path}: no weights for {leftover[:3]}")
-    del state, raw
+    del state
     release_free_heap()
     return model.eval()
 
 
-def release_free_heap() -> None:
-    """Hand freed heap pages back to the OS (glibc `malloc_trim`).
+# fp32 bytes dequantized at a time. The engine's budget counts the materialised model, not the
+# way there: reading the whole resident region and dequantizing each tensor whole put the open's
+# peak 0.36 GB over a NanoColibri budget (raw region + the embedding's 0.2 GB fp32 temporary;
+# bench/ram_budget.py). One tensor's stored bytes plus this block is all that is added now.
+DEQUANT_BLOCK_BYTES = 4 << 20
 
-    NOTE: materialising the resident tensors frees the raw region and many fp32 temporaries;
-    glibc keeps much of that heap mapped (measured: 31 MB of a 321 MB NanoColibri slice), which
-    would sit outside the budget. A no-op where glibc is not the allocator."""
-    try:
-        ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
+
+def _materialise(raw, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """`raw` dequantized into a new `dtype` tensor, `DEQUANT_BLOCK_BYTES` of fp32 at a time."""
+    if len(raw.shape) != 2:
+        return torch.from_numpy(raw.dequantize()).to(device=device, dtype=dtype)
+    rows, cols = raw.shape
+    out = torch.empty(rows, cols, dtype=dtype, device=device)
+    step = max(1, DEQUANT_BLOCK_BYTES // (4 * cols))
+    for start in range(0, rows, step):
+        out[start : start + step] = torch.from_numpy(raw.rows(start, start + step).dequantize())
+    return out
 
 
 def module_bytes(model: torch.nn.Module) -> int:
