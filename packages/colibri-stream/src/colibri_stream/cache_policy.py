@@ -10,10 +10,9 @@ when a new one needs a slot. The cache tells the policy about every event:
     victim(pinned) -> key     choose an expert to evict, never one in `pinned`
 
 Keys are `(layer, expert)` tuples. A policy sees one global key space, so per-layer policies
-are a matter of how `victim` ranks keys (e.g. prefer the layer just computed). LRU is the
-default: on MoE routing it is cheap (O(1) per event with an OrderedDict) and, per the issue's
-reference numbers, within ~20% of Belady's optimum; frequency-aware policies and pinning are
-the subject of the benchmark issue and plug in here.
+are a matter of how `victim` ranks keys (e.g. prefer the layer just computed). LRU lives here
+as the simplest policy (O(1) per event with an OrderedDict); the default, LFU with aging, and
+the others are in policies.py, chosen by measurement (`make_policy`).
 """
 
 from __future__ import annotations
@@ -78,9 +77,9 @@ POLICIES: dict[str, type[CachePolicy]] = {"lru": LRUPolicy}
 def make_policy(policy: str | CachePolicy | None) -> CachePolicy:
     """A policy instance from a name ("lru", "lfu", ...), an instance, or None (the default).
 
-    The default is LFU with aging (policies.py): on held-out text it reached 0.81 of Belady's hit
-    rate at a 25% budget against LRU's 0.66, chosen on text other than the tuning trace
-    (bench/RESULTS.md, issue 9).
+    The default is LFU with aging (policies.py), the best on held-out text, never on the tuning
+    trace: at a 25% budget 0.65 of Belady's hit rate against LRU's 0.50 on the 1500-step routing
+    model (0.81 vs 0.66 on the 250-step one; bench/RESULTS.md, issue 9).
     """
     if policy is None:
         from .policies import LFUPolicy  # policies.py builds on this module
