@@ -50,6 +50,8 @@ def test_generate_json_has_text_and_stats(tiny):
     assert out["budget"]["ram_budget"] == 200_000_000
     report = read_generate_report(result.output)  # the versioned schema others read
     assert report.stats.misses == stats["misses"] and report.stats.trace is not None
+    assert report.budget.heap_slack_bytes == out["budget"]["heap_slack_bytes"] > 0
+    assert report.budget.tokenizer_bytes == out["budget"]["tokenizer_bytes"] > 0
 
 
 def test_report_reader_refuses_unknown_major_version(tiny):

@@ -82,6 +82,8 @@ class BudgetReport(BaseModel):
     kv_cache_bytes: int
     workspace_bytes: int
     staging_bytes: int
+    tokenizer_bytes: int = 0  # absent from reports written before it was reported
+    heap_slack_bytes: int = 0  # likewise; freed C heap held between trims (heap.py)
     slot_bytes: int
     cache_slots: int
     total_experts: int
