@@ -16,6 +16,7 @@ from .expert_compute import DequantExpert, Int4Expert
 from .generation import GenerationResult, SamplingConfig
 from .policies import LayerLRUPolicy, LFUPolicy, PinnedLRUPolicy  # registers lfu, lru-layer
 from .report import GenerateReport, ReportVersionError, StatsReport, read_generate_report
+from .routing_trace import RoutingTrace, TraceFormatError, TraceHeader, read_trace, write_trace
 from .sizes import format_size, parse_size
 from .stats import LayerCounters, StreamStats, TraceEvent
 from .streamed_experts import StreamedExperts
@@ -59,4 +60,9 @@ __all__ = [
     "belady",
     "access_sequence",
     "ReplayResult",
+    "RoutingTrace",
+    "TraceFormatError",
+    "TraceHeader",
+    "read_trace",
+    "write_trace",
 ]

@@ -35,6 +35,21 @@ WORKLOADS = ("trained", "random", "nano", "micro")
 SUITE_VERSION = "1.0"
 
 
+def percentages(budgets: str, option: str = "--budgets") -> list[str]:
+    """"10%,25%" -> ["10%", "25%"], each checked to lie in (0%, 100%]."""
+    labels = [b.strip() for b in budgets.split(",") if b.strip()]
+    if not labels:
+        raise click.BadParameter("give at least one percentage, e.g. 25%", param_hint=option)
+    for label in labels:
+        try:
+            ok = label.endswith("%") and 0 < float(label[:-1]) <= 100
+        except ValueError:
+            ok = False
+        if not ok:
+            raise click.BadParameter(f"{label!r} is not a percentage in (0%, 100%]", param_hint=option)
+    return labels
+
+
 def _log(message: str) -> None:
     click.echo(message, err=True)
 
@@ -148,6 +163,7 @@ def goals(report: dict) -> dict:
 
 def format_suite(report: dict) -> str:
     from .bench import format_table
+    from .bench_studies import format_policy_study
 
     lines = [f"colibri-stream bench-suite {report['date_utc']} (workdir on {report['filesystem']})"]
     for name, w in report["workloads"].items():
@@ -155,18 +171,7 @@ def format_suite(report: dict) -> str:
         if "sweep_prefetch_on" in w:
             lines += ["with prefetch on (2 threads):", format_table(w["sweep_prefetch_on"])]
         if "policies" in w:
-            lines.append("policies (hit rate; held-out text, tuning text, random routing; vs Belady):")
-            for p in w["policies"]["points"]:
-                cells = []
-                for policy in ("lru", "lru-layer", "lfu", "pinned"):
-                    h = p["heldout"][policy]
-                    cells.append(f"{policy} {h['hit_rate']:.3f} ({h['vs_belady']:.2f})")
-                lines.append(f"  {p['budget_fraction']:>5.0%} slots {p['cache_slots']:>4}: belady "
-                             f"{p['heldout']['belady_hit_rate']:.3f}, static oracle "
-                             f"{p['heldout']['static_oracle_hit_rate']:.3f} | " + " | ".join(cells)
-                             + f" | random lru {p['random']['lru']['hit_rate']:.3f} / belady "
-                             f"{p['random']['belady_hit_rate']:.3f}")
-            lines.append(f"  default policy chosen on held-out text: {w['policies']['default_policy']}")
+            lines += format_policy_study(w["policies"], "held-out text")
         if "prefetch" in w:
             pf = w["prefetch"]
             lines.append(f"prefetch at {pf['budget_fraction']:.0%}: off {pf['off']['tokens_per_s']:.2f} tok/s, "
@@ -203,14 +208,7 @@ def bench_suite(workdir, workloads, budgets, repeats, max_new_tokens, train_step
     """Budget sweeps with Belady and disk-honesty checks, the policy and prefetch studies, a warm run."""
     import torch
 
-    labels = [b.strip() for b in budgets.split(",") if b.strip()]
-    for label in labels:
-        try:
-            ok = label.endswith("%") and 0 < float(label[:-1]) <= 100
-        except ValueError:
-            ok = False
-        if not ok:
-            raise click.BadParameter(f"{label!r} is not a percentage in (0%, 100%]", param_hint="--budgets")
+    labels = percentages(budgets)
     fs = filesystem_type(workdir)  # checked before creating anything
     if fs in RAM_FILESYSTEMS:
         raise click.BadParameter(f"{workdir} is on {fs}: reads never reach storage; use a directory on a disk",

@@ -37,7 +37,7 @@ def routing_trace(container: str | Path, prompts: Sequence[str], max_new_tokens:
         for prompt in prompts:
             eng.generate(prompt, max_new_tokens, stop_token_ids=[])
         shape = {"total_experts": eng.budget.total_experts, "n_experts": eng.config.n_experts,
-                 "top_k": eng.model.config.top_k_infer}
+                 "top_k": eng.top_k}
         return list(eng.stats.trace), shape
 
 
@@ -52,7 +52,7 @@ def text_trace(container: str | Path, texts: Sequence[str], max_tokens: int = 25
         for text in texts:
             eng.logits(eng.encode(text)[:max_tokens])
         shape = {"total_experts": eng.budget.total_experts, "n_experts": eng.config.n_experts,
-                 "top_k": eng.model.config.top_k_infer}
+                 "top_k": eng.top_k}
         return list(eng.stats.trace), shape
 
 
@@ -92,6 +92,21 @@ def policy_study(tuning: Sequence[TraceEvent], heldout: Sequence[TraceEvent], to
             "trace_accesses": {k: sum(len(e.experts) for e in t) for k, t in traces.items()}}
 
 
+def format_policy_study(study: dict, heldout_name: str = "held-out trace") -> list[str]:
+    """The policy study as table lines: per budget, Belady, the static oracle and every policy
+    on the held-out trace (hit rate, and its ratio to Belady's), then random routing."""
+    lines = [f"policies on the {heldout_name} (hit rate, vs Belady in brackets):"]
+    for p in study["points"]:
+        held = p["heldout"]
+        cells = [f"{name} {held[name]['hit_rate']:.3f} ({held[name]['vs_belady'] or 0:.2f})" for name in BENCH_POLICIES]
+        lines.append(f"  {p['budget_fraction']:>5.0%} slots {p['cache_slots']:>5}: belady "
+                     f"{held['belady_hit_rate']:.3f}, static oracle {held['static_oracle_hit_rate']:.3f} | "
+                     + " | ".join(cells) + f" | random routing: lru {p['random']['lru']['hit_rate']:.3f}, "
+                     f"belady {p['random']['belady_hit_rate']:.3f}")
+    lines.append(f"  default policy chosen on the held-out trace: {study['default_policy']}")
+    return lines
+
+
 def _cold_run(container, ram_budget: int, texts: Sequence[str], max_tokens: int, **engine_options) -> dict:
     """A cold engine reads each text one token per forward pass (decode-shaped steps on real
     text); tokens/s is tokens over the wall time of those passes."""
@@ -113,7 +128,7 @@ def _cold_run(container, ram_budget: int, texts: Sequence[str], max_tokens: int,
 def budget_for_fraction(container, fraction: float, **engine_options) -> tuple[int, int]:
     """(ram budget, slots) whose cache holds `fraction` of the routed experts (at least top_k)."""
     with Engine.open(container, ram_budget=1 << 50, **engine_options) as eng:
-        b, top_k = eng.budget, eng.model.config.top_k_infer
+        b, top_k = eng.budget, eng.top_k
     slots = max(top_k, round(fraction * b.total_experts))
     return b.fixed_bytes + slots * b.slot_bytes, slots
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import sys
 import warnings
+from pathlib import Path
 
 import click
 
@@ -165,9 +166,11 @@ def main() -> None:
 @_sampling_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: the text and the stats.")
 @click.option("--trace", is_flag=True, help="With --json: include the routing trace.")
-def generate(container, prompt, max_new_tokens, temperature, top_p, seed, stop, as_json, trace, **options):
+@click.option("--trace-out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write the routing trace to this file (ROUTING_TRACE.md; .gz compresses) for policy-study.")
+def generate(container, prompt, max_new_tokens, temperature, top_p, seed, stop, as_json, trace, trace_out, **options):
     """Continue PROMPT with the model in CONTAINER (greedy unless --temperature is given)."""
-    engine = _open_engine(container, options, record_trace=trace)
+    engine = _open_engine(container, options, record_trace=trace or trace_out is not None)
     with engine:
 
         def show(piece: str) -> None:
@@ -187,6 +190,11 @@ def generate(container, prompt, max_new_tokens, temperature, top_p, seed, stop, 
             )
         except (StreamError, ValueError) as exc:
             raise click.ClickException(str(exc).splitlines()[0]) from None
+        if trace_out is not None:
+            try:
+                engine.save_trace(trace_out, source=f"generate --prompt {prompt[:60]!r} --max-new-tokens {max_new_tokens}")
+            except OSError as exc:
+                raise click.ClickException(f"{trace_out}: cannot write the trace ({exc.strerror or exc})") from None
         if as_json:
             out = {"report_version": REPORT_VERSION, **result.to_dict()}
             out["stats"] = engine.stats.to_dict(include_trace=trace)
@@ -384,8 +392,10 @@ def _print_summary(engine, result) -> None:
 
 
 from .bench_cli import bench_suite  # noqa: E402 - issue 9's full study lives in its own module
+from .policy_cli import policy_study_command  # noqa: E402
 
 main.add_command(bench_suite)
+main.add_command(policy_study_command)
 
 if __name__ == "__main__":
     main()

@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Literal
 
 import torch
@@ -40,6 +41,7 @@ from .heap import trim_if_above
 from .options import EngineOptions
 from .prefetch import Prefetcher, RoutingPredictor
 from .resident import build_model, model_config, module_bytes
+from .routing_trace import write_trace
 from .sizes import parse_size
 from .stats import StreamStats
 from .streamed_experts import StreamedExperts
@@ -221,6 +223,20 @@ class Engine:
 
     def reset_stats(self) -> None:
         self.stats.reset()
+
+    @property
+    def top_k(self) -> int:
+        """Routed experts per token per layer, as served (the `top_k` option or top_k_infer)."""
+        return self.options.top_k or self.config.top_k_infer
+
+    def save_trace(self, path: str | os.PathLike, source: str = "") -> Path:
+        """Write the routing trace recorded since the last reset as a ROUTING_TRACE.md file (for
+        `colibri-stream policy-study`). Needs `record_trace=True` at open."""
+        if not self.stats.record_trace:
+            raise ValueError("this engine records no routing trace: open it with record_trace=True")
+        config = self.config
+        return write_trace(path, self.stats.trace, n_moe_layers=config.n_layers - config.n_dense_layers,
+                           n_experts=config.n_experts, top_k=self.top_k, model=Path(self.path).name, source=source)
 
     # --- forward passes --------------------------------------------------------------------
     @torch.inference_mode()
