@@ -141,6 +141,9 @@ def goals(report: dict) -> dict:
                 # the best fixed set in hindsight: how far popularity alone can go
                 "static_oracle": round(held["static_oracle_hit_rate"] / held["belady_hit_rate"], 4)
                 if held["belady_hit_rate"] else None,
+                # Belady with the same passes in random order: near 1 = no temporal locality to exploit
+                "belady_shuffled": round(at25["shuffled"]["belady_hit_rate"] / held["belady_hit_rate"], 4)
+                if held["belady_hit_rate"] else None,
             }
         g["warm_outside_compute_fraction"] = {"target_below": 0.25,
                                               "measured": trained["warm"]["outside_compute_fraction"]}

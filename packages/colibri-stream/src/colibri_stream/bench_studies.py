@@ -63,10 +63,27 @@ def random_trace_like(trace: Sequence[TraceEvent], n_experts: int, seed: int = 0
             for e in trace]
 
 
+def shuffled_steps(trace: Sequence[TraceEvent], seed: int = 0) -> list[TraceEvent]:
+    """The same forward passes in a random order, each pass's routing intact: expert popularity
+    is kept, any dependence between consecutive tokens is destroyed."""
+    passes: dict[int, list[TraceEvent]] = {}
+    for event in trace:
+        passes.setdefault(event.step, []).append(event)
+    order = list(passes)
+    random.Random(seed).shuffle(order)
+    return [TraceEvent(i, e.layer, e.experts) for i, step in enumerate(order) for e in passes[step]]
+
+
 def policy_study(tuning: Sequence[TraceEvent], heldout: Sequence[TraceEvent], total_experts: int,
                  n_experts: int, top_k: int, fractions: Sequence[float], margin: float = 0.005) -> dict:
-    """Hit rates of each policy and of Belady on the tuning, held-out and random traces."""
-    traces = {"tuning": tuning, "heldout": heldout, "random": random_trace_like(heldout, n_experts)}
+    """Hit rates of each policy and of Belady on the tuning, held-out, shuffled and random traces.
+
+    The shuffled trace measures temporal locality: if Belady (and every policy) does about as
+    well with the held-out passes in random order, routing is close to the independent
+    reference model, under which the best online policy keeps the most popular experts (A0,
+    Aho, Denning and Ullman 1971), i.e. about the static oracle, whatever it knows about time."""
+    traces = {"tuning": tuning, "heldout": heldout, "shuffled": shuffled_steps(heldout),
+              "random": random_trace_like(heldout, n_experts)}
     rows = []
     for fraction in fractions:
         capacity = max(top_k, round(fraction * total_experts))
@@ -101,8 +118,11 @@ def format_policy_study(study: dict, heldout_name: str = "held-out trace") -> li
         cells = [f"{name} {held[name]['hit_rate']:.3f} ({held[name]['vs_belady'] or 0:.2f})" for name in BENCH_POLICIES]
         lines.append(f"  {p['budget_fraction']:>5.0%} slots {p['cache_slots']:>5}: belady "
                      f"{held['belady_hit_rate']:.3f}, static oracle {held['static_oracle_hit_rate']:.3f} | "
-                     + " | ".join(cells) + f" | random routing: lru {p['random']['lru']['hit_rate']:.3f}, "
-                     f"belady {p['random']['belady_hit_rate']:.3f}")
+                     + " | ".join(cells))
+        shuffled, rand = p["shuffled"], p["random"]
+        lines.append(f"  {'':>5} same passes shuffled: belady {shuffled['belady_hit_rate']:.3f}, lfu "
+                     f"{shuffled['lfu']['hit_rate']:.3f}, lru {shuffled['lru']['hit_rate']:.3f} | random routing: "
+                     f"belady {rand['belady_hit_rate']:.3f}, lru {rand['lru']['hit_rate']:.3f}")
     lines.append(f"  default policy chosen on the held-out trace: {study['default_policy']}")
     return lines
 
