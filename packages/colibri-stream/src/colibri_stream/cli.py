@@ -1,4 +1,5 @@
-"""The `colibri-stream` command line: generate, chat, plan.
+"""The `colibri-stream` command line: generate, chat, plan, bench (and, from their own modules,
+bench-suite, trace-hf, policy-study).
 
     colibri-stream generate model.coli --prompt "Once upon a time" --ram-budget 600MB --max-new-tokens 64
     colibri-stream generate model.coli --prompt "..." --ram-budget 1GiB --max-new-tokens 64 --json
