@@ -159,3 +159,28 @@ def test_cli_refuses_bad_budgets_and_tmpfs(tmp_path):
     if result.exit_code == 2:
         assert "tmpfs" in result.output
     assert "--workload" in runner.invoke(bench_suite, ["--help"]).output
+
+
+def test_suite_trained_workload_end_to_end(tmp_path):
+    """The whole trained-workload study on a 3-step model (about 20 s): training on the bundled
+    prose, export, sweep, policy study (traces kept for policy-study), prefetch study, warm run."""
+    import json
+
+    from colibri_stream.direct_io import RAM_FILESYSTEMS, filesystem_type
+    from colibri_stream.routing_trace import read_trace
+
+    if filesystem_type(tmp_path) in RAM_FILESYSTEMS:
+        pytest.skip("the suite refuses a workdir on tmpfs")
+    out = tmp_path / "suite.json"
+    result = CliRunner().invoke(bench_suite, [
+        "--workdir", str(tmp_path / "work"), "--workload", "trained", "--train-steps", "3", "--repeats", "1",
+        "--budgets", "25%", "--max-new-tokens", "4", "--bandwidth-mb", "4", "--json-out", str(out)])
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    trained = report["workloads"]["trained"]
+    assert trained["train_steps"] == 3 and [p["budget_fraction"] for p in trained["policies"]["points"]] == [0.25]
+    held = read_trace(trained["traces"]["heldout"])
+    assert held.header.n_moe_layers * held.header.n_experts == 128 and held.header.top_k == 1
+    assert sum(len(e.experts) for e in held.events) == trained["policies"]["trace_accesses"]["heldout"]
+    assert set(report["goals"]["hit_rate_vs_belady_at_25pct"]) >= {"target", "lru", "static_oracle", "belady_shuffled"}
+    assert "same passes shuffled" in result.output and "warm run" in result.output

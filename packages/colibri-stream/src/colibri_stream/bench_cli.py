@@ -92,6 +92,8 @@ def run_suite(workdir: Path, workloads: tuple[str, ...], budgets: list[str], rep
         _log("trained workload: policy study (tuning vs held-out traces)")
         tune_trace, shape = text_trace(trained.container, tuning_prompts(4, 1500), text_tokens)
         held_trace, _ = text_trace(trained.container, heldout_prompts(4, 1500), text_tokens)
+        trace_files = _save_traces(workdir / "traces", {"tuning": tune_trace, "heldout": held_trace}, shape,
+                                   trained.container, text_tokens)
         policies = policy_study(tune_trace, held_trace, shape["total_experts"], shape["n_experts"], shape["top_k"],
                                 fractions or [0.25])
         _log("trained workload: prefetch study at 25%")
@@ -99,7 +101,7 @@ def run_suite(workdir: Path, workloads: tuple[str, ...], budgets: list[str], rep
         _log("trained workload: warm run")
         warm = warm_run(trained.container, heldout[:2], max_new_tokens)
         out["workloads"]["trained"] = {"container": str(trained.container), "train_steps": trained.steps,
-                                       "val_loss": trained.val_loss, "sweep": sweep, "policies": policies,
+                                       "val_loss": trained.val_loss, "sweep": sweep, "policies": policies, "traces": trace_files,
                                        "prefetch": prefetch, "warm": warm}
     if "random" in workloads:
         _log("random workload: random-weight container of the same shapes")
@@ -123,6 +125,21 @@ def run_suite(workdir: Path, workloads: tuple[str, ...], budgets: list[str], rep
         out["workloads"][shape] = {"container_bytes": size, "write_seconds": round(written, 1), "sweep": sweep,
                                    "sweep_prefetch_on": with_prefetch}
     out["goals"] = goals(out)
+    return out
+
+
+def _save_traces(directory: Path, traces: dict, shape: dict, container: Path, tokens: int) -> dict[str, str]:
+    """Keep the policy study's traces, so `colibri-stream policy-study` can replay them later."""
+    from .routing_trace import write_trace
+
+    directory.mkdir(parents=True, exist_ok=True)
+    out = {}
+    for name, events in traces.items():
+        path = directory / f"trained-{name}.jsonl.gz"
+        write_trace(path, events, n_moe_layers=shape["total_experts"] // shape["n_experts"], n_experts=shape["n_experts"],
+                    top_k=shape["top_k"], model=str(container),
+                    source=f"{name} passages of the bundled prose, {tokens} tokens each, one token per pass")
+        out[name] = str(path)
     return out
 
 
