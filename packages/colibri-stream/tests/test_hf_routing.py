@@ -120,7 +120,7 @@ def test_trace_hf_cli_then_policy_study(olmoe_dir, tmp_path):
     text.write_text("The quick brown fox jumps over the lazy dog. " * 12, encoding="utf-8")
     out = tmp_path / "olmoe.jsonl.gz"
     result = CliRunner().invoke(main, ["trace-hf", str(olmoe_dir), "--text", str(text), "--out", str(out),
-                                       "--max-tokens", "40", "--dtype", "f32"])
+                                       "--max-tokens", "40", "--dtype", "f32", "--device", "auto"])
     assert result.exit_code == 0, result.output
     trace = read_trace(out)
     assert (trace.header.n_moe_layers, trace.header.n_experts, trace.header.top_k) == (3, 16, 4)
@@ -140,6 +140,7 @@ def test_trace_hf_cli_errors(olmoe_dir, tmp_path):
         ([str(tmp_path / "no-model"), "--text", str(empty)], "cannot load"),
         ([str(olmoe_dir), "--text", str(binary)], "bad.txt: not UTF-8 text (invalid start byte at byte 3)"),
         ([str(olmoe_dir), "--text", str(empty)], "hold no tokens"),
+        ([str(olmoe_dir), "--text", str(empty), "--device", "nonsense"], "cannot load"),
     ]
     for args, message in cases:
         result = CliRunner().invoke(main, ["trace-hf", *args, "--out", str(out)])

@@ -79,7 +79,7 @@ class HFTrace:
     tokens: int
 
 
-def record_routing(model: torch.nn.Module, sequences: Iterable[Sequence[int]], device: str = "cpu") -> HFTrace:
+def record_routing(model: torch.nn.Module, sequences: Iterable[Sequence[int]]) -> HFTrace:
     """Run each token sequence through `model` (one causal forward pass each) and return the
     routing: for every token (one step) and MoE layer, the experts its router selected."""
     sites = find_routers(model)
@@ -94,6 +94,10 @@ def record_routing(model: torch.nn.Module, sequences: Iterable[Sequence[int]], d
 
         return hook
 
+    # where the token ids must go: the embedding's device (also right for a model spread over
+    # devices by accelerate's device_map)
+    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    device = embeddings.weight.device if embeddings is not None else torch.device("cpu")
     handles = [s.module.register_forward_hook(hook_for(s)) for s in sites]
     events: list[TraceEvent] = []
     step = top_k = 0

@@ -35,7 +35,9 @@ _DTYPES = {"auto": "auto", "bf16": "bfloat16", "f32": "float32"}
               help="Tokens per forward pass (a window of text); each token is one step of the trace.")
 @click.option("--dtype", type=click.Choice(list(_DTYPES)), default="auto", show_default=True,
               help="Weights dtype (auto: the checkpoint's).")
-@click.option("--device", default="cpu", show_default=True, help="torch device to run the model on.")
+@click.option("--device", default="cpu", show_default=True,
+              help="torch device to run the model on (cpu, cuda, ...), or auto: spread it over the GPUs, CPU "
+                   "and disk with accelerate's device_map, for a model larger than one device.")
 def trace_hf(model: str, texts: tuple[Path, ...], out: Path, max_tokens: int, dtype: str, device: str) -> None:
     """Record the routing of a transformers MoE MODEL (a local directory, or a Hub id when online)
     reading the --text files, one step per token, as a routing trace for policy-study."""
@@ -47,8 +49,12 @@ def trace_hf(model: str, texts: tuple[Path, ...], out: Path, max_tokens: int, dt
 
     try:
         tokenizer = transformers.AutoTokenizer.from_pretrained(model)
-        hf_model = transformers.AutoModelForCausalLM.from_pretrained(model, dtype=_DTYPES[dtype]).to(device).eval()
-    except (OSError, ValueError) as exc:
+        if device == "auto":
+            hf_model = transformers.AutoModelForCausalLM.from_pretrained(model, dtype=_DTYPES[dtype], device_map="auto")
+        else:
+            hf_model = transformers.AutoModelForCausalLM.from_pretrained(model, dtype=_DTYPES[dtype]).to(device)
+        hf_model.eval()
+    except (OSError, ValueError, RuntimeError) as exc:  # RuntimeError: e.g. an unknown --device
         raise click.ClickException(f"{model}: cannot load ({str(exc).splitlines()[0]})") from None
     windows = []
     for path in texts:
@@ -60,7 +66,7 @@ def trace_hf(model: str, texts: tuple[Path, ...], out: Path, max_tokens: int, dt
     if not windows:
         raise click.ClickException("the --text files hold no tokens")
     try:
-        trace = record_routing(hf_model, windows, device=device)
+        trace = record_routing(hf_model, windows)
     except NoRouterError as exc:
         raise click.ClickException(f"{model}: {exc}") from None
     write_trace(out, trace.events, n_moe_layers=trace.n_moe_layers, n_experts=trace.n_experts, top_k=trace.top_k,
