@@ -14,7 +14,7 @@ Construction, per layer (30 layers, FFN width 1536), fitted on the *tuning* pass
   the tuning tokens (co-activation), greedy balanced assignment;
 - router: the expert's share of the token's routed |activation| mass, plus a per-expert bias
   tuned on the tuning tokens with the aux-loss-free sign rule (DeepSeek-V3) so loads are
-  balanced, as in NanoColibri; top-1, as NanoColibri serves.
+  balanced, as in NanoColibri (`--gamma 0`: unbalanced); top-1, as NanoColibri serves (`--top-k`).
 
 Writes two routing traces (ROUTING_TRACE.md) for `colibri-stream policy-study`:
 
@@ -95,9 +95,9 @@ def balanced_clusters(features: torch.Tensor, k: int, iterations: int, seed: int
     return assign
 
 
-def moefy_layer(tuning: torch.Tensor, heldout: torch.Tensor, n_experts: int, shared: int, gamma: float,
+def moefy_layer(tuning: torch.Tensor, heldout: torch.Tensor, n_experts: int, shared: int, top_k: int, gamma: float,
                 seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-1 routed expert of each tuning and held-out token in one layer."""
+    """The top-k routed experts of each tuning and held-out token in one layer: [tokens, top_k], sorted."""
     magnitude = tuning.abs()
     shared_idx = torch.argsort(magnitude.mean(0), descending=True)[:shared]
     routed = torch.ones(tuning.shape[1], dtype=torch.bool)
@@ -114,10 +114,10 @@ def moefy_layer(tuning: torch.Tensor, heldout: torch.Tensor, n_experts: int, sha
 
     tune_scores, held_scores = affinity(tuning), affinity(heldout)
     bias = torch.zeros(n_experts)
-    for _ in range(500):  # aux-loss-free balancing: raise under-loaded experts, lower over-loaded ones
-        load = torch.bincount((tune_scores + bias).argmax(1), minlength=n_experts).float()
+    for _ in range(500 if gamma else 0):  # aux-loss-free balancing: raise under-loaded experts, lower over-loaded
+        load = torch.bincount((tune_scores + bias).topk(top_k, 1).indices.flatten(), minlength=n_experts).float()
         bias += gamma * torch.sign(load.mean() - load)
-    return (tune_scores + bias).argmax(1), (held_scores + bias).argmax(1)
+    return tuple((scores + bias).topk(top_k, 1).indices.sort(1).values for scores in (tune_scores, held_scores))
 
 
 def main() -> None:
@@ -128,7 +128,8 @@ def main() -> None:
     parser.add_argument("--tuning-passages", type=int, default=16)
     parser.add_argument("--heldout-passages", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=256, help="tokens per passage")
-    parser.add_argument("--gamma", type=float, default=2e-4, help="bias step of the balancing rule")
+    parser.add_argument("--top-k", type=int, default=1, help="experts per token (NanoColibri serves 1; OLMoE uses 8)")
+    parser.add_argument("--gamma", type=float, default=2e-4, help="bias step of the balancing rule (0: no balancing)")
     args = parser.parse_args()
 
     from colibri_stream import TraceEvent, write_trace
@@ -139,15 +140,15 @@ def main() -> None:
     tokenizer, model = load_smollm2()
     tuning = ffn_activations(model, tokenizer, tuning_prompts(args.tuning_passages, 1500), args.tokens)
     heldout = ffn_activations(model, tokenizer, heldout_prompts(args.heldout_passages, 1500), args.tokens)
-    routes = [moefy_layer(t, h, args.experts, args.shared_neurons, args.gamma, seed=i)
+    routes = [moefy_layer(t, h, args.experts, args.shared_neurons, args.top_k, args.gamma, seed=i)
               for i, (t, h) in enumerate(zip(tuning, heldout))]
     args.out.mkdir(parents=True, exist_ok=True)
     for which, name in ((0, "tuning"), (1, "heldout")):
         experts = [r[which] for r in routes]
-        events = [TraceEvent(t, layer, (int(experts[layer][t]),))
+        events = [TraceEvent(t, layer, tuple(experts[layer][t].tolist()))
                   for t in range(len(experts[0])) for layer in range(len(experts))]
         path = write_trace(args.out / f"{name}.jsonl.gz", events, n_moe_layers=len(routes), n_experts=args.experts,
-                           top_k=1, model="SmolLM2-135M-Instruct, MoEfied (bench/moefied_routing.py)",
+                           top_k=args.top_k, model="SmolLM2-135M-Instruct, MoEfied (bench/moefied_routing.py)",
                            source=f"{name} passages of colibri-model's bundled prose, {args.tokens} tokens each")
         print(f"{path}: {len(experts[0])} tokens x {len(routes)} layers")
     print(f"{time.perf_counter() - started:.0f} s")

@@ -11,6 +11,7 @@ freed heap cannot hide the next one's allocations.
 
     python bench/ram_budget.py                      # NanoColibri-shaped random container, 3 budgets
     python bench/ram_budget.py --preset micro --fractions 0.1
+    python bench/ram_budget.py --slab both          # per point: per-expert heap tensors, then the slab
 
 The container is written to --workdir (a real disk) and deleted afterwards.
 """
@@ -55,7 +56,7 @@ class PeakSampler(threading.Thread):
         return self.peak
 
 
-def child(path: str, budget: int, tokens: int, threads: int) -> dict:
+def child(path: str, budget: int, tokens: int, threads: int, slab: bool) -> dict:
     """One measured point, in this (fresh) process."""
     import torch
     from colibri_stream import Engine
@@ -65,7 +66,7 @@ def child(path: str, budget: int, tokens: int, threads: int) -> dict:
     baseline = rss_anon_bytes()
     sampler = PeakSampler()
     sampler.start()
-    with Engine.open(path, ram_budget=budget, dtype="bf16") as engine:
+    with Engine.open(path, ram_budget=budget, dtype="bf16", slab=slab) as engine:
         result = engine.generate(PROMPT, max_new_tokens=tokens, stop_token_ids=[])
         plan, stats = engine.budget, engine.stats.to_dict()
     peak = sampler.stop()
@@ -80,6 +81,7 @@ def child(path: str, budget: int, tokens: int, threads: int) -> dict:
         "growth_over_budget": round((peak - baseline) / budget, 4),
         "hit_rate": stats["hit_rate"],
         "tokens_per_s": round(result.tokens_per_s, 3),
+        "slab": slab,
     }
 
 
@@ -91,10 +93,12 @@ def main() -> None:
                         help="share of the routed experts the cache holds on top of the minimum")
     parser.add_argument("--tokens", type=int, default=16)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--slab", choices=["on", "off", "both"], default="on",
+                        help="cache slots in one slab (the default) or per-expert heap tensors; both: A/B per point")
     parser.add_argument("--child", nargs=2, metavar=("CONTAINER", "BUDGET"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child(args.child[0], int(args.child[1]), args.tokens, args.threads)))
+        print(json.dumps(child(args.child[0], int(args.child[1]), args.tokens, args.threads, args.slab == "on")))
         return
 
     from colibri_stream import BudgetError, Engine
@@ -111,17 +115,19 @@ def main() -> None:
         rows = []
         for fraction in (float(f) for f in args.fractions.split(",")):
             budget = minimum + int(fraction * total) * slot_bytes
-            out = subprocess.run(
-                [sys.executable, __file__, "--child", str(path), str(budget), "--tokens", str(args.tokens),
-                 "--threads", str(args.threads)],
-                capture_output=True, text=True, check=True,
-            )
-            row = json.loads(out.stdout.strip().splitlines()[-1])
-            row["fraction"] = fraction
-            rows.append(row)
-            print(f"budget {budget / 1e6:8.1f} MB ({row['cache_slots']}/{row['total_experts']} experts cached): "
-                  f"peak anonymous RSS growth {row['growth'] / 1e6:8.1f} MB = {row['growth_over_budget']:.3f} of "
-                  f"the budget; hit rate {row['hit_rate']:.1%}, {row['tokens_per_s']} tok/s", flush=True)
+            for slab in (["off", "on"] if args.slab == "both" else [args.slab]):
+                out = subprocess.run(
+                    [sys.executable, __file__, "--child", str(path), str(budget), "--tokens", str(args.tokens),
+                     "--threads", str(args.threads), "--slab", slab],
+                    capture_output=True, text=True, check=True,
+                )
+                row = json.loads(out.stdout.strip().splitlines()[-1])
+                row["fraction"] = fraction
+                rows.append(row)
+                print(f"budget {budget / 1e6:8.1f} MB ({row['cache_slots']}/{row['total_experts']} experts cached), "
+                      f"slab {slab:>3}: peak anonymous RSS growth {row['growth'] / 1e6:8.1f} MB = "
+                      f"{row['growth_over_budget']:.3f} of the budget; hit rate {row['hit_rate']:.1%}, "
+                      f"{row['tokens_per_s']} tok/s", flush=True)
     print(json.dumps({"preset": args.preset, "tokens": args.tokens, "points": rows}, indent=1))
 
 

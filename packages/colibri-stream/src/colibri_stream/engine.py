@@ -35,6 +35,7 @@ from .direct_io import BlobReader
 from .errors import BudgetError
 from .expert_cache import ExpertCache
 from .expert_compute import DequantExpert, Int4Expert, int4_supported, prepared_nbytes
+from .expert_slab import ExpertSlab
 from .generation import GenerationResult, SamplingConfig, decode_loop
 from .heap import slack_bytes as heap_slack_bytes
 from .heap import trim_if_above
@@ -86,7 +87,9 @@ class Engine:
         `prefetch_threads` workers; "predict" only measures the guess; "auto", the default, is
         "on" for experts of `PREFETCH_AUTO_MIN_BLOB` bytes or more when a CPU is free beyond
         torch's threads, where it was measured to pay; set torch's threads before opening);
-        `tokenizer` (default: the container's, else colibri-model's bundled one).
+        `slab` (default True: int4 experts live in one allocation made now, so the heap cannot
+        creep past the budget; expert_slab.py); `tokenizer` (default: the container's, else
+        colibri-model's bundled one).
 
         Raises `BudgetError` (naming the minimum) when `ram_budget` cannot hold the resident
         part plus one layer's working set, `colibri_int4.ContainerError` for a damaged file.
@@ -160,7 +163,11 @@ class Engine:
                 def prepare(blob):
                     return DequantExpert(blob, expert_dtype, device)
 
-            cache = ExpertCache(reader, entries, layout, prepare, max(budget.slots, 1), policy, stats)
+            capacity = max(budget.slots, 1)
+            # CPU int4 experts live in one slab allocated now (expert_slab.py); the dequantized
+            # reference path (and CUDA) keeps per-expert tensors
+            slab = ExpertSlab(capacity, slot_bytes) if compute == "int4" and opts.slab else None
+            cache = ExpertCache(reader, entries, layout, prepare, capacity, policy, stats, slab=slab)
             backends = {
                 i: StreamedExperts(i, config.n_experts, config.d_model, cache, stats)
                 for i in range(config.n_dense_layers, config.n_layers)

@@ -26,6 +26,7 @@ from colibri_int4 import ContainerError, ExpertBlob, ExpertBlobLayout, ExpertEnt
 from .cache_policy import CachePolicy, ExpertKey
 from .direct_io import AlignedBuffer, BlobReader
 from .errors import ExpertCorruptError
+from .expert_slab import ExpertSlab
 from .stats import StreamStats
 
 PrepareFn = Callable[[ExpertBlob], object]  # blob -> object with .forward(x) and .nbytes
@@ -71,11 +72,17 @@ class ExpertCache:
         capacity: int,
         policy: CachePolicy,
         stats: StreamStats,
+        slab: ExpertSlab | None = None,
     ):
         if capacity < 1:
             raise ValueError("the expert cache needs at least one slot")
+        if slab is not None and slab.slots < capacity:
+            raise ValueError(f"a slab of {slab.slots} slots cannot back a cache of {capacity}")
         self.reader, self.entries, self.layout, self.prepare = reader, entries, layout, prepare
         self.capacity, self.policy, self.stats = capacity, policy, stats
+        # with a slab, prepared experts (those with move_into) live in its slots (expert_slab.py)
+        self.slab = slab
+        self._slab_index: dict[ExpertKey, int] = {}
         self._slots: dict[ExpertKey, object] = {}
         self._unused_prefetch: set[ExpertKey] = set()
         self._staging = AlignedBuffer(layout.blob_length)
@@ -146,6 +153,8 @@ class ExpertCache:
     def _remove(self, key: ExpertKey) -> None:
         prepared = self._slots.pop(key)
         self.bytes_held -= prepared.nbytes
+        if key in self._slab_index:
+            self.slab.give_back(self._slab_index.pop(key))
         self.policy.on_remove(key)
         if key in self._unused_prefetch:
             self._unused_prefetch.discard(key)
@@ -177,6 +186,10 @@ class ExpertCache:
             self.stats.evictions += 1
 
     def _insert(self, key: ExpertKey, prepared) -> None:
+        if self.slab is not None and hasattr(prepared, "move_into"):
+            index = self.slab.take()
+            prepared.move_into(self.slab.slot(index))
+            self._slab_index[key] = index
         self._slots[key] = prepared
         self.bytes_held += prepared.nbytes
         self.policy.on_insert(key)

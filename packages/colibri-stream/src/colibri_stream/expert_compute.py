@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 from colibri_int4 import ExpertBlob, ExpertBlobLayout
 
+from .expert_slab import aligned, place
 from .int4_repack import pack_for_cpu_kernel
 
 INT4_GROUPS = (32, 64, 128, 256)
@@ -57,6 +58,9 @@ def _half_to_tensor(bits: np.ndarray, scale_dtype: str) -> torch.Tensor:
     """uint16 bit patterns of bf16/fp16 -> fp32 tensor (exact)."""
     t = torch.from_numpy(np.ascontiguousarray(bits).view(np.int16))
     return t.view(torch.bfloat16 if scale_dtype == "bf16" else torch.float16).float()
+
+
+_INT4_PARTS = ("gate_up", "gate_up_sz", "down", "down_sz")
 
 
 class Int4Expert:
@@ -81,7 +85,15 @@ class Int4Expert:
         self.group_gate_up, self.group_down = blob.groups["gate"], blob.groups["down"]
         self.gate_up, self.gate_up_sz = self._pack(blob, ("gate", "up"), dtype)
         self.down, self.down_sz = self._pack(blob, ("down",), dtype)
-        self.nbytes = sum(t.nbytes for t in (self.gate_up, self.gate_up_sz, self.down, self.down_sz))
+        # what a slab slot holds: each part starts on a cache line (expert_slab.place)
+        self.nbytes = sum(aligned(t.nbytes) for t in (self.gate_up, self.gate_up_sz, self.down, self.down_sz))
+
+    def move_into(self, slot: torch.Tensor) -> None:
+        """Copy the prepared tensors into `slot` (uint8, >= nbytes) and use them from there; the
+        heap copies are freed (expert_slab.py says why)."""
+        parts = place({name: getattr(self, name) for name in _INT4_PARTS}, slot)
+        for name, view in parts.items():
+            setattr(self, name, view)
 
     @staticmethod
     def _pack(
@@ -135,4 +147,5 @@ def prepared_nbytes(
         return weights * elem
     groups_gate_up = 2 * expert_dim * (d_model // layout.groups["gate"])
     groups_down = d_model * (expert_dim // layout.groups["down"])
-    return weights // 2 + 2 * elem * (groups_gate_up + groups_down)
+    parts = (d_model * expert_dim, 2 * elem * groups_gate_up, d_model * expert_dim // 2, 2 * elem * groups_down)
+    return sum(aligned(n) for n in parts)  # gate|up and down nibbles, their scales and zeros
