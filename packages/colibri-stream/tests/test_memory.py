@@ -38,5 +38,47 @@ def test_heap_trim_follows_its_threshold():
     if free is None:
         pytest.skip("mallinfo2 needs glibc >= 2.33")
     assert free >= 0
-    assert heap.trim_if_above(1 << 62) is False  # far below the limit: no trim
-    assert heap.trim_if_above(-1) is True  # any free heap is above -1: trimmed
+    assert heap.HeapTrimmer(1 << 62).maybe_trim(1 << 63) is False  # far below the limit: no trim
+    eager = heap.HeapTrimmer(-1)
+    assert eager.maybe_trim(0) is True and eager.trims == 1  # any growth is above -1: trimmed
+
+
+def test_trimmer_measures_growth_since_its_last_trim(monkeypatch):
+    """mallinfo2 keeps counting chunks whose pages were already handed back, so the trimmer
+    compares with the free heap after its last trim, not with zero."""
+    free = {"now": 50 << 20}
+    trims = []
+    monkeypatch.setattr(heap, "_LIBC", object())  # as if glibc were there
+    monkeypatch.setattr(heap, "free_heap_bytes", lambda: free["now"])
+    monkeypatch.setattr(heap, "release_free_heap", lambda: trims.append(free["now"]))
+    trimmer = heap.HeapTrimmer(4 << 20)  # 50 MB already free (a closed engine's holes)
+    read = iter(range(4 << 20, 100 << 20, 4 << 20))  # 4 MB more read before each check: always asks
+    assert trimmer.maybe_trim(next(read)) is False and trims == []  # old holes: nothing new to give back
+    free["now"] = 53 << 20
+    assert trimmer.maybe_trim(next(read)) is False  # 3 MB of new free heap: within the slack
+    free["now"] = 60 << 20
+    assert trimmer.maybe_trim(next(read)) is True and trims == [60 << 20]  # 10 MB new: trimmed
+    assert trimmer.maybe_trim(next(read)) is False  # nothing new since
+    free["now"] = 20 << 20  # the heap reused free memory: those pages are resident again
+    assert trimmer.maybe_trim(next(read)) is False
+    free["now"] = 25 << 20
+    assert trimmer.maybe_trim(next(read)) is True  # 5 MB freed again on top of the new low
+
+
+def test_trimmer_asks_only_after_enough_reads(monkeypatch):
+    asked = []
+    monkeypatch.setattr(heap, "_LIBC", object())
+    monkeypatch.setattr(heap, "free_heap_bytes", lambda: asked.append(1) or 0)
+    monkeypatch.setattr(heap, "release_free_heap", lambda: None)
+    trimmer = heap.HeapTrimmer(1000)
+    asked.clear()
+    for bytes_read in (0, 10, 999):  # a warm cache reads nothing: mallinfo2 is not walked
+        trimmer.maybe_trim(bytes_read)
+    assert asked == []
+    trimmer.maybe_trim(1000)
+    assert len(asked) == 1
+    trimmer.maybe_trim(5)  # stats were reset: counting starts again from 0
+    trimmer.maybe_trim(999)
+    assert len(asked) == 1
+    trimmer.maybe_trim(1006)
+    assert len(asked) == 2

@@ -37,8 +37,8 @@ from .expert_cache import ExpertCache
 from .expert_compute import DequantExpert, Int4Expert, int4_supported, prepared_nbytes
 from .expert_slab import ExpertSlab
 from .generation import GenerationResult, SamplingConfig, decode_loop
+from .heap import HeapTrimmer
 from .heap import slack_bytes as heap_slack_bytes
-from .heap import trim_if_above
 from .options import EngineOptions
 from .prefetch import Prefetcher, RoutingPredictor
 from .resident import build_model, model_config, module_bytes
@@ -70,6 +70,7 @@ class Engine:
         self.max_context, self.prefill_chunk, self.device = max_context, prefill_chunk, device
         self.kv_cache = model.new_kv_cache(1, max_context)
         self.path = container.path
+        self.heap_trimmer = HeapTrimmer(budget.heap_slack_bytes)
 
     # --- construction ----------------------------------------------------------------------
     @classmethod
@@ -270,7 +271,7 @@ class Engine:
         # Freed verify/repack temporaries stay on the C heap (heap.py): give them back once they
         # pass the budget's slack. Trimming after every miss kept the peak lower but cost 27% of
         # tokens/s; once per pass costs about 5% (bench/RESULTS.md).
-        trim_if_above(self.budget.heap_slack_bytes)
+        self.heap_trimmer.maybe_trim(self.stats.bytes_read)
         return torch.cat(outputs, 0) if keep == "all" else outputs[-1]
 
     def logits(self, input_ids: Sequence[int] | torch.Tensor) -> torch.Tensor:
