@@ -80,6 +80,7 @@ def _write(tmp_path, lines) -> str:
     ([{**HEADER, "version": "2.0"}, {"step": 0, "layer": 0, "experts": [1]}], "unsupported version '2.0'"),
     ([{**HEADER, "n_experts": 0}], "'n_experts' must be >= 1"),
     ([{k: v for k, v in HEADER.items() if k != "top_k"}], "'top_k' must be an integer"),
+    ([{**HEADER, "top_k": 9}], "top_k (9) exceeds n_experts (8)"),
     ([HEADER, "{broken"], ":2: not JSON"),
     ([HEADER, {"step": 0, "layer": 0, "experts": [8]}], ":2: expert 8 is not in [0, 8)"),
     ([HEADER, {"step": 0, "layer": 0, "experts": [True]}], "expert True is not in"),

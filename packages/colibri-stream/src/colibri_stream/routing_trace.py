@@ -104,6 +104,8 @@ def _header(line: str, where: str) -> TraceHeader:
     if not isinstance(version, str) or version.split(".")[0] != TRACE_VERSION.split(".")[0]:
         raise TraceFormatError(f"{where}: unsupported version {version!r} (this reader knows {TRACE_VERSION})")
     known = {"format", "version", "n_moe_layers", "n_experts", "top_k", "model", "source"}
+    if _int(obj, "top_k", where, 1) > _int(obj, "n_experts", where, 1):
+        raise TraceFormatError(f"{where}: top_k ({obj['top_k']}) exceeds n_experts ({obj['n_experts']})")
     return TraceHeader(
         n_moe_layers=_int(obj, "n_moe_layers", where, 1),
         n_experts=_int(obj, "n_experts", where, 1),

@@ -69,8 +69,12 @@ def trace_hf(model: str, texts: tuple[Path, ...], out: Path, max_tokens: int, dt
         trace = record_routing(hf_model, windows)
     except NoRouterError as exc:
         raise click.ClickException(f"{model}: {exc}") from None
-    write_trace(out, trace.events, n_moe_layers=trace.n_moe_layers, n_experts=trace.n_experts, top_k=trace.top_k,
-                model=model, source="trace-hf: " + ", ".join(p.name for p in texts) + f", {max_tokens}-token windows")
+    try:
+        write_trace(out, trace.events, n_moe_layers=trace.n_moe_layers, n_experts=trace.n_experts,
+                    top_k=trace.top_k, model=model,
+                    source="trace-hf: " + ", ".join(p.name for p in texts) + f", {max_tokens}-token windows")
+    except OSError as exc:
+        raise click.ClickException(f"{out}: cannot write the trace ({exc.strerror or exc})") from None
     click.echo(f"{out}: {trace.tokens} tokens x {trace.n_moe_layers} MoE layers, {trace.n_experts} experts, "
                f"top-{trace.top_k}")
 
