@@ -269,8 +269,8 @@ class Engine:
         if self.cache.prefetcher is not None:
             self.cache.prefetcher.drain()
         # Freed verify/repack temporaries stay on the C heap (heap.py): give them back once they
-        # pass the budget's slack. Trimming after every miss kept the peak lower but cost 27% of
-        # tokens/s; once per pass costs about 5% (bench/RESULTS.md).
+        # have grown past the budget's slack. Trimming after every miss cost 27% of tokens/s;
+        # the check itself is only made after a slack's worth of reads (bench/RESULTS.md).
         self.heap_trimmer.maybe_trim(self.stats.bytes_read)
         return torch.cat(outputs, 0) if keep == "all" else outputs[-1]
 

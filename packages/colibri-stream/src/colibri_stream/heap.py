@@ -6,10 +6,12 @@ largest block freed (up to 32 MB), so the temporaries of every missed expert's v
 shapes under a 938 MB budget (bench/ram_budget.py, RESULTS.md): after 32 tokens, 165 MB of freed
 heap held in anonymous RSS, 15% over the budget. `malloc_trim(0)` returns it. It takes about
 4 ms on that heap, so the engine calls it after a forward pass only when the free heap has grown
-past the budget's heap slack since the last trim (`mallinfo2`, 2 us to ask; `HeapTrimmer`); both
-are no-ops where glibc is not the allocator. The slack scales with the expert blob, whose temporaries fill the heap: 32 blobs,
-at least 4 MiB (27 MB for NanoColibri; there the peak anonymous RSS stayed within 1% of the
-budget, bench/RESULTS.md).
+past the budget's heap slack since the last trim (`HeapTrimmer`; asking `mallinfo2` walks the
+free lists, 2 us on a fresh heap but 2 ms on a fragmented one, so it is asked only after a
+slack's worth of reads). Both are no-ops where glibc is not the allocator. The slack scales with
+the expert blob, whose temporaries fill the heap: 32 blobs, at least 4 MiB (27 MB for
+NanoColibri). With the cache's experts in a slab (expert_slab.py) the peak anonymous RSS stays
+at or below 0.98 of the budget (bench/RESULTS.md).
 """
 
 from __future__ import annotations
