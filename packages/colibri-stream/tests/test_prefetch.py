@@ -100,3 +100,29 @@ def test_prefetch_auto_by_expert_size_budget_and_room(tiny, minimum_budget, monk
         assert eng.stats.prefetch == "off"
     with Engine.open(tiny[0], ram_budget="200MB") as eng:  # every expert fits: nothing to read ahead
         assert eng.budget.slots == eng.budget.total_experts and eng.stats.prefetch == "off"
+
+
+def test_known_misses_read_ahead_change_nothing_but_timing(tiny, minimum_budget):
+    """Prefill chunks need many experts per layer: the workers read the misses ahead, and yet
+    hits, misses, evictions, bytes and the trace equal those of one-at-a-time reading."""
+    prompt = list(range(300, 420))  # 4 chunks of 32 tokens: most of a layer's 16 experts each
+    runs = {}
+    for mode in ("off", "on"):
+        options = dict(prefetch=mode, prefetch_threads=2, prefill_chunk=32, record_trace=True, cache_policy="lru")
+        base = minimum_budget(tiny[0], **options)
+        with Engine.open(tiny[0], ram_budget=base, **options) as probe:
+            budget = base + 9 * probe.budget.slot_bytes  # 10 of 48 experts: evictions inside a layer
+        with Engine.open(tiny[0], ram_budget=budget, **options) as eng:
+            if mode == "on":
+                for backend in eng.model.moe_layers():  # no guesses: only the known misses are read ahead
+                    backend.experts.predictor.prefetcher = None
+            logits = eng.logits(prompt)
+            s = eng.stats
+            runs[mode] = (logits, s.hits, s.misses, s.evictions, s.bytes_read, list(s.trace))
+            if mode == "on":
+                prefetcher = eng.cache.prefetcher
+                assert prefetcher.needed_issued > 20 and s.prefetch_issued == 0
+                assert not prefetcher._inflight and not prefetcher._needed
+    off, on = runs["off"], runs["on"]
+    assert torch.equal(on[0], off[0])
+    assert on[1:] == off[1:] and off[3] > 0

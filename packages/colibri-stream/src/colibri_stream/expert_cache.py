@@ -112,6 +112,15 @@ class ExpertCache:
         counters = self.stats.layer(layer)
         if self.prefetcher is not None:
             self.prefetcher.collect(pinned)  # store finished prefetches first
+            if key not in self._slots and self.prefetcher.is_needed(key):
+                # a miss whose read started early (prefetch.issue_needed): counted and inserted
+                # as the one-at-a-time path would, at this point of the access sequence
+                self.stats.misses += 1
+                counters.misses += 1
+                prepared = self.prefetcher.take_needed(key)
+                self._make_room(key, ())
+                self._insert(key, prepared)
+                return prepared
             if key not in self._slots and self.prefetcher.in_flight(key):
                 self.prefetcher.take(key)  # needed now: wait for the read issued ahead
         found = self._slots.get(key)

@@ -17,6 +17,13 @@ experts wait in their futures until the model's thread next asks the cache for a
 they are stored (`ExpertCache.insert_prefetched`), never evicting the experts the current layer
 is using. A demand for an expert still in flight waits for that read instead of issuing another.
 
+The same workers also read ahead what is *known*: when a forward pass needs several experts in
+one layer (a prefill chunk, or top_k > 1), `issue_needed` starts reading its upcoming misses
+while the model's thread computes the cached ones. Those reads are demand misses that merely
+started early: `take_needed` hands the expert to the cache, which counts a miss and inserts it
+exactly where the one-at-a-time path would have, so hit rates, evictions and the routing trace
+are the same with or without read-ahead (tested).
+
 RAM: each worker's staging buffer plus one prepared expert per in-flight read; the budget counts
 both (`threads * (blob + slot)`). Modes: "off"; "predict" (measure accuracy, read nothing);
 "on". Whether "on" pays depends on disk latency vs compute per layer: measure (bench).
@@ -49,6 +56,8 @@ class Prefetcher:
         for buffer in self._all_buffers:
             self._buffers.put(buffer)
         self._inflight: dict[ExpertKey, Future] = {}
+        self._needed: set[ExpertKey] = set()  # in-flight reads the current layer is known to need
+        self.needed_issued = 0  # reads started by issue_needed (demand misses started early)
         cache.prefetcher = self
 
     @property
@@ -73,6 +82,37 @@ class Prefetcher:
             started += 1
         return started
 
+    def issue_needed(self, keys: list[ExpertKey]) -> int:
+        """Start reading experts the running layer will ask for (not cached, not in flight), up to
+        the thread count; they are taken with `take_needed`, never stored as prefetches."""
+        started = 0
+        for key in keys:
+            if len(self._inflight) >= self.threads:
+                break
+            if key in self.cache or key in self._inflight or key not in self.cache.entries:
+                continue
+            self._inflight[key] = self._pool.submit(self._work, self.cache.entries[key], self._buffers.get())
+            self._needed.add(key)
+            started += 1
+        self.needed_issued += started
+        return started
+
+    def is_needed(self, key: ExpertKey) -> bool:
+        return key in self._needed
+
+    def take_needed(self, key: ExpertKey):
+        """Wait for a read started by `issue_needed` and return the prepared expert (raising the
+        read's error, as a demand read would); the wait counts as I/O time, the bytes as read."""
+        self._needed.discard(key)
+        future = self._inflight.pop(key)
+        started = time.perf_counter()
+        try:
+            prepared, _read_seconds, _prepare_seconds = future.result()
+        finally:
+            self.stats.io_seconds += time.perf_counter() - started
+        self.stats.bytes_read += self.cache.entries[key].length
+        return prepared
+
     def _work(self, entry, buffer: AlignedBuffer):
         try:
             return fetch_expert(self.cache.reader, entry, self.cache.layout, self.cache.prepare, buffer)
@@ -82,7 +122,7 @@ class Prefetcher:
     def collect(self, pinned: Collection[ExpertKey] = ()) -> None:
         """Store every finished prefetch in the cache (a failed one is dropped: a demand read
         of that expert will raise the error itself)."""
-        for key in [k for k, f in self._inflight.items() if f.done()]:
+        for key in [k for k, f in self._inflight.items() if f.done() and k not in self._needed]:
             self._store(key, self._inflight.pop(key), pinned)
 
     def take(self, key: ExpertKey, pinned: Collection[ExpertKey] = ()) -> None:
@@ -98,7 +138,13 @@ class Prefetcher:
         pass ends, so every byte a pass read is counted by the time it returns (a read left
         running would reach /proc/self/io before the engine's counter)."""
         for key in list(self._inflight):
-            self.take(key)
+            if key in self._needed:  # only left over when a layer failed: count the bytes, drop it
+                try:
+                    self.take_needed(key)
+                except Exception:  # noqa: BLE001 - the layer already raised this read's error
+                    pass
+            else:
+                self.take(key)
 
     def _store(self, key: ExpertKey, future: Future, pinned: Collection[ExpertKey]) -> None:
         if future.exception() is not None:
@@ -111,6 +157,7 @@ class Prefetcher:
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
         self._inflight.clear()
+        self._needed.clear()
         for buffer in self._all_buffers:
             buffer.close()
 

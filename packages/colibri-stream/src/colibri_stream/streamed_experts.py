@@ -35,12 +35,19 @@ class StreamedExperts(ExpertBackend):
         distinct = torch.unique(expert_ids).tolist()  # sorted ascending
         if self.stats.record_trace:
             self.stats.trace.append(TraceEvent(self.stats.steps, self.layer_index, tuple(distinct)))
-        if self.predictor is not None:  # guess the next layer's experts; reads start now
-            self.predictor.before_layer(self.layer_index, x, distinct)
         pinned = {(self.layer_index, e) for e in distinct}
+        keys = [(self.layer_index, e) for e in distinct]
+        prefetcher = self.cache.prefetcher if len(distinct) > 1 else None
+        if prefetcher is not None:  # the workers start on this layer's misses (prefetch.py)
+            prefetcher.issue_needed(keys)
+        # then guess the next layer's experts; those reads take whatever workers are left
+        if self.predictor is not None:
+            self.predictor.before_layer(self.layer_index, x, distinct)
         out = torch.zeros(x.shape[0], self.d_model, dtype=torch.float32, device=x.device)
-        for expert in distinct:
+        for i, expert in enumerate(distinct):
             prepared = self.cache.get(self.layer_index, expert, pinned)
+            if prefetcher is not None:  # keep the workers busy with the misses still to come
+                prefetcher.issue_needed(keys[i + 1 :])
             started = time.perf_counter()
             tokens, slots = torch.nonzero(expert_ids == expert, as_tuple=True)
             y = prepared.forward(x[tokens])
