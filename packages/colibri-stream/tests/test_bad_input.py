@@ -10,12 +10,15 @@ from colibri_int4.header import PREAMBLE_SIZE, pack_preamble
 from colibri_stream import BudgetError, Engine, ExpertCorruptError, SizeFormatError, parse_size
 
 
-def test_corrupted_expert_blob_names_layer_and_expert(corrupted):
+@pytest.mark.parametrize("prefetch", ["off", "on"])  # on: the bad blob may be read by a worker
+def test_corrupted_expert_blob_names_layer_and_expert(corrupted, prefetch):
     path, (layer, expert), prompt = corrupted
-    with Engine.open(path, ram_budget="200MB", record_trace=True) as eng:
+    with Engine.open(path, ram_budget="200MB", record_trace=True, prefetch=prefetch) as eng:
         with pytest.raises(ExpertCorruptError) as info:
             eng.logits(eng.encode(prompt))
         reached = {(e.layer, x) for e in eng.stats.trace for x in e.experts}
+        with pytest.raises(ExpertCorruptError):  # again: the same clear error, no hang
+            eng.logits(eng.encode(prompt))
     assert (info.value.layer, info.value.expert) == (layer, expert)
     assert f"layer {layer}, expert {expert}" in str(info.value)
     assert "checksum" in str(info.value)
