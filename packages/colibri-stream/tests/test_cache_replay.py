@@ -87,3 +87,17 @@ def test_bench_cli_rejects_a_bad_budget(tiny):
 
     result = CliRunner().invoke(main, ["bench", str(tiny[0]), "--budgets", "10%,lots"])
     assert result.exit_code == 2 and "--budgets" in result.output
+
+
+def test_bench_cli_measures_the_chosen_policy_live(tiny):
+    import json
+
+    from click.testing import CliRunner
+    from colibri_stream.cli import main
+
+    result = CliRunner().invoke(main, ["bench", str(tiny[0]), "--budgets", "25%", "--runs", "1", "--max-new-tokens",
+                                       "4", "--bandwidth-mb", "1", "--prefetch", "off", "--cache-policy", "lru",
+                                       "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output.splitlines()[-1])
+    assert [p["policy"] for p in report["points"]] == ["lru"]

@@ -289,6 +289,8 @@ def plan(container, as_json, **options):
 @click.option("--compute", type=click.Choice(["auto", "int4", "dequant"]), default="auto", show_default=True)
 @click.option("--kernel-dtype", type=click.Choice(["bf16", "f32"]), default="bf16", show_default=True)
 @click.option("--prefetch", type=click.Choice(["off", "predict", "on"]), default="predict", show_default=True)
+@click.option("--cache-policy", type=click.Choice(["lfu", "lru", "lru-layer"]), default=None,
+              help="Eviction policy measured live (default: the engine's, lfu); the hit/Belady column follows it.")
 @click.option("--max-context", type=click.IntRange(min=1), default=None)
 @click.option("--threads", type=click.IntRange(min=1), default=None)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON instead of a table.")
@@ -302,6 +304,7 @@ def bench(
     compute,
     kernel_dtype,
     prefetch,
+    cache_policy,
     max_context,
     threads,
     as_json,
@@ -336,6 +339,7 @@ def bench(
             compute=compute,
             kernel_dtype=kernel_dtype,
             prefetch=prefetch,
+            cache_policy=cache_policy,
             max_context=max_context,
         )
     except BudgetError as exc:
