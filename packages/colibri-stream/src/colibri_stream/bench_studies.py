@@ -120,7 +120,9 @@ def format_policy_study(study: dict, heldout_name: str = "held-out trace") -> li
                      f"{held['belady_hit_rate']:.3f}, static oracle {held['static_oracle_hit_rate']:.3f} | "
                      + " | ".join(cells))
         shuffled, rand = p["shuffled"], p["random"]
-        lines.append(f"  {'':>5} same passes shuffled: belady {shuffled['belady_hit_rate']:.3f}, lfu "
+        kept = shuffled["belady_hit_rate"] / held["belady_hit_rate"] if held["belady_hit_rate"] else 0.0
+        lines.append(f"  {'':>5} same passes shuffled: belady {shuffled['belady_hit_rate']:.3f} "
+                     f"(x{kept:.2f}; near 1: no temporal locality to exploit), lfu "
                      f"{shuffled['lfu']['hit_rate']:.3f}, lru {shuffled['lru']['hit_rate']:.3f} | random routing: "
                      f"belady {rand['belady_hit_rate']:.3f}, lru {rand['lru']['hit_rate']:.3f}")
     lines.append(f"  default policy chosen on the held-out trace: {study['default_policy']}")
