@@ -169,3 +169,13 @@ def test_generate_trace_out(tiny, tmp_path):
     trace = read_trace(out)
     assert trace.header.n_experts == 16 and len({e.step for e in trace.events}) >= 4
     assert "Hello" in trace.header.source
+
+
+def test_trace_hf_without_transformers_says_what_to_install(tmp_path, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "transformers", None)  # as if not installed: import fails
+    text = tmp_path / "t.txt"
+    text.write_text("hello")
+    result = CliRunner().invoke(main, ["trace-hf", "some/model", "--text", str(text), "--out", str(tmp_path / "o")])
+    assert result.exit_code == 1 and "pip install 'colibri-stream[hf]'" in result.output
