@@ -68,33 +68,29 @@ class Prefetcher:
         return key in self._inflight
 
     def issue(self, keys: list[ExpertKey]) -> int:
-        """Start reading the keys not cached or in flight, up to the thread count; returns how many."""
-        started = 0
+        """Start reading guessed keys not cached or in flight, up to the thread count; returns how many."""
+        started = self._start(keys)
+        self.stats.prefetch_issued += len(started)
+        return len(started)
+
+    def issue_needed(self, keys: list[ExpertKey]) -> int:
+        """Start reading experts the running layer will ask for (not cached, not in flight), up to
+        the thread count; they are taken with `take_needed`, never stored as prefetches."""
+        started = self._start(keys)
+        self._needed.update(started)
+        self.needed_issued += len(started)
+        return len(started)
+
+    def _start(self, keys: list[ExpertKey]) -> list[ExpertKey]:
+        started = []
         for key in keys:
             if len(self._inflight) >= self.threads:
                 break
             if key in self.cache or key in self._inflight or key not in self.cache.entries:
                 continue
             buffer = self._buffers.get()  # never blocks: one buffer per possible in-flight read
-            entry = self.cache.entries[key]
-            self._inflight[key] = self._pool.submit(self._work, entry, buffer)
-            self.stats.prefetch_issued += 1
-            started += 1
-        return started
-
-    def issue_needed(self, keys: list[ExpertKey]) -> int:
-        """Start reading experts the running layer will ask for (not cached, not in flight), up to
-        the thread count; they are taken with `take_needed`, never stored as prefetches."""
-        started = 0
-        for key in keys:
-            if len(self._inflight) >= self.threads:
-                break
-            if key in self.cache or key in self._inflight or key not in self.cache.entries:
-                continue
-            self._inflight[key] = self._pool.submit(self._work, self.cache.entries[key], self._buffers.get())
-            self._needed.add(key)
-            started += 1
-        self.needed_issued += started
+            self._inflight[key] = self._pool.submit(self._work, self.cache.entries[key], buffer)
+            started.append(key)
         return started
 
     def is_needed(self, key: ExpertKey) -> bool:
