@@ -166,10 +166,7 @@ class Container:
         base = self.header.resident.offset
         out = {}
         for t in self.header.tensors:
-            chunk = region[t.offset - base : t.offset - base + t.length]
-            if verify and f"{zlib.crc32(chunk) & 0xFFFFFFFF:08x}" != t.crc32:
-                raise ContainerError(f"tensor '{t.name}' at bytes [{t.offset}, {t.offset + t.length}): checksum mismatch")
-            raw = decode_tensor(chunk, t.name, t.encoding, tuple(t.shape), self.scheme)
+            raw = self._decode_resident(t, region[t.offset - base : t.offset - base + t.length], verify)
             out[t.name] = raw.dequantize() if dequantize else raw
         return out
 
@@ -179,10 +176,13 @@ class Container:
         region), which keeps a runtime's peak memory while it materialises the model close to
         the model's own size."""
         for t in self.header.tensors:
-            chunk = _read(self._fd, t.length, t.offset, f"tensor '{t.name}'")
-            if verify and f"{zlib.crc32(chunk) & 0xFFFFFFFF:08x}" != t.crc32:
-                raise ContainerError(f"tensor '{t.name}' at bytes [{t.offset}, {t.offset + t.length}): checksum mismatch")
-            yield decode_tensor(chunk, t.name, t.encoding, tuple(t.shape), self.scheme)
+            yield self._decode_resident(t, _read(self._fd, t.length, t.offset, f"tensor '{t.name}'"), verify)
+
+    def _decode_resident(self, t, chunk, verify: bool) -> RawTensor:
+        """One resident tensor's stored bytes, CRC-checked, as a `RawTensor`."""
+        if verify and f"{zlib.crc32(chunk) & 0xFFFFFFFF:08x}" != t.crc32:
+            raise ContainerError(f"tensor '{t.name}' at bytes [{t.offset}, {t.offset + t.length}): checksum mismatch")
+        return decode_tensor(chunk, t.name, t.encoding, tuple(t.shape), self.scheme)
 
     def read_tokenizer_json(self) -> str | None:
         """The checkpoint's tokenizer.json carried in the container, verified, or None."""
