@@ -100,12 +100,7 @@ class Prefetcher:
         """Wait for a read started by `issue_needed` and return the prepared expert (raising the
         read's error, as a demand read would); the wait counts as I/O time, the bytes as read."""
         self._needed.discard(key)
-        future = self._inflight.pop(key)
-        started = time.perf_counter()
-        try:
-            prepared, _read_seconds, _prepare_seconds = future.result()
-        finally:
-            self.stats.io_seconds += time.perf_counter() - started
+        prepared, _read_seconds, _prepare_seconds = self._wait(key).result()
         self.stats.bytes_read += self.cache.entries[key].length
         return prepared
 
@@ -123,11 +118,15 @@ class Prefetcher:
 
     def take(self, key: ExpertKey, pinned: Collection[ExpertKey] = ()) -> None:
         """Wait for an in-flight read of `key` and store it; the wait counts as I/O time."""
+        self._store(key, self._wait(key), pinned)
+
+    def _wait(self, key: ExpertKey) -> Future:
+        """Take `key`'s read out of flight once it has finished; the wait counts as I/O time."""
         future = self._inflight.pop(key)
         started = time.perf_counter()
         future.exception()  # wait without raising here
         self.stats.io_seconds += time.perf_counter() - started
-        self._store(key, future, pinned)
+        return future
 
     def drain(self) -> None:
         """Wait for every read still in flight and store it. The engine calls this when a forward
