@@ -8,7 +8,7 @@ STAMP := $(VENV)/.colibri-installed
 PACKAGES := model relay int4 stream eval
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: setup demo test test-fast lint bench clean
+.PHONY: setup demo test test-cpu-capabilities test-fast lint bench clean
 
 setup: $(STAMP)
 
@@ -32,8 +32,26 @@ $(STAMP): pyproject.toml $(foreach p,$(PACKAGES),packages/colibri-$(p)/pyproject
 demo: setup
 	$(PY) -m colibri.demo
 
+# Tests whose result depends on which CPU kernels torch dispatches to (int4 pack layout and
+# kernels, grouped experts vs the reference loop): `make test` runs them again under every other
+# ATEN_CPU_CAPABILITY this CPU can execute, so one machine proves the AVX2 and default paths too.
+CPU_KERNEL_TESTS := \
+	packages/colibri-int4/tests/test_quantize.py \
+	packages/colibri-model/tests/test_model_architecture.py \
+	packages/colibri-stream/tests/test_bench_int4_repack.py \
+	packages/colibri-stream/tests/test_correctness.py \
+	packages/colibri-stream/tests/test_expert_compute.py \
+	packages/colibri-stream/tests/test_expert_slab.py
+
 test: setup
 	$(PY) -m pytest -q $(foreach p,$(PACKAGES),packages/colibri-$(p)/tests) tests
+	$(MAKE) --no-print-directory test-cpu-capabilities
+
+test-cpu-capabilities: setup
+	@for cap in $$($(PY) -m colibri_stream.cpu_capability --besides-native); do \
+		echo "== CPU-kernel tests with ATEN_CPU_CAPABILITY=$$cap"; \
+		ATEN_CPU_CAPABILITY=$$cap $(PY) -m pytest -q $(CPU_KERNEL_TESTS) || exit 1; \
+	done
 
 lint: setup
 	$(VENV)/bin/ruff check src packages tests bench

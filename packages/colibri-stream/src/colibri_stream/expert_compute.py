@@ -100,7 +100,7 @@ class Int4Expert:
         blob: ExpertBlob, parts: tuple[str, ...], dtype: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor]:
         packed = np.concatenate([blob.packed[p] for p in parts], axis=0)
-        weight = pack_for_cpu_kernel(packed)  # == the converter's output, 4x faster (int4_repack.py)
+        weight = pack_for_cpu_kernel(packed)  # == the converter's output, 2-5x faster (int4_repack.py)
         scales = torch.cat([_half_to_tensor(blob.scales[p], blob.scale_dtype) for p in parts], 0)  # [N, K/G]
         if blob.zeros is not None:
             zeros = torch.cat([_half_to_tensor(blob.zeros[p], blob.scale_dtype) for p in parts], 0)
