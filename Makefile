@@ -39,6 +39,7 @@ CPU_KERNEL_TESTS := \
 	packages/colibri-int4/tests/test_quantize.py \
 	packages/colibri-model/tests/test_model_architecture.py \
 	packages/colibri-stream/tests/test_bench_int4_repack.py \
+	packages/colibri-stream/tests/test_compute_choice.py \
 	packages/colibri-stream/tests/test_correctness.py \
 	packages/colibri-stream/tests/test_expert_compute.py \
 	packages/colibri-stream/tests/test_expert_slab.py

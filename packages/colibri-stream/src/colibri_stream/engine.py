@@ -31,6 +31,7 @@ from tokenizers import Tokenizer
 
 from .budget import Budget, kv_cache_bytes, plan_budget, workspace_bytes
 from .cache_policy import make_policy
+from .compute_choice import time_compute
 from .direct_io import BlobReader
 from .errors import BudgetError
 from .expert_cache import ExpertCache
@@ -78,7 +79,8 @@ class Engine:
         """Open a container and plan the budget (see budget.py).
 
         Options (`EngineOptions`): `compute` "auto" | "int4" | "dequant" (auto: torch's CPU
-        int4 kernels where the shapes allow, else dequantized; always dequantized on CUDA);
+        int4 kernels where the shapes allow and where they are not timed slower than the
+        dequantized matmuls on this CPU, compute_choice.py; always dequantized on CUDA);
         `dtype` "f32" | "bf16" for resident weights, activations and KV cache; `kernel_dtype`
         "bf16" | "f32" for activations inside the int4 kernels (bf16 is the fast path, f32 the
         exact one); `device`; `cache_policy` (name or `CachePolicy`, default LFU with aging, chosen by measurement); `top_k`
@@ -112,7 +114,7 @@ class Engine:
             raise ValueError(f"top_k must be in [1, {config.n_experts}], got {top_k}")
         max_context = opts.max_context or config.max_seq_len
         dtype, device, layout = opts.dtype, opts.device, container.blob_layout
-        compute = _choose_compute(opts.compute, layout, config, device)
+        compute = _choose_compute(opts, layout, config)
         expert_dtype = opts.kernel_dtype if compute == "int4" else dtype
         elem = torch.empty((), dtype=dtype).element_size()
         slot_bytes = (
@@ -431,12 +433,17 @@ def _choose_prefetch(
     return "off", plan(0)
 
 
-def _choose_compute(compute: str, layout, config, device: torch.device) -> str:
-    if layout is None or compute == "dequant":
+def _choose_compute(opts: EngineOptions, layout, config) -> str:
+    """int4 where asked or where it is possible and timed faster here (compute_choice.py)."""
+    if layout is None or opts.compute == "dequant":
         return "dequant"
     reason = int4_supported(layout, config.d_model, config.expert_dim)
-    if device.type != "cpu":
-        reason = reason or f"the int4 kernels used here are CPU kernels (device {device})"
-    if compute == "int4" and reason:
+    if opts.device.type != "cpu":
+        reason = reason or f"the int4 kernels used here are CPU kernels (device {opts.device})"
+    if opts.compute == "int4" and reason:
         raise ValueError(f"compute='int4' is not possible: {reason}")
-    return "dequant" if reason else "int4"
+    if reason:
+        return "dequant"
+    if opts.compute == "auto":
+        return time_compute(config.d_model, config.expert_dim, opts.dtype, opts.kernel_dtype).choice
+    return "int4"

@@ -1,0 +1,114 @@
+"""`compute="auto"`: torch's int4 kernels or dequantized matmuls, decided by timing both here.
+
+Which is faster depends on the CPU torch dispatches to, not on the model, and by a lot. Measured
+on one machine (AMD EPYC, Zen 5, 2 vCPUs, torch 2.13.0+cpu, 1 thread, one token, median of 15),
+forcing each capability with ATEN_CPU_CAPABILITY, one expert's SwiGLU in microseconds:
+
+    expert (d x width)     capability   int4, bf16 act.   int4, f32 act.   dequantized f32
+    NanoColibri 1024x512   AVX-512            62              2267              202
+                           AVX2              192              2465              286
+                           default          2390              2256              300
+    Micro 1536x768         AVX-512           146              5152              716
+                           AVX2              392              5186              770
+                           default          5363              5093              791
+
+So the int4 kernel with bf16 activations is 1.5-5x faster than a dense fp32 matmul where torch
+has a vectorised int4 kernel, and 7-8x slower where it has none (default: ARM builds, old x86),
+while f32 activations are always the slow path. A fixed rule would be wrong on some machine, so
+"auto" times the kernels, once per process, on random weights of the model's expert shape
+raised to at least NanoColibri's (below that, call overhead hides what the kernel costs, and a
+decision taken on microseconds would flip with the load), and takes the dequantized path only
+when it is at least `DEQUANT_MARGIN` times faster: int4 experts hold 4-8x fewer bytes, so under
+a RAM budget they keep more experts cached, which a small compute gain does not buy. Each route
+is timed as its best of `ROUNDS` interleaved calls: load only ever adds time. It costs a few
+milliseconds (tens where the int4 kernel is slow).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+DEQUANT_MARGIN = 2.0
+ROUNDS = 5
+MIN_SHAPE = (1024, 512)  # d_model, expert_dim of the timed expert at least (NanoColibri's)
+GROUP = 64
+
+
+@dataclass(frozen=True)
+class ComputeTiming:
+    """One expert's SwiGLU matmuls for one token, each way, on this machine (best seconds).
+
+    Attributes:
+        int4_seconds: torch's int4 kernel with `kernel_dtype` activations.
+        dequant_seconds: dense matmuls in the resident `dtype`.
+        capability: the CPU kernel set torch dispatched to (e.g. "AVX2").
+        shape: the (d_model, expert_dim) timed.
+    """
+
+    int4_seconds: float
+    dequant_seconds: float
+    capability: str
+    threads: int
+    shape: tuple[int, int]
+
+    @property
+    def choice(self) -> str:
+        return "dequant" if self.dequant_seconds * DEQUANT_MARGIN <= self.int4_seconds else "int4"
+
+
+_timings: dict[tuple, ComputeTiming] = {}
+
+
+def _best_seconds(routes: dict, rounds: int = ROUNDS) -> dict[str, float]:
+    best = dict.fromkeys(routes, float("inf"))
+    for forward in routes.values():
+        forward()  # warm-up: first calls allocate and pick kernels
+    for _ in range(rounds):  # interleaved, so a load spike hits both routes alike
+        for name, forward in routes.items():
+            started = time.perf_counter()
+            forward()
+            best[name] = min(best[name], time.perf_counter() - started)
+    return best
+
+
+def _routes(d_model: int, expert_dim: int, dtype: torch.dtype, kernel_dtype: torch.dtype) -> dict:
+    gen = torch.Generator().manual_seed(0)
+
+    def int4_weight(rows: int, cols: int):
+        nibbles = torch.randint(0, 16, (rows, cols), dtype=torch.int32, generator=gen)
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(nibbles, 1)
+        scales_and_zeros = torch.full((cols // GROUP, rows, 2), 0.01).to(kernel_dtype)
+        return packed, scales_and_zeros
+
+    gate_up, gate_up_sz = int4_weight(2 * expert_dim, d_model)
+    down, down_sz = int4_weight(d_model, expert_dim)
+    dense_gate_up = torch.randn(2 * expert_dim, d_model, generator=gen).to(dtype) * 0.01
+    dense_down = torch.randn(d_model, expert_dim, generator=gen).to(dtype) * 0.01
+    x = torch.randn(1, d_model, generator=gen)
+
+    def int4():
+        h = torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(kernel_dtype), gate_up, GROUP, gate_up_sz)
+        gate, up = h.split(expert_dim, dim=-1)
+        torch.ops.aten._weight_int4pack_mm_for_cpu((F.silu(gate) * up).contiguous(), down, GROUP, down_sz)
+
+    def dequant():
+        gate, up = F.linear(x.to(dtype), dense_gate_up).split(expert_dim, dim=-1)
+        F.linear(F.silu(gate) * up, dense_down)
+
+    return {"int4": int4, "dequant": dequant}
+
+
+def time_compute(d_model: int, expert_dim: int, dtype: torch.dtype, kernel_dtype: torch.dtype) -> ComputeTiming:
+    """Time both routes (cached per process, capability, threads, shape and dtypes)."""
+    shape = (max(d_model, MIN_SHAPE[0]), max(expert_dim, MIN_SHAPE[1]))
+    shape = (-(-shape[0] // GROUP) * GROUP, -(-shape[1] // GROUP) * GROUP)  # the kernel's K % group
+    capability, threads = torch.backends.cpu.get_cpu_capability(), torch.get_num_threads()
+    key = (capability, threads, shape, dtype, kernel_dtype)
+    if key not in _timings:
+        best = _best_seconds(_routes(*shape, dtype, kernel_dtype))
+        _timings[key] = ComputeTiming(best["int4"], best["dequant"], capability, threads, shape)
+    return _timings[key]
