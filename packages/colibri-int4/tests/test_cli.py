@@ -152,3 +152,16 @@ def test_verify_progress_total_is_what_it_reads(tiny_container, monkeypatch):
     assert bar.disable is False and bar.total == bar.n > 0
     run("verify", tiny_container[0])  # not a terminal (CliRunner): no bar unless --progress
     assert bars[1].disable is True
+
+
+def test_a_checksum_failure_is_a_failed_check_everywhere(tiny_container, tmp_path):
+    from colibri_int4 import Container
+
+    with Container.open(tiny_container[0]) as c:
+        tensor = c.header.tensors[0]
+    data = bytearray(tiny_container[0].read_bytes())
+    data[tensor.offset] ^= 0xFF
+    bad = tmp_path / "bad.coli"
+    bad.write_bytes(bytes(data))
+    result = CliRunner().invoke(main, ["dequantize", str(bad), str(tmp_path / "out"), "--no-progress"])
+    assert result.exit_code == 1 and "checksum mismatch" in result.output and result.output.count("\n") == 1

@@ -8,7 +8,7 @@ from importlib.metadata import version as _metadata_version
 
 from .container import Container, VerifyReport
 from .dequantize import dequantize_container
-from .errors import CheckpointError, ContainerError, Int4Error
+from .errors import CheckpointError, ChecksumError, ContainerError, Int4Error
 from .estimate import SizeEstimate, estimate_container_size
 from .expert_blob import ExpertBlob, decode_expert_blob, encode_expert_blob
 from .export import ContainerFileWriter, ExportReport, export_checkpoint
@@ -25,6 +25,7 @@ except PackageNotFoundError:  # imported from a source tree that was never insta
 
 __all__ = [
     "CheckpointError",
+    "ChecksumError",
     "Container",
     "ContainerFileWriter",
     "ContainerError",

@@ -1,9 +1,8 @@
 """`colibri-int4`: export, inspect, verify, dequantize and estimate containers.
 
-Exit status, as for every Colibri command: 0 ok; 1 a check failed (`verify` found a bad
-checksum or an unreadable container); 2 bad usage or bad input (unknown flag, bad choice, a
-malformed checkpoint, a corrupted container given to `inspect`/`export`/`dequantize`), with one
-line on stderr and no traceback. Progress bars go to stderr, and only when it is a terminal
+Exit status, as for every Colibri command: 0 ok; 1 a check failed (a CRC-32 did not match, or
+`verify` found any problem); 2 bad usage or bad input (unknown flag, bad choice, a malformed
+checkpoint or container, an unwritable destination), with one line on stderr and no traceback. Progress bars go to stderr, and only when it is a terminal
 unless `--progress` / `--no-progress` says otherwise.
 """
 
@@ -18,7 +17,7 @@ from tqdm import tqdm
 
 from . import __version__
 from .container import Container
-from .errors import Int4Error
+from .errors import ChecksumError, Int4Error
 from .scheme import QuantScheme
 
 EXIT_CHECK_FAILED, EXIT_BAD_INPUT = 1, 2
@@ -28,6 +27,16 @@ class InputError(click.ClickException):
     """Bad input (a malformed checkpoint or container, an unreadable path): one line, exit 2."""
 
     exit_code = EXIT_BAD_INPUT
+
+
+class CheckFailed(click.ClickException):
+    """A checksum did not match: one line, exit 1."""
+
+    exit_code = EXIT_CHECK_FAILED
+
+
+def _error(exc: Int4Error) -> click.ClickException:
+    return (CheckFailed if isinstance(exc, ChecksumError) else InputError)(str(exc))
 
 
 def _resolve_progress(_ctx, _param, value: bool | None) -> bool:
@@ -74,7 +83,8 @@ def main() -> None:
     """The Colibri int4 container: one file with a resident region and 4 KiB-aligned,
     checksummed routed-expert blobs (see FORMAT.md).
 
-    Exit status: 0 ok, 1 a check failed (e.g. verify found corruption), 2 bad usage or bad input.
+    Exit status: 0 ok, 1 a check failed (e.g. verify found corruption, a checksum did not match),
+    2 bad usage or bad input.
     """
 
 
@@ -93,7 +103,7 @@ def export(checkpoint_dir: Path, out: Path, progress: bool, **scheme_args) -> No
         with Container.open(out) as container:
             bpw = container.bits_per_weight
     except Int4Error as exc:
-        raise InputError(str(exc)) from None
+        raise _error(exc) from None
     except OSError as exc:
         raise InputError(f"{exc.filename or out}: {exc.strerror}") from None
     click.echo(
@@ -137,7 +147,7 @@ def inspect(file: Path, as_json: bool) -> None:
         with Container.open(file) as container:
             summary = _summary(container, with_experts=as_json)
     except Int4Error as exc:
-        raise InputError(str(exc)) from None
+        raise _error(exc) from None
     if as_json:
         click.echo(json.dumps(summary, indent=1))
         return
@@ -186,7 +196,7 @@ def dequantize(file: Path, out_dir: Path, dtype: str, progress: bool) -> None:
     try:
         dequantize_container(file, out_dir, dtype=dtype, progress=progress)
     except Int4Error as exc:
-        raise InputError(str(exc)) from None
+        raise _error(exc) from None
     except OSError as exc:
         raise InputError(f"{exc.filename or out_dir}: {exc.strerror}") from None
     click.echo(f"wrote {out_dir}")

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from .checkpoint import read_exact
-from .errors import ContainerError
+from .errors import ChecksumError, ContainerError
 from .expert_blob import ExpertBlob
 from .header import (
     PREAMBLE_SIZE,
@@ -181,7 +181,7 @@ class Container:
     def _decode_resident(self, t, chunk, verify: bool) -> RawTensor:
         """One resident tensor's stored bytes, CRC-checked, as a `RawTensor`."""
         if verify and f"{zlib.crc32(chunk) & 0xFFFFFFFF:08x}" != t.crc32:
-            raise ContainerError(f"tensor '{t.name}' at bytes [{t.offset}, {t.offset + t.length}): checksum mismatch")
+            raise ChecksumError(f"tensor '{t.name}' at bytes [{t.offset}, {t.offset + t.length}): checksum mismatch")
         return decode_tensor(chunk, t.name, t.encoding, tuple(t.shape), self.scheme)
 
     def read_tokenizer_json(self) -> str | None:
@@ -191,7 +191,7 @@ class Container:
             return None
         data = _read(self._fd, tok.length, tok.offset, "tokenizer")
         if f"{zlib.crc32(data) & 0xFFFFFFFF:08x}" != tok.crc32:
-            raise ContainerError(f"tokenizer at bytes [{tok.offset}, {tok.offset + tok.length}): checksum mismatch")
+            raise ChecksumError(f"tokenizer at bytes [{tok.offset}, {tok.offset + tok.length}): checksum mismatch")
         try:
             return data.decode("utf-8")
         except UnicodeDecodeError:
