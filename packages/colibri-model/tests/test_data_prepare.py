@@ -118,6 +118,9 @@ def test_cli_prepare_and_its_errors(tmp_path):
     assert wrong.exit_code == 2 and "no string field 'text'" in wrong.output
     flag = runner.invoke(main, ["prepare", str(src), "--out", str(tmp_path / "g"), "--val-fraction", "2"])
     assert flag.exit_code == 2
+    for tokenizer, message in ((tmp_path / "nope.json", "no such tokenizer file"), (src, "not a readable tokenizer")):
+        bad = runner.invoke(main, ["prepare", str(src), "--out", str(tmp_path / "h"), "--tokenizer", str(tokenizer)])
+        assert bad.exit_code == 2 and message in bad.output and bad.output.strip().count("\n") == 0, bad.output
 
 
 def test_a_failed_prepare_does_not_block_the_retry(tmp_path):

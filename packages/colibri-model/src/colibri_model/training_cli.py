@@ -26,9 +26,10 @@ from .data.loader import LoaderError
 from .data.manifest import ManifestError
 from .data.shards import ShardFormatError
 from .data.sources import DataSourceError
+from .tokenizer import TokenizerError
 
 USER_ERRORS = (ManifestError, ShardFormatError, DataSourceError, LoaderError, ConfigError, CheckpointFormatError,
-               ChatFormatError)
+               ChatFormatError, TokenizerError)
 
 
 class UserError(click.ClickException):
