@@ -194,3 +194,6 @@ def test_cli_version_and_exit_status(tmp_path, monkeypatch):
     monkeypatch.setattr(colibri.cli, "run_leg", lambda opts: SimpleNamespace(ok=False, reason="lease lost"))
     result = runner.invoke(colibri_cli, ["train", "--relay", str(tmp_path / "r"), "--leg-steps", "1"])
     assert result.exit_code == 1 and "leg not pushed: lease lost" in result.output
+    (tmp_path / "demo" / "relay").mkdir(parents=True)
+    result = runner.invoke(colibri_cli, ["demo", "--out", str(tmp_path / "demo")])
+    assert result.exit_code == 2 and "already holds a relay" in result.output

@@ -148,6 +148,8 @@ def demo(out, quick):
     streaming generation under a RAM budget, evaluation, the ledger."""
     from .demo import run_demo
 
+    if out is not None and (out / "relay").exists():
+        raise _error(f"demo: {out} already holds a relay; give a new --out", EXIT_BAD_INPUT)
     run_demo(out, quick=quick)
 
 
