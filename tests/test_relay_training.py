@@ -127,7 +127,10 @@ def test_bad_leg_options_fail_with_one_clear_error(shards, tmp_path):
     result = runner.invoke(colibri_cli, ["train", "--relay", str(store), "--preset", "tiny"], catch_exceptions=False)
     assert result.exit_code == 2 and "--leg-steps" in result.output
     result = runner.invoke(colibri_cli, ["status", "--relay", str(tmp_path / "nowhere")], catch_exceptions=False)
-    assert result.exit_code == 1 and result.output.startswith("Error: relay:")
+    assert result.exit_code == 2 and result.output.startswith("Error: relay:")  # bad input: no relay there
+    result = runner.invoke(colibri_cli, ["train", "--relay", str(store), "--leg-steps", "1", "--data", str(shards)],
+                           catch_exceptions=False)
+    assert result.exit_code == 2 and "--preset" in result.output and result.output.count("\n") == 1
 
 
 def _free_port() -> int:
@@ -173,3 +176,24 @@ def test_torchrun_leg_only_rank0_talks_to_the_relay_and_all_ranks_stop_together(
     assert proc.returncode != 0
     assert "LEASE LOST" in out, (out[-2000:], err[-2000:])
     assert len(Relay(str(store)).ledger()) == 1
+
+
+def test_cli_version_and_exit_status(tmp_path, monkeypatch):
+    from importlib.metadata import version
+    from types import SimpleNamespace
+
+    import colibri
+    import colibri.cli
+
+    runner = CliRunner()
+    result = runner.invoke(colibri_cli, ["--version"])
+    assert result.exit_code == 0 and result.output == f"colibri, version {version('colibri')}\n"
+    assert colibri.__version__ == version("colibri")
+    assert "Exit status: 0 ok, 1 a check failed" in runner.invoke(colibri_cli, ["--help"]).output
+    # a leg that stopped without pushing (the lease was lost) is a failed check: 1, no longer 3
+    monkeypatch.setattr(colibri.cli, "run_leg", lambda opts: SimpleNamespace(ok=False, reason="lease lost"))
+    result = runner.invoke(colibri_cli, ["train", "--relay", str(tmp_path / "r"), "--leg-steps", "1"])
+    assert result.exit_code == 1 and "leg not pushed: lease lost" in result.output
+    (tmp_path / "demo" / "relay").mkdir(parents=True)
+    result = runner.invoke(colibri_cli, ["demo", "--out", str(tmp_path / "demo")])
+    assert result.exit_code == 2 and "already holds a relay" in result.output

@@ -1,4 +1,11 @@
-"""`colibri`: relay-driven training legs, the relay's status, and the proof-of-loop demo."""
+"""`colibri`: relay-driven training legs, the relay's status, and the proof-of-loop demo.
+
+Exit status, as for every Colibri command: 0 ok; 1 a check failed (the leg stopped without
+pushing because the lease was lost, training diverged, the relay refused: baton held, checksum);
+2 bad usage or bad input (a flag, missing data, a store that holds no relay, a relay in the wrong
+phase for the leg). Errors are one line on stderr, no traceback. Progress bars only when stderr
+is a terminal, unless `--progress` / `--no-progress`.
+"""
 
 from __future__ import annotations
 
@@ -8,13 +15,37 @@ from pathlib import Path
 
 import click
 
+from . import __version__
 from .relay_leg import LegError, LegOptions, run_leg
+
+EXIT_CHECK_FAILED, EXIT_BAD_INPUT = 1, 2
+
+
+def _error(message: str, exit_code: int) -> click.ClickException:
+    error = click.ClickException(message)
+    error.exit_code = exit_code
+    return error
+
+
+def _relay_error(exc: Exception) -> click.ClickException | None:
+    """A colibri-relay error as a one-line click error with its own exit code, else None."""
+    from colibri_relay import RelayError
+
+    return _error(f"relay: {exc}", exc.exit_code) if isinstance(exc, RelayError) else None
+
+
+def _resolve_progress(_ctx, _param, value: bool | None) -> bool:
+    return sys.stderr.isatty() if value is None else value
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="colibri")
+@click.version_option(__version__, "--version", prog_name="colibri")
 def main() -> None:
-    """Colibri: train a fine-grained MoE in relay legs on one Hub repo, export, stream, evaluate."""
+    """Colibri: train a fine-grained MoE in relay legs on one Hub repo, export, stream, evaluate.
+
+    Exit status: 0 ok, 1 a check failed (e.g. the lease was lost, training diverged), 2 bad usage
+    or bad input.
+    """
 
 
 @main.command()
@@ -43,10 +74,11 @@ def main() -> None:
 @click.option("--lr", type=click.FloatRange(min=0, min_open=True), help="New runs only: peak learning rate.")
 @click.option("--warmup-steps", type=click.IntRange(min=0), help="New runs only: warmup steps.")
 @click.option("--eval-every", type=click.IntRange(min=0), help="New runs only: validation cadence in steps.")
-@click.option("--no-progress", is_flag=True, help="No progress bar (logs only).")
+@click.option("--progress/--no-progress", default=None, callback=_resolve_progress,
+              help="Progress bar on stderr [default: only when stderr is a terminal].")
 def train(relay_spec, preset, data_dir, sft, chat_files, leg_steps, leg_hours, decay, work_dir, holder,
           lease_duration, heartbeat, claim_timeout, seq_len, batch_size, micro_batch, lr, warmup_steps,
-          eval_every, no_progress):
+          eval_every, progress):
     """Train one leg: claim the baton, pull, train, push, release.
 
     \b
@@ -58,8 +90,8 @@ def train(relay_spec, preset, data_dir, sft, chat_files, leg_steps, leg_hours, d
       torchrun --nproc-per-node 8 -m colibri.cli train --relay hf://me/nano-run --data shards/ --leg-hours 6
 
     Hyper-parameter options apply to a new run only; a resumed run keeps its own.
-    Exit codes: 0 leg pushed; 1 error (relay, data, checkpoint); 2 bad usage;
-    3 leg stopped without pushing (the lease was lost).
+    Exit codes: 0 leg pushed; 1 leg stopped without pushing (the lease was lost), training
+    diverged, or the relay refused; 2 bad usage or bad input (options, data, checkpoint, store).
     """
     if leg_steps is None and leg_hours is None:
         raise click.UsageError("give --leg-steps N or --leg-hours H")
@@ -70,21 +102,24 @@ def train(relay_spec, preset, data_dir, sft, chat_files, leg_steps, leg_hours, d
     opts = LegOptions(relay=relay_spec, work_dir=work_dir, data_dir=data_dir, chat_files=list(chat_files), sft=sft,
                       preset=preset, leg_steps=leg_steps, leg_hours=leg_hours, decay=decay, holder=holder,
                       lease_duration_s=lease_duration, heartbeat_s=heartbeat, claim_timeout_s=claim_timeout,
-                      train_overrides=overrides, progress=not no_progress,
+                      train_overrides=overrides, progress=progress,
                       log=lambda msg: click.echo(msg, err=False))
+    from colibri_model.training import TrainingDivergedError
+
     try:
         outcome = run_leg(opts)
+    except TrainingDivergedError as exc:
+        raise _error(str(exc).splitlines()[0], EXIT_CHECK_FAILED) from None
     except (LegError, ValueError, OSError) as exc:
-        raise click.ClickException(str(exc).splitlines()[0]) from None
+        raise _error(str(exc).splitlines()[0], EXIT_BAD_INPUT) from None
     except Exception as exc:  # relay errors are typed; show them in one line
-        from colibri_relay import RelayError
-
-        if isinstance(exc, RelayError):
-            raise click.ClickException(f"relay: {exc}") from None
-        raise
+        error = _relay_error(exc)
+        if error is None:
+            raise
+        raise error from None
     if not outcome.ok:
         click.echo(f"leg not pushed: {outcome.reason}", err=True)
-        sys.exit(3)
+        sys.exit(EXIT_CHECK_FAILED)
 
 
 @main.command()
@@ -97,11 +132,10 @@ def status(relay_spec, as_json):
     try:
         info = collect_status(relay_spec)
     except Exception as exc:
-        from colibri_relay import RelayError
-
-        if isinstance(exc, RelayError):
-            raise click.ClickException(f"relay: {exc}") from None
-        raise
+        error = _relay_error(exc)
+        if error is None:
+            raise
+        raise error from None
     click.echo(json.dumps(info, indent=2, default=str) if as_json else render_status(info))
 
 
@@ -114,6 +148,8 @@ def demo(out, quick):
     streaming generation under a RAM budget, evaluation, the ledger."""
     from .demo import run_demo
 
+    if out is not None and (out / "relay").exists():
+        raise _error(f"demo: {out} already holds a relay; give a new --out", EXIT_BAD_INPUT)
     run_demo(out, quick=quick)
 
 

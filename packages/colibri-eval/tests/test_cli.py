@@ -76,6 +76,7 @@ def test_baseline_regression_noise_and_ok(tiny_hf_dir, tmp_path, first_run):
     (["--min", "piqa.acc>0.5"], "bad --min 'piqa.acc>0.5'"),
     (["--min", "hellaswag.acc=0.5"], "task 'hellaswag' is not in --tasks"),
     (["--model", "gguf:/x"], "expected hf:PATH, colibri:PATH or int4:PATH"),
+    (["--out", "/nonexistent/dir/o.json"], "--out /nonexistent/dir/o.json: no such directory"),  # before the run
 ])
 def test_bad_usage_exits_2_with_one_line(tmp_path, args, message):
     base = ["run", "--model", "hf:/nonexistent", "--tasks", "piqa", "--data-dir", "bundled", "--out", str(tmp_path / "o.json")]

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from colibri_model.cli import main
 from colibri_model.corpus import chat_file, prose_files
 from colibri_model.data import ManifestError, prepare, read_manifest, read_shard
-from colibri_model.data.prepare import is_validation
+from colibri_model.data.prepare import is_validation, partial_dir
 from colibri_model.data.sources import DataSourceError, iter_documents
 from colibri_model.tokenizer import load_tokenizer
 
@@ -74,13 +74,14 @@ def test_interrupted_prepare_resumes_to_the_same_result(tmp_path, monkeypatch):
     monkeypatch.setattr(prepare_module, "write_manifest", crash_after_three)
     with pytest.raises(KeyboardInterrupt):
         prepare(inputs, tmp_path / "resumed", **kwargs)
-    partial = read_manifest(tmp_path / "resumed")
+    assert not (tmp_path / "resumed").exists()  # only a complete data set gets the --out name
+    partial = read_manifest(partial_dir(tmp_path / "resumed"))
     assert not partial.complete and len(partial.train_shards) == 3
     monkeypatch.setattr(prepare_module, "write_manifest", real_write)
     resumed = prepare(inputs, tmp_path / "resumed", **kwargs)
     assert [s.sha256 for s in resumed.train_shards] == [s.sha256 for s in whole.train_shards]
     assert resumed.val_shard == whole.val_shard
-    assert not (tmp_path / "resumed" / "val.partial").exists()
+    assert not (tmp_path / "resumed" / "val.partial").exists() and not partial_dir(tmp_path / "resumed").exists()
 
 
 def test_bad_inputs_give_one_clear_error(tmp_path):
@@ -117,3 +118,32 @@ def test_cli_prepare_and_its_errors(tmp_path):
     assert wrong.exit_code == 2 and "no string field 'text'" in wrong.output
     flag = runner.invoke(main, ["prepare", str(src), "--out", str(tmp_path / "g"), "--val-fraction", "2"])
     assert flag.exit_code == 2
+    for tokenizer, message in ((tmp_path / "nope.json", "no such tokenizer file"), (src, "not a readable tokenizer")):
+        bad = runner.invoke(main, ["prepare", str(src), "--out", str(tmp_path / "h"), "--tokenizer", str(tokenizer)])
+        assert bad.exit_code == 2 and message in bad.output and bad.output.strip().count("\n") == 0, bad.output
+
+
+def test_a_failed_prepare_does_not_block_the_retry(tmp_path):
+    runner = CliRunner()
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"text": d}) + "\n" for d in _docs(40)))
+    out = tmp_path / "d"
+    # no document falls into a validation split this small: the run fails, about its settings
+    failed = runner.invoke(main, ["prepare", str(src), "--out", str(out), "--val-fraction", "0.0001"])
+    assert failed.exit_code == 2 and "raise --val-fraction" in failed.output
+    assert not out.exists() and not partial_dir(out).exists()
+    # an interrupted run with other settings leaves OUT.partial; a retry with new ones starts afresh
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": oops}\n')
+    with pytest.raises(DataSourceError, match="bad.jsonl:1"):
+        prepare([str(src), str(bad)], out, shard_tokens=300, progress=False)
+    assert not out.exists() and len(read_manifest(partial_dir(out)).train_shards) > 1
+    retry = runner.invoke(main, ["prepare", str(src), "--out", str(out), "--val-fraction", "0.2"])
+    assert retry.exit_code == 0, retry.output
+    assert read_manifest(out).complete and not partial_dir(out).exists()
+    # OUT holds a finished run: the same command says so; other settings are refused in one line
+    again = runner.invoke(main, ["prepare", str(src), "--out", str(out), "--val-fraction", "0.2"])
+    assert again.exit_code == 0 and "already prepared by an earlier run" in again.output
+    other = runner.invoke(main, ["prepare", str(src), "--out", str(out), "--val-fraction", "0.3"])
+    assert other.exit_code == 2 and "holds a finished prepare of other inputs or settings" in other.output
+    assert other.output.strip().count("\n") == 0

@@ -44,7 +44,7 @@ def test_train_then_user_mistakes(tmp_path):
     assert "no such data directory" in err
     err = _one_line_error(runner.invoke(main, ["train", "--preset", "huge", "--data", str(tmp_path / "data"),
                                                "--out", str(tmp_path / "r2"), "--steps", "3", *FLAGS]))
-    assert "unknown preset 'huge'" in err
+    assert err.startswith("Error: unknown preset 'huge'; choose one of tiny, nano")  # not "Error: None: ..."
     err = _one_line_error(runner.invoke(main, ["train", "--preset", "nano", "--data", str(tmp_path / "data"),
                                                "--out", run, "--steps", "3", *FLAGS]))
     assert "another model config" in err
@@ -65,3 +65,46 @@ def test_train_then_user_mistakes(tmp_path):
     err = _one_line_error(runner.invoke(main, ["train", "--preset", "tiny", "--data", str(tmp_path / "data"),
                                                "--out", str(tmp_path / "r3"), "--steps", "1", *FLAGS]))
     assert "truncated" in err
+
+
+def test_config_errors_name_the_file(tmp_path):
+    runner = CliRunner()
+    (tmp_path / "data").mkdir()
+    args = ["--data", str(tmp_path / "data"), "--out", str(tmp_path / "run"), "--steps", "1", *FLAGS]
+    cases = {
+        "notjson.json": ("{", "not a model config JSON"),
+        "missing.json": (json.dumps({"d_model": 4}), "n_layers: Field required"),
+        "badvalue.json": (json.dumps({"d_model": -4, "n_layers": 2, "n_heads": 1, "n_kv_heads": 1, "head_dim": 4,
+                                      "dense_ffn_dim": 8, "n_experts": 2, "expert_dim": 4}), "d_model"),
+        "checkpoint.json": (json.dumps({"format_version": "7.0", "d_model": 4}), "format_version 7.0"),
+    }
+    for name, (text, phrase) in cases.items():
+        path = tmp_path / name
+        path.write_text(text)
+        err = _one_line_error(runner.invoke(main, ["train", "--config", str(path), *args]))
+        assert err.startswith(f"Error: {path}: ") and phrase in err, (name, err)
+
+
+def test_version_exit_status_and_a_failed_run_exits_1(tmp_path, monkeypatch):
+    from importlib.metadata import version
+
+    import colibri_model
+    from colibri_model.training import Trainer, TrainingDivergedError
+
+    runner = CliRunner()
+    result = runner.invoke(main, ["--version"])
+    assert result.exit_code == 0 and result.output == f"colibri-model, version {version('colibri-model')}\n"
+    assert colibri_model.__version__ == version("colibri-model")
+    assert "Exit status: 0 ok, 1 a check failed" in runner.invoke(main, ["--help"]).output
+
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"text": f"{i} " + "word " * 300}) + "\n" for i in range(20)))
+    prepare([str(src)], tmp_path / "data", shard_tokens=5000, val_fraction=0.2, progress=False)
+
+    def diverge(self, *args, **kwargs):
+        raise TrainingDivergedError("5 non-finite steps in a row at step 1")
+
+    monkeypatch.setattr(Trainer, "train", diverge)
+    err = _one_line_error(runner.invoke(main, ["train", "--preset", "tiny", "--data", str(tmp_path / "data"),
+                                               "--out", str(tmp_path / "run"), "--steps", "1", *FLAGS]), code=1)
+    assert "non-finite steps in a row" in err

@@ -45,10 +45,13 @@ def test_release_needs_a_lease_id_or_force(tmp_path):
 
 def test_errors_are_one_line_without_traceback(tmp_path):
     r = CliRunner().invoke(main, ["status", "--store", str(tmp_path / "nothing-here")])
-    assert r.exit_code == 1
+    assert r.exit_code == 2  # bad input: no store there
     assert r.output.startswith("error:") and r.output.count("\n") == 1 and "Traceback" not in r.output
     r = CliRunner().invoke(main, ["status", "--store", "s3://bucket/x"])
-    assert r.exit_code == 1 and "unknown store scheme" in r.output
+    assert r.exit_code == 2 and "unknown store scheme" in r.output
+    run("init", "--store", str(tmp_path / "relay"))
+    r = CliRunner().invoke(main, ["ledger", "--store", str(tmp_path / "relay"), "--revision", "nope"])
+    assert r.exit_code == 2 and r.output.startswith("error:") and r.output.count("\n") == 1, r.output
     r = CliRunner().invoke(main, ["status"])
     assert r.exit_code == 2 and "--store" in r.output
     r = CliRunner().invoke(main, ["claim", "--store", str(tmp_path), "--lease-s", "1", "--heartbeat-s", "1"])
@@ -75,7 +78,33 @@ def test_fake_hub_command_serves_the_unmodified_client(tmp_path):
         assert HfApi(endpoint=endpoint, token="anything").model_info("team/run").sha == json.loads(out.stdout)["head"]
         bad = subprocess.run([sys.executable, "-m", "colibri_relay.cli", "status", "--store", "hf://team/missing"],
                              env=env, capture_output=True, text=True, timeout=60)
-        assert bad.returncode == 1 and bad.stderr.startswith("error:") and secret not in bad.stdout + bad.stderr
+        assert bad.returncode == 2 and bad.stderr.startswith("error:") and secret not in bad.stdout + bad.stderr
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def test_claim_refuses_negative_and_zero_durations(tmp_path):
+    s = str(tmp_path / "relay")
+    run("init", "--store", s)
+    for flag, value in (("--hold-s", "-5"), ("--hold-s", "0"), ("--lease-s", "-1"), ("--heartbeat-s", "0")):
+        r = CliRunner().invoke(main, ["claim", "--store", s, flag, value])
+        assert r.exit_code == 2 and flag in r.output and "Traceback" not in r.output, (flag, value, r.output)
+    assert json.loads(run("status", "--store", s, "--json").output)["state"]["epoch"] == 0  # nothing claimed
+
+
+def test_version_exit_status_and_a_held_baton_exits_1(tmp_path):
+    from importlib.metadata import version
+
+    import colibri_relay
+    from colibri_relay import Relay
+
+    r = run("--version")
+    assert r.exit_code == 0 and r.output == f"colibri-relay, version {version('colibri-relay')}\n"
+    assert colibri_relay.__version__ == version("colibri-relay")
+    assert "Exit status: 0 ok, 1 a check failed" in run("--help").output
+    s = str(tmp_path / "relay")
+    run("init", "--store", s)
+    Relay(s, holder="alice").claim()
+    r = CliRunner().invoke(main, ["claim", "--store", s, "--holder", "bob", "--hold-s", "1"])
+    assert r.exit_code == 1 and r.output.startswith("error:") and r.output.count("\n") == 1, r.output

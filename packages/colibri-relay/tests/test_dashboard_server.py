@@ -105,7 +105,7 @@ def test_cli_refuses_bad_specs_and_missing_stores(tmp_path):
     bad = runner.invoke(main, ["dashboard", "--store", "s3://bucket/x"])
     assert bad.exit_code == 2 and "unknown store scheme" in bad.output
     missing = runner.invoke(main, ["dashboard", "--store", str(tmp_path / "nope")])
-    assert missing.exit_code == 1 and "is not a relay store" in missing.output
+    assert missing.exit_code == 2 and "is not a relay store" in missing.output
     assert runner.invoke(main, ["dashboard", "--store", str(tmp_path), "--port", "70000"]).exit_code == 2
     assert "--run" in runner.invoke(main, ["dashboard", "--help"]).output
 

@@ -104,7 +104,7 @@ def test_too_small_budget_names_the_minimum(tiny):
 def test_corrupted_container_is_one_line_naming_the_expert(corrupted):
     path, (layer, expert), prompt = corrupted
     result = run("generate", path, "--prompt", prompt, "--ram-budget", "200MB", "--max-new-tokens", "2")
-    assert result.exit_code == 1
+    assert result.exit_code == 1  # a check failed: the blob's CRC-32
     errors = [line for line in result.output.splitlines() if line.startswith("Error")]
     assert len(errors) == 1 and f"layer {layer}, expert {expert}" in errors[0]
     assert "Traceback" not in result.output
@@ -129,3 +129,33 @@ def test_help_reads_well():
     result = run("--help")
     assert result.exit_code == 0 and "generate" in result.output and "chat" in result.output
     assert "KiB" in run("generate", "--help").output
+
+
+def test_version_and_exit_status_in_help():
+    from importlib.metadata import version
+
+    import colibri_stream
+
+    result = run("--version")
+    assert result.exit_code == 0 and result.output == f"colibri-stream, version {version('colibri-stream')}\n"
+    assert colibri_stream.__version__ == version("colibri-stream")
+    assert "Exit status: 0 ok, 1 a check failed" in run("--help").output
+
+
+def test_a_file_that_is_no_container_is_bad_input(tmp_path):
+    bad = tmp_path / "x.coli"
+    bad.write_bytes(b"plain text, not a container" * 20)
+    for command in ("generate", "plan"):
+        args = [command, bad, "--ram-budget", "200MB"] + (["--prompt", "x"] if command == "generate" else [])
+        result = run(*args)
+        assert result.exit_code == 2, result.output
+        assert result.output.startswith(f"Error: {bad}: not a colibri-int4 container") and "Traceback" not in result.output
+        assert result.output.count("\n") == 1
+
+
+def test_bench_exits_1_when_the_disk_honesty_check_fails(tiny, monkeypatch):
+    import colibri_stream.bench as bench
+
+    monkeypatch.setattr(bench, "run_bench", lambda *a, **k: {"points": [{"contaminated": True}]})
+    result = CliRunner().invoke(main, ["bench", str(tiny[0]), "--budgets", "50%", "--json"])
+    assert result.exit_code == 1 and "page cache" in result.output and "Traceback" not in result.output

@@ -144,10 +144,10 @@ def test_trace_hf_cli_errors(olmoe_dir, tmp_path):
     ]
     for args, message in cases:
         result = CliRunner().invoke(main, ["trace-hf", *args, "--out", str(out)])
-        assert result.exit_code == 1 and message in result.output, (args, result.output)
+        assert result.exit_code == 2 and message in result.output, (args, result.output)
     assert not out.exists()
     text = tmp_path / "ok.txt"
     text.write_text("Some words to route.")
     result = CliRunner().invoke(main, ["trace-hf", str(olmoe_dir), "--text", str(text),
                                        "--out", str(tmp_path / "missing-dir" / "t.jsonl")])
-    assert result.exit_code == 1 and "cannot write the trace" in result.output, result.output
+    assert result.exit_code == 2 and "cannot write the trace" in result.output, result.output

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from colibri_stream import Engine
+from colibri_stream import Engine, LayerCounters
 
 
 def test_prefetch_on_same_tokens_and_counters(tiny, minimum_budget):
@@ -126,3 +126,14 @@ def test_known_misses_read_ahead_change_nothing_but_timing(tiny, minimum_budget)
     off, on = runs["off"], runs["on"]
     assert torch.equal(on[0], off[0])
     assert on[1:] == off[1:] and off[3] > 0
+
+
+def test_per_layer_prefetch_accuracy_adds_up(tiny):
+    assert LayerCounters().prefetch_accuracy == 0.0  # raised AttributeError: no such counters
+    assert LayerCounters(prefetch_actual=4, prefetch_correct=3).prefetch_accuracy == 0.75
+    with Engine.open(tiny[0], ram_budget="200MB", prefetch="predict") as eng:
+        eng.generate(list(range(900, 912)), 4, stop_token_ids=[])
+        stats, layers = eng.stats, list(eng.stats.layers.values())
+        assert sum(c.prefetch_actual for c in layers) == stats.prefetch_actual > 0
+        assert sum(c.prefetch_correct for c in layers) == stats.prefetch_correct
+        assert all(0 <= c.prefetch_accuracy <= 1 for c in layers)

@@ -158,7 +158,7 @@ def test_policy_study_cli_errors(tmp_path):
     ]
     for args, message in cases:
         result = CliRunner().invoke(main, args)
-        assert result.exit_code != 0 and message in result.output, (args, result.output)
+        assert result.exit_code == 2 and message in result.output, (args, result.output)
 
 
 def test_generate_trace_out(tiny, tmp_path):
@@ -178,4 +178,5 @@ def test_trace_hf_without_transformers_says_what_to_install(tmp_path, monkeypatc
     text = tmp_path / "t.txt"
     text.write_text("hello")
     result = CliRunner().invoke(main, ["trace-hf", "some/model", "--text", str(text), "--out", str(tmp_path / "o")])
-    assert result.exit_code == 1 and "pip install 'colibri-stream[hf]'" in result.output
+    assert result.exit_code == 2 and "pip install 'colibri-stream[hf]'" in result.output
+    assert result.output.count("\n") == 1 and "Traceback" not in result.output

@@ -14,12 +14,15 @@ Example:
 
 from __future__ import annotations
 
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as _metadata_version
 from typing import Any
 
 from colibri_eval.errors import (
     ColibriEvalError,
     DataError,
     GateSpecError,
+    MissingDependencyError,
     ModelSpecError,
     ResultsFormatError,
     UnknownTaskError,
@@ -28,7 +31,10 @@ from colibri_eval.results import RESULTS_VERSION, EvalResults, read_results, wri
 from colibri_eval.task_data import bundled_data_dir, load_documents
 from colibri_eval.tasks import ALL_TASKS, TASKS, Task, get_task, parse_task_list
 
-__version__ = "0.1.0"
+try:  # the installed metadata is the one source of the version (pyproject.toml sets it)
+    __version__ = _metadata_version("colibri-eval")
+except PackageNotFoundError:  # imported from a source tree that was never installed
+    __version__ = "0+unknown"
 
 
 def load_model(spec: str, dtype: str = "float32", ram_budget: str | None = None) -> Any:
@@ -53,6 +59,7 @@ __all__ = [
     "DataError",
     "EvalResults",
     "GateSpecError",
+    "MissingDependencyError",
     "ModelSpecError",
     "ResultsFormatError",
     "Task",

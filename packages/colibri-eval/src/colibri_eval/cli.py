@@ -1,10 +1,13 @@
 """``colibri-eval``: run tasks, gate CI on scores, tabulate results.
 
-Exit codes (stable, for CI):
+Exit codes (stable, for CI, the same convention as every Colibri command):
   0  every requested task ran and every gate passed
-  1  a quality gate failed (``--min`` bar missed, or a regression against ``--baseline``)
+  1  a check failed: a quality gate (``--min`` bar missed, or a regression against ``--baseline``)
   2  bad usage or bad input: unknown flag or task, malformed ``--min``, unreadable or
-     malformed data/results file, model that cannot be loaded (one-line message, no traceback)
+     malformed data/results file, model that cannot be loaded, a missing optional dependency
+     (the message names the extra to install) (one-line message, no traceback)
+
+Progress bars go to stderr only when it is a terminal, unless ``--progress``/``--no-progress``.
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ from pathlib import Path
 
 import click
 
-from colibri_eval.errors import ColibriEvalError, GateSpecError
+from colibri_eval import __version__
+from colibri_eval.errors import ColibriEvalError, GateSpecError, MissingDependencyError
 from colibri_eval.gates import check_bars, compare_with_baseline, parse_bar
 from colibri_eval.results import markdown_table, read_results, write_results
 from colibri_eval.task_data import BUNDLED, bundled_data_dir, load_documents
@@ -28,16 +32,22 @@ class InputError(click.ClickException):
     exit_code = EXIT_BAD_INPUT
 
 
-def _fail(exc: ColibriEvalError) -> InputError:
-    return InputError(str(exc))
+def _fail(exc: ColibriEvalError) -> click.ClickException:
+    error = click.ClickException(str(exc))
+    error.exit_code = exc.exit_code
+    return error
+
+
+def _resolve_progress(_ctx, _param, value: bool | None) -> bool:
+    return sys.stderr.isatty() if value is None else value
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="colibri-eval")
+@click.version_option(__version__, "--version", prog_name="colibri-eval")
 def main() -> None:
     """Zero-shot evaluation with lm-evaluation-harness 0.4's prompts and scoring.
 
-    Exit codes: 0 ok, 1 a quality gate failed, 2 bad usage or input.
+    Exit status: 0 ok, 1 a check failed (e.g. a gate failed), 2 bad usage or bad input.
     """
 
 
@@ -62,7 +72,8 @@ def main() -> None:
 @click.option("--bootstrap-iters", type=click.IntRange(min=0), default=100_000, show_default=True,
               help="Bootstrap resamples for perplexity stderr (lm-eval's default); 0 = no stderr.")
 @click.option("--ram-budget", default=None, help="int4 only: RAM budget for the expert cache, e.g. 2GiB.")
-@click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bars on stderr.")
+@click.option("--progress/--no-progress", default=None, callback=_resolve_progress,
+              help="Progress bars on stderr [default: only when stderr is a terminal].")
 def run(model_spec: str, task_spec: str, data_dir: str | None, limit: int | None, out: Path, log_samples: Path | None,
         bars: tuple[str, ...], baseline: Path | None, max_drop: float, dtype: str, batch_tokens: int,
         bootstrap_iters: int, ram_budget: str | None, progress: bool) -> None:
@@ -79,16 +90,26 @@ def run(model_spec: str, task_spec: str, data_dir: str | None, limit: int | None
         old = read_results(baseline) if baseline is not None else None
         if data_dir is not None and data_dir != BUNDLED and not Path(data_dir).is_dir():
             raise InputError(f"--data-dir {data_dir}: not a directory")
+        for option, path in (("--out", out), ("--log-samples", log_samples)):
+            if path is not None and not path.absolute().parent.is_dir():  # found before the slow run
+                raise InputError(f"{option} {path}: no such directory {path.absolute().parent}")
         # read and validate every document before the (slow) model load
         documents = {task.name: load_documents(task, data_dir, limit) for task in tasks}
-        from colibri_eval.adapters import load_model  # noqa: PLC0415 - imports torch
-        from colibri_eval.runner import evaluate  # noqa: PLC0415
+        from colibri_eval.adapters import EXTRAS, load_model  # noqa: PLC0415
 
+        # the model first: a missing library is then named with the extra of this kind of model
         loaded = load_model(model_spec, dtype=dtype, ram_budget=ram_budget)
+        try:
+            from colibri_eval.runner import evaluate  # noqa: PLC0415 - imports torch
+        except ImportError as exc:
+            raise MissingDependencyError.from_import_error("scoring", EXTRAS[loaded.kind], exc) from None
     except ColibriEvalError as exc:
         raise _fail(exc) from None
 
-    sample_file = open(log_samples, "w", encoding="utf-8") if log_samples else None  # noqa: SIM115
+    try:
+        sample_file = open(log_samples, "w", encoding="utf-8") if log_samples else None  # noqa: SIM115
+    except OSError as exc:
+        raise InputError(f"--log-samples {log_samples}: {exc.strerror}") from None
     try:
         def write_sample(sample: dict) -> None:
             sample_file.write(json.dumps(sample, sort_keys=True, ensure_ascii=False) + "\n")
@@ -99,7 +120,10 @@ def run(model_spec: str, task_spec: str, data_dir: str | None, limit: int | None
     finally:
         if sample_file:
             sample_file.close()
-    write_results(results, out)
+    try:
+        write_results(results, out)
+    except OSError as exc:
+        raise InputError(f"--out {out}: {exc.strerror}") from None
 
     click.echo(f"model {results.model}  ({results.total_seconds:.1f} s)")
     for name, task_result in results.tasks.items():

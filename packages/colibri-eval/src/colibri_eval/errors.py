@@ -31,7 +31,40 @@ class DataError(ColibriEvalError):
 
 class ModelSpecError(ColibriEvalError):
     """A ``--model`` value that is not ``hf:PATH``, ``colibri:PATH`` or ``int4:PATH``, or a
-    model whose library is not installed."""
+    model that cannot be loaded."""
+
+
+class MissingDependencyError(ColibriEvalError, ImportError):
+    """An optional dependency is not installed; the one-line message names the extra to install.
+
+    ``pip install colibri-eval`` brings numpy, click, tqdm and pydantic only: ``hf:`` models need
+    ``[hf]`` (transformers, torch), ``colibri:`` and ``int4:`` models ``[colibri]`` (colibri-model,
+    colibri-stream, torch), HF dataset ids ``[hub]`` (datasets), ``colibri-lm-eval`` ``[lm-eval]``.
+
+    Attributes:
+        extra: the extra to install, e.g. ``"hf"``.
+        module: the module that failed to import, when known.
+
+        >>> raise MissingDependencyError("an hf: model", "hf", "transformers")  # doctest: +SKIP
+        colibri_eval.errors.MissingDependencyError: an hf: model needs transformers (not installed): pip install 'colibri-eval[hf]'
+    """
+
+    def __init__(self, what: str, extra: str, module: str | None = None, detail: str | None = None) -> None:
+        if module:
+            needs = f"needs {module} (not installed)"
+        else:
+            needs = "needs an optional dependency" + (f" ({detail})" if detail else "")
+        super().__init__(f"{what} {needs}: pip install 'colibri-eval[{extra}]'")
+        self.extra = extra
+        self.module = module
+
+    @classmethod
+    def from_import_error(cls, what: str, extra: str, exc: ImportError) -> MissingDependencyError:
+        """A module that is not there is named (``exc.name``); any other import failure (a
+        library too old, a sub-dependency it asks for) is quoted, first line only."""
+        if isinstance(exc, ModuleNotFoundError) and exc.name:  # named as pip names it: lm_eval -> lm-eval
+            return cls(what, extra, exc.name.split(".")[0].replace("_", "-"))
+        return cls(what, extra, detail=str(exc).splitlines()[0] if str(exc) else None)
 
 
 class ResultsFormatError(ColibriEvalError):

@@ -63,8 +63,8 @@ def read_hf(task: Task, limit: int | None = None) -> list[Document]:
     try:
         import datasets  # noqa: PLC0415 - optional dependency, only for online use
     except ImportError:
-        raise DataError(task.hf_path, None, "the 'datasets' package is needed to load HF dataset ids; "
-                        "pass --data-dir DIR or --data-dir bundled") from None
+        raise DataError(task.hf_path, None, "HF dataset ids need datasets (not installed): "
+                        "pip install 'colibri-eval[hub]', or pass --data-dir DIR or --data-dir bundled") from None
     split = task.hf_split if limit is None else f"{task.hf_split}[:{limit}]"
     try:
         rows = datasets.load_dataset(task.hf_path, task.hf_name, split=split)

@@ -3,9 +3,12 @@
 Reading needs only numpy and pydantic; nothing here imports torch or colibri-model.
 """
 
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as _metadata_version
+
 from .container import Container, VerifyReport
 from .dequantize import dequantize_container
-from .errors import CheckpointError, ContainerError, Int4Error
+from .errors import CheckpointError, ChecksumError, ContainerError, Int4Error
 from .estimate import SizeEstimate, estimate_container_size
 from .expert_blob import ExpertBlob, decode_expert_blob, encode_expert_blob
 from .export import ContainerFileWriter, ExportReport, export_checkpoint
@@ -15,10 +18,14 @@ from .quantize import dequantize_q4, quantize_q4, unpack_nibbles
 from .scheme import QuantScheme
 from .tensor_codec import RawTensor
 
-__version__ = "0.1.0"
+try:  # the installed metadata is the one source of the version (pyproject.toml sets it)
+    __version__ = _metadata_version("colibri-int4")
+except PackageNotFoundError:  # imported from a source tree that was never installed
+    __version__ = "0+unknown"
 
 __all__ = [
     "CheckpointError",
+    "ChecksumError",
     "Container",
     "ContainerFileWriter",
     "ContainerError",

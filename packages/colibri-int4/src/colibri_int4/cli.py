@@ -1,8 +1,9 @@
 """`colibri-int4`: export, inspect, verify, dequantize and estimate containers.
 
-Errors in the user's input (a bad checkpoint, a corrupted container) print one line and exit
-1; bad usage (unknown flag, bad choice) exits 2 as click does; `verify` exits 1 when any
-checksum fails.
+Exit status, as for every Colibri command: 0 ok; 1 a check failed (a CRC-32 did not match, or
+`verify` found any problem); 2 bad usage or bad input (unknown flag, bad choice, a malformed
+checkpoint or container, an unwritable destination), with one line on stderr and no traceback. Progress bars go to stderr, and only when it is a terminal
+unless `--progress` / `--no-progress` says otherwise.
 """
 
 from __future__ import annotations
@@ -14,9 +15,37 @@ from pathlib import Path
 import click
 from tqdm import tqdm
 
+from . import __version__
 from .container import Container
-from .errors import Int4Error
+from .errors import ChecksumError, Int4Error
 from .scheme import QuantScheme
+
+EXIT_CHECK_FAILED, EXIT_BAD_INPUT = 1, 2
+
+
+class InputError(click.ClickException):
+    """Bad input (a malformed checkpoint or container, an unreadable path): one line, exit 2."""
+
+    exit_code = EXIT_BAD_INPUT
+
+
+class CheckFailed(click.ClickException):
+    """A checksum did not match: one line, exit 1."""
+
+    exit_code = EXIT_CHECK_FAILED
+
+
+def _error(exc: Int4Error) -> click.ClickException:
+    return (CheckFailed if isinstance(exc, ChecksumError) else InputError)(str(exc))
+
+
+def _resolve_progress(_ctx, _param, value: bool | None) -> bool:
+    # The one place that decides: an explicit flag wins; otherwise bars only on a terminal.
+    return sys.stderr.isatty() if value is None else value
+
+
+PROGRESS = click.option("--progress/--no-progress", default=None, callback=_resolve_progress,
+                        help="Progress bar on stderr [default: only when stderr is a terminal].")
 
 _DTYPES = click.Choice(["int4", "int8", "bf16"])
 
@@ -49,16 +78,21 @@ def _mb(n: int) -> str:
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "--version", prog_name="colibri-int4")
 def main() -> None:
     """The Colibri int4 container: one file with a resident region and 4 KiB-aligned,
-    checksummed routed-expert blobs (see FORMAT.md)."""
+    checksummed routed-expert blobs (see FORMAT.md).
+
+    Exit status: 0 ok, 1 a check failed (e.g. verify found corruption, a checksum did not match),
+    2 bad usage or bad input.
+    """
 
 
 @main.command()
 @click.argument("checkpoint_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.argument("out", type=click.Path(dir_okay=False, path_type=Path))
 @_scheme_options
-@click.option("--progress/--no-progress", default=True, help="Show a progress bar on stderr.")
+@PROGRESS
 def export(checkpoint_dir: Path, out: Path, progress: bool, **scheme_args) -> None:
     """Quantize CHECKPOINT_DIR (config.json + model.safetensors) into the container OUT,
     streaming tensor by tensor."""
@@ -69,9 +103,9 @@ def export(checkpoint_dir: Path, out: Path, progress: bool, **scheme_args) -> No
         with Container.open(out) as container:
             bpw = container.bits_per_weight
     except Int4Error as exc:
-        raise click.ClickException(str(exc)) from None
+        raise _error(exc) from None
     except OSError as exc:
-        raise click.ClickException(f"{exc.filename or out}: {exc.strerror}") from None
+        raise InputError(f"{exc.filename or out}: {exc.strerror}") from None
     click.echo(
         f"wrote {out}: {_mb(report.file_size)} (resident {_mb(report.resident_bytes)}, experts "
         f"{_mb(report.expert_bytes)}, {bpw:.3f} bits/weight) in {report.seconds:.1f} s, "
@@ -113,7 +147,7 @@ def inspect(file: Path, as_json: bool) -> None:
         with Container.open(file) as container:
             summary = _summary(container, with_experts=as_json)
     except Int4Error as exc:
-        raise click.ClickException(str(exc)) from None
+        raise _error(exc) from None
     if as_json:
         click.echo(json.dumps(summary, indent=1))
         return
@@ -131,22 +165,21 @@ def inspect(file: Path, as_json: bool) -> None:
 
 @main.command()
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--progress/--no-progress", default=True, help="Show a progress bar on stderr.")
+@PROGRESS
 def verify(file: Path, progress: bool) -> None:
     """Check the header and every checksum; exit 1 on any failure."""
     try:
         with Container.open(file) as container:
-            covered = container.resident_bytes + container.expert_bytes  # an upper bound of the checked bytes
-            bar = tqdm(total=covered, unit="B", unit_scale=True, desc="verify", disable=not progress)
-            report = container.verify(progress=bar.update)
-            bar.close()
+            total = sum(length for _, _, length, _ in container.checksummed_ranges())
+            with tqdm(total=total, unit="B", unit_scale=True, desc="verify", disable=not progress) as bar:
+                report = container.verify(progress=bar.update)
     except Int4Error as exc:
         click.echo(f"FAILED: {exc}", err=True)
-        sys.exit(1)
+        sys.exit(EXIT_CHECK_FAILED)
     for failure in report.failures:
         click.echo(f"FAILED: {failure}", err=True)
     if not report.ok:
-        sys.exit(1)
+        sys.exit(EXIT_CHECK_FAILED)
     click.echo(f"OK: {report.checked} checksummed ranges, {_mb(report.bytes_checked)} verified")
 
 
@@ -155,7 +188,7 @@ def verify(file: Path, progress: bool) -> None:
 @click.argument("out_dir", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--dtype", type=click.Choice(["f32", "bf16"]), default="f32", show_default=True,
               help="dtype of the written matrices (1-D tensors stay fp32).")
-@click.option("--progress/--no-progress", default=True, help="Show a progress bar on stderr.")
+@PROGRESS
 def dequantize(file: Path, out_dir: Path, dtype: str, progress: bool) -> None:
     """Turn a container back into a checkpoint directory (CHECKPOINT.md)."""
     from .dequantize import dequantize_container
@@ -163,28 +196,42 @@ def dequantize(file: Path, out_dir: Path, dtype: str, progress: bool) -> None:
     try:
         dequantize_container(file, out_dir, dtype=dtype, progress=progress)
     except Int4Error as exc:
-        raise click.ClickException(str(exc)) from None
+        raise _error(exc) from None
     except OSError as exc:
-        raise click.ClickException(f"{exc.filename or out_dir}: {exc.strerror}") from None
+        raise InputError(f"{exc.filename or out_dir}: {exc.strerror}") from None
     click.echo(f"wrote {out_dir}")
 
 
 @main.command()
 @click.argument("config_json", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @_scheme_options
+@click.option("--tokenizer", "tokenizer_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              default=None, help="The tokenizer.json the container will carry [default: the tokenizer.json "
+              "beside CONFIG_JSON, as `export` takes it from the checkpoint directory; none if absent].")
 @click.option("--json", "as_json", is_flag=True, help="Print the estimate as JSON.")
-def estimate(config_json: Path, as_json: bool, **scheme_args) -> None:
-    """Exact container size for a config.json and scheme, without any weights."""
+def estimate(config_json: Path, tokenizer_path: Path | None, as_json: bool, **scheme_args) -> None:
+    """Exact container size for a config.json and scheme, without any weights.
+
+    Counts everything `export` writes: the header, the tokenizer, the resident region and the
+    expert blobs with their alignment padding, so for a checkpoint's own config.json the
+    result equals the exported file's size to the byte.
+    """
     from .estimate import estimate_container_size
 
+    if tokenizer_path is None and (config_json.parent / "tokenizer.json").is_file():
+        tokenizer_path = config_json.parent / "tokenizer.json"
     try:
+        tokenizer_length = tokenizer_path.stat().st_size if tokenizer_path is not None else 0
         config = json.loads(config_json.read_text(encoding="utf-8"))
-        result = estimate_container_size(config, _scheme(**scheme_args))
+        result = estimate_container_size(config, _scheme(**scheme_args), tokenizer_length=tokenizer_length)
     except (ValueError, OSError) as exc:
-        raise click.ClickException(f"{config_json}: {exc}") from None
+        raise InputError(f"{config_json}: {exc}") from None
     if as_json:
-        click.echo(json.dumps(result.as_dict(), indent=1))
+        click.echo(json.dumps({**result.as_dict(), "tokenizer_path": str(tokenizer_path) if tokenizer_path else None},
+                              indent=1))
         return
-    click.echo(f"{_mb(result.file_size)} = resident {_mb(result.resident_bytes)} + experts {_mb(result.expert_bytes)}; "
-               f"{result.total_params:,} params, experts {result.bits_per_weight:.3f} bits/weight, "
-               f"whole file {result.bits_per_weight_total:.3f}")
+    rest = result.file_size - result.resident_bytes - result.expert_bytes - result.tokenizer_bytes
+    tokenizer = f"tokenizer {_mb(result.tokenizer_bytes)}" if result.tokenizer_bytes else "no tokenizer"
+    click.echo(f"{_mb(result.file_size)} = resident {_mb(result.resident_bytes)} + experts {_mb(result.expert_bytes)} "
+               f"+ {tokenizer} + header and alignment {_mb(rest)}; {result.total_params:,} params, "
+               f"experts {result.bits_per_weight:.3f} bits/weight, whole file {result.bits_per_weight_total:.3f}")

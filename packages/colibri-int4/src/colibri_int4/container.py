@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from .checkpoint import read_exact
-from .errors import ContainerError
+from .errors import ChecksumError, ContainerError
 from .expert_blob import ExpertBlob
 from .header import (
     PREAMBLE_SIZE,
@@ -181,7 +181,7 @@ class Container:
     def _decode_resident(self, t, chunk, verify: bool) -> RawTensor:
         """One resident tensor's stored bytes, CRC-checked, as a `RawTensor`."""
         if verify and f"{zlib.crc32(chunk) & 0xFFFFFFFF:08x}" != t.crc32:
-            raise ContainerError(f"tensor '{t.name}' at bytes [{t.offset}, {t.offset + t.length}): checksum mismatch")
+            raise ChecksumError(f"tensor '{t.name}' at bytes [{t.offset}, {t.offset + t.length}): checksum mismatch")
         return decode_tensor(chunk, t.name, t.encoding, tuple(t.shape), self.scheme)
 
     def read_tokenizer_json(self) -> str | None:
@@ -191,17 +191,17 @@ class Container:
             return None
         data = _read(self._fd, tok.length, tok.offset, "tokenizer")
         if f"{zlib.crc32(data) & 0xFFFFFFFF:08x}" != tok.crc32:
-            raise ContainerError(f"tokenizer at bytes [{tok.offset}, {tok.offset + tok.length}): checksum mismatch")
+            raise ChecksumError(f"tokenizer at bytes [{tok.offset}, {tok.offset + tok.length}): checksum mismatch")
         try:
             return data.decode("utf-8")
         except UnicodeDecodeError:
             raise ContainerError("tokenizer is not valid UTF-8") from None
 
     # --- verification ------------------------------------------------------------------
-    def verify(self, progress=None) -> VerifyReport:
-        """Check every CRC (tokenizer, each resident tensor, each expert blob); collects all
-        failures instead of stopping at the first. `progress(n_bytes)` is called as it goes."""
-        report = VerifyReport()
+    def checksummed_ranges(self) -> list[tuple[str, int, int, str]]:
+        """`(what, offset, length, crc32)` of every range `verify` checks, in file order: the
+        tokenizer, each resident tensor, each expert blob. Their lengths sum to the bytes
+        `verify` reads (a progress bar's total)."""
         checks = []
         if self.header.tokenizer:
             tok = self.header.tokenizer
@@ -209,16 +209,23 @@ class Container:
         checks += [(f"tensor '{t.name}'", t.offset, t.length, t.crc32) for t in self.header.tensors]
         checks += [(f"expert (layer {e.layer}, expert {e.expert})", e.offset, e.length, e.crc32)
                    for e in self.header.experts.entries]
-        for what, offset, length, crc in checks:
+        return checks
+
+    def verify(self, progress=None) -> VerifyReport:
+        """Check every CRC of `checksummed_ranges()`; collects all failures instead of stopping
+        at the first. `progress(n_bytes)` is called once per range, unreadable ones included, so
+        the calls sum to the ranges' total length."""
+        report = VerifyReport()
+        for what, offset, length, crc in self.checksummed_ranges():
             try:
                 data = _read(self._fd, length, offset, what)
             except ContainerError as exc:
                 report.failures.append(str(exc))
-                continue
-            if f"{zlib.crc32(data) & 0xFFFFFFFF:08x}" != crc:
-                report.failures.append(f"{what} at bytes [{offset}, {offset + length}): checksum mismatch")
-            report.checked += 1
-            report.bytes_checked += length
+            else:
+                if f"{zlib.crc32(data) & 0xFFFFFFFF:08x}" != crc:
+                    report.failures.append(f"{what} at bytes [{offset}, {offset + length}): checksum mismatch")
+                report.checked += 1
+                report.bytes_checked += length
             if progress:
                 progress(length)
         return report

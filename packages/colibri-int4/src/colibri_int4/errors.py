@@ -1,7 +1,8 @@
 """Typed exceptions of colibri-int4.
 
 `ContainerError` is raised for any problem with a `.coli` file (truncated, corrupted, wrong
-magic, unsupported version, hostile header); `CheckpointError` for a checkpoint directory that
+magic, unsupported version, hostile header), its subclass `ChecksumError` when a CRC-32 does
+not match; `CheckpointError` for a checkpoint directory that
 does not follow CHECKPOINT.md. Both derive from `Int4Error`, so a caller can catch either or
 both; both derive from `ValueError` because they describe bad input, not a bug.
 """
@@ -16,6 +17,12 @@ class Int4Error(ValueError):
 class ContainerError(Int4Error):
     """A container file is unreadable: the message says what is wrong and where (byte offset,
     tensor name or (layer, expert))."""
+
+
+class ChecksumError(ContainerError):
+    """A CRC-32 of the container (preamble, header JSON, tokenizer, a resident tensor or an
+    expert blob) does not match: the bytes were damaged after export. The command line exits 1
+    for it (a check failed), and 2 for the other, malformed-input errors."""
 
 
 class CheckpointError(Int4Error):

@@ -1,8 +1,10 @@
 """Byte-size estimator: what a container of a given config and scheme will weigh.
 
 Exact, not approximate: it runs the exporter's own layout planner (layout.py) with the real
-header size, so `estimate(config).file_size` equals the size `export` writes (the tests check
-this). Only the tokenizer (about 2 MB, optional) is left out unless its length is given.
+header size, so `estimate(config, scheme, tokenizer_length).file_size` equals the size `export`
+writes (the tests check this). The container also carries the checkpoint's tokenizer.json
+(SmolLM2's is 1.56 MB) when there is one: pass its length in bytes, or the estimate is short by
+exactly that (the CLI takes the tokenizer.json beside config.json, as `export` does).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from .scheme import QuantScheme
 class SizeEstimate:
     file_size: int
     header_bytes: int
+    tokenizer_bytes: int
     resident_bytes: int
     expert_bytes: int
     blob_length: int
@@ -34,7 +37,8 @@ class SizeEstimate:
 
 
 def estimate_container_size(config: dict, scheme: QuantScheme | None = None, tokenizer_length: int = 0) -> SizeEstimate:
-    """Size of the container `export` would write for `config` (a config.json dict)."""
+    """Size of the container `export` would write for `config` (a config.json dict) and a
+    tokenizer.json of `tokenizer_length` bytes (0: none)."""
     from .export import plan_with_header  # export imports tqdm; keep this module light
 
     scheme = scheme or QuantScheme()
@@ -53,6 +57,7 @@ def estimate_container_size(config: dict, scheme: QuantScheme | None = None, tok
     return SizeEstimate(
         file_size=plan.file_size,
         header_bytes=PREAMBLE_SIZE + json_length,
+        tokenizer_bytes=plan.tokenizer_length,
         resident_bytes=plan.resident_length,
         expert_bytes=plan.expert_bytes,
         blob_length=plan.blob.blob_length if plan.blob else 0,

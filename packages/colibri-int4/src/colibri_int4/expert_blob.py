@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import ContainerError
+from .errors import ChecksumError, ContainerError
 from .layout import ExpertBlobLayout
 from .quantize import decode_half, dequantize_q4, quantize_q4
 from .scheme import QuantScheme
@@ -60,7 +60,7 @@ class ExpertBlob:
             raise ContainerError(f"{where}: buffer has {raw.size} bytes, the blob needs {layout.blob_length}")
         raw = raw[: layout.blob_length]
         if crc32 is not None and f"{zlib.crc32(raw) & 0xFFFFFFFF:08x}" != crc32:
-            raise ContainerError(f"{where}: checksum mismatch (CRC-32 {crc32} expected): the blob is corrupted")
+            raise ChecksumError(f"{where}: checksum mismatch (CRC-32 {crc32} expected): the blob is corrupted")
         views: dict[str, dict[str, np.ndarray]] = {"packed": {}, "scales": {}, "zeros": {}}
         for s in layout.sections:
             chunk = raw[s.offset : s.offset + s.length]

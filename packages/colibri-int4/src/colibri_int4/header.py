@@ -16,7 +16,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .errors import ContainerError
+from .errors import ChecksumError, ContainerError
 from .layout import (
     PAGE,
     TENSOR_ALIGN,
@@ -106,7 +106,7 @@ def read_preamble(raw: bytes, file_size: int) -> tuple[int, int, int, int]:
     if magic != MAGIC:
         raise ContainerError(f"not a colibri-int4 container: magic {magic!r} at byte 0, expected {MAGIC!r}")
     if zlib.crc32(raw[:28]) != pre_crc:
-        raise ContainerError("corrupted preamble: CRC-32 of bytes 0..27 does not match bytes 28..31")
+        raise ChecksumError("corrupted preamble: CRC-32 of bytes 0..27 does not match bytes 28..31")
     if major != VERSION_MAJOR:
         raise ContainerError(
             f"container format {major}.{minor} is not supported by this reader (knows {VERSION_MAJOR}.x)"
@@ -122,7 +122,7 @@ def read_preamble(raw: bytes, file_size: int) -> tuple[int, int, int, int]:
 
 def parse_header_json(json_bytes: bytes, json_crc: int, minor: int) -> ContainerHeader:
     if zlib.crc32(json_bytes) != json_crc:
-        raise ContainerError("corrupted header: CRC-32 of the header JSON (bytes 32..) does not match the preamble")
+        raise ChecksumError("corrupted header: CRC-32 of the header JSON (bytes 32..) does not match the preamble")
     try:
         data = json.loads(json_bytes.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:

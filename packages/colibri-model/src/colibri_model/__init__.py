@@ -1,5 +1,8 @@
 """colibri-model: the Colibri fine-grained MoE in torch (config, layers, router, experts)."""
 
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as _metadata_version
+
 from .balancing import ExpertBiasBalancer
 from .checkpoint import FORMAT_VERSION, CheckpointFormatError, load_checkpoint, read_config, save_checkpoint
 from .config import PRESETS, ColibriConfig, ConfigError, count_params, get_preset
@@ -10,7 +13,10 @@ from .moe import MoELayer
 from .router import RouterStats
 from .tokenizer import load_tokenizer
 
-__version__ = "0.1.0"
+try:  # the installed metadata is the one source of the version (pyproject.toml sets it)
+    __version__ = _metadata_version("colibri-model")
+except PackageNotFoundError:  # imported from a source tree that was never installed
+    __version__ = "0+unknown"
 
 __all__ = [
     "FORMAT_VERSION",

@@ -104,7 +104,8 @@ def _resolve(path: str | os.PathLike) -> Path:
             from huggingface_hub import snapshot_download
         except ImportError:
             raise CheckpointFormatError(
-                f"{text}: not a local directory, and huggingface_hub is not installed to fetch it"
+                f"{text}: not a local directory, and huggingface_hub is not installed to fetch it "
+                "(pip install 'colibri-model[hub]')"
             ) from None
         return Path(snapshot_download(text, allow_patterns=[CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE]))
     raise CheckpointFormatError(f"{text}: no such checkpoint directory")

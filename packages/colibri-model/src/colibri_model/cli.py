@@ -6,14 +6,18 @@ import json
 
 import click
 
+from . import __version__
 from .config import PRESETS, count_params, get_preset
 from .training_cli import prepare, sft, train
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="colibri-model")
+@click.version_option(__version__, "--version", prog_name="colibri-model")
 def main() -> None:
-    """Colibri MoE models: presets, data preparation, training and SFT."""
+    """Colibri MoE models: presets, data preparation, training and SFT.
+
+    Exit status: 0 ok, 1 a check failed (e.g. training diverged), 2 bad usage or bad input.
+    """
 
 
 @main.command()

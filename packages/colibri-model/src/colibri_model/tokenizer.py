@@ -24,18 +24,32 @@ def default_tokenizer_json() -> str:
     return gzip.decompress(data).decode("utf-8")
 
 
+class TokenizerError(ValueError):
+    """A tokenizer source that is no readable tokenizer.json, directory or reachable Hub id."""
+
+
 def load_tokenizer(source: str | os.PathLike | None = None) -> Tokenizer:
     """Load a tokenizer: None -> the bundled default; a `tokenizer.json` file; a directory
-    holding one (e.g. a checkpoint); or a Hugging Face Hub id when online."""
+    holding one (e.g. a checkpoint); or a Hugging Face Hub id when online. Raises
+    `TokenizerError` (one line naming `source`) when none of these works."""
     if source is None:
         return Tokenizer.from_str(default_tokenizer_json())
     path = Path(source)
-    if path.is_dir():
-        candidate = path / "tokenizer.json"
-        return Tokenizer.from_file(str(candidate)) if candidate.is_file() else load_tokenizer(None)
-    if path.is_file():
-        return Tokenizer.from_file(str(path))
-    return Tokenizer.from_pretrained(str(source))
+    try:
+        if path.is_dir():
+            candidate = path / "tokenizer.json"
+            return Tokenizer.from_file(str(candidate)) if candidate.is_file() else load_tokenizer(None)
+        if path.is_file():
+            return Tokenizer.from_file(str(path))
+    except Exception as exc:  # tokenizers raises a bare Exception for a malformed file
+        raise TokenizerError(f"{source}: not a readable tokenizer.json ({str(exc).splitlines()[0]})") from None
+    if str(source).startswith((".", "/", "~")) or path.suffix == ".json":
+        raise TokenizerError(f"{source}: no such tokenizer file or directory")
+    try:
+        return Tokenizer.from_pretrained(str(source))
+    except Exception as exc:  # Hub, network and validation errors come in many types
+        raise TokenizerError(f"{source}: not a tokenizer file or directory, and not loadable as a Hub id "
+                             f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from None
 
 
 def tokenizer_json(tokenizer: Tokenizer) -> str:

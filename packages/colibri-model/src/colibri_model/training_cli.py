@@ -1,8 +1,10 @@
 """The `prepare`, `train` and `sft` commands of `colibri-model` (registered in cli.py).
 
 User mistakes (a bad flag value, missing data, a checkpoint of another config or an unknown
-format version) end with ONE line on stderr and exit code 2; a diverged run exits with 1.
-Under `torchrun` the same commands run one process per device:
+format version) end with ONE line on stderr and exit code 2; a diverged run (a failed check)
+exits with 1. Progress bars show only when stderr is a terminal, unless `--progress` or
+`--no-progress` is given (`PROGRESS` below is the one place that decides). Under `torchrun` the
+same commands run one process per device:
 
     torchrun --nproc-per-node 8 -m colibri_model.cli train --preset nano --data DIR --out RUN --steps N
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 from pathlib import Path
 
 import click
@@ -23,15 +26,31 @@ from .data.loader import LoaderError
 from .data.manifest import ManifestError
 from .data.shards import ShardFormatError
 from .data.sources import DataSourceError
+from .tokenizer import TokenizerError
 
 USER_ERRORS = (ManifestError, ShardFormatError, DataSourceError, LoaderError, ConfigError, CheckpointFormatError,
-               ChatFormatError)
+               ChatFormatError, TokenizerError)
 
 
 class UserError(click.ClickException):
     """A one-line error about the user's input; exit code 2 like click's usage errors."""
 
     exit_code = 2
+
+
+def _resolve_progress(_ctx, _param, value: bool | None) -> bool:
+    return sys.stderr.isatty() if value is None else value
+
+
+PROGRESS = click.option("--progress/--no-progress", default=None, callback=_resolve_progress,
+                        help="Progress bar on stderr [default: only when stderr is a terminal].")
+
+
+def _first_validation_error(exc: ValidationError) -> str:
+    errors = exc.errors()
+    first = errors[0] if errors else {"loc": (), "msg": str(exc)}
+    where = ".".join(str(p) for p in first["loc"])
+    return f"{where + ': ' if where else ''}{first['msg']}"
 
 
 def _user_errors(func):
@@ -53,10 +72,7 @@ def _user_errors(func):
                 TrainingStateError) as exc:
             raise UserError(str(exc)) from None
         except ValidationError as exc:
-            errors = exc.errors()
-            first = errors[0] if errors else {"loc": (), "msg": str(exc)}
-            where = ".".join(str(p) for p in first["loc"])
-            raise UserError(f"{where + ': ' if where else ''}{first['msg']}") from None
+            raise UserError(_first_validation_error(exc)) from None
         except TrainingDivergedError as exc:
             raise click.ClickException(str(exc)) from None
 
@@ -78,7 +94,7 @@ def _user_errors(func):
               help="Plain text: group paragraphs into documents of at least this many characters.")
 @click.option("--hf-config", default=None, help="Hub dataset config, e.g. sample-10BT for FineWeb-Edu.")
 @click.option("--hf-split", default="train", show_default=True)
-@click.option("--progress/--no-progress", default=True, show_default=True)
+@PROGRESS
 @_user_errors
 def prepare(inputs, out_dir, tokenizer, shard_tokens, val_fraction, max_val_tokens, text_field, text_doc_chars,
             hf_config, hf_split, progress):
@@ -86,14 +102,20 @@ def prepare(inputs, out_dir, tokenizer, shard_tokens, val_fraction, max_val_toke
 
     INPUT is a .txt/.md, .jsonl[.gz] (field `text`) or .parquet file, a directory of them, or a
     Hugging Face dataset id (needs network and `datasets`), e.g. the default pretraining source
-    `HuggingFaceFW/fineweb-edu --hf-config sample-10BT`. Re-running the same command after an
-    interruption resumes where the last finished shard ended.
+    `HuggingFaceFW/fineweb-edu --hf-config sample-10BT`. The shards are written into OUT.partial
+    and renamed to OUT when complete; re-running the same command after an interruption resumes
+    where the last finished shard ended, and a retry with other arguments starts afresh.
     """
+    from .data.manifest import MANIFEST_FILE, read_manifest
     from .data.prepare import prepare as run_prepare
 
+    done_before = (Path(out_dir) / MANIFEST_FILE).is_file() and read_manifest(out_dir).complete
     manifest = run_prepare(list(inputs), out_dir, tokenizer=tokenizer, shard_tokens=shard_tokens,
                            val_fraction=val_fraction, max_val_tokens=max_val_tokens, text_field=text_field,
                            text_doc_chars=text_doc_chars, hf_config=hf_config, hf_split=hf_split, progress=progress)
+    if done_before:
+        click.echo(f"{out_dir}: already prepared by an earlier run with these inputs and settings; nothing to do "
+                   "(delete it, or choose another --out, to prepare again)", err=True)
     click.echo(f"{out_dir}: {len(manifest.train_shards)} train shards, {manifest.train_tokens:,} train tokens, "
                f"{manifest.val_shard.tokens:,} validation tokens")
 
@@ -138,7 +160,7 @@ def training_options(func):
                      help="Per-device peak TFLOP/s for MFU [default: known GPUs only]."),
         click.option("--resume-from", default=None, type=click.Path(exists=True, file_okay=False),
                      help="Continue from this checkpoint (e.g. a stable one, to decay) instead of --out's latest."),
-        click.option("--progress/--no-progress", default=True, show_default=True),
+        PROGRESS,
     ]
     for option in reversed(options):
         func = option(func)
@@ -157,6 +179,27 @@ def _train_config(options: dict):
             raise UserError(f"--batch-size {fields['batch_size']} is not divisible by {world} processes")
         fields["micro_batch"] = fields["batch_size"] // world
     return TrainConfig(**fields), run_dir, resume_from
+
+
+def _model_config(preset: str | None, config_path: str | None) -> ColibriConfig | None:
+    """The model config of --preset or --config (None: resume with the run's own); every error
+    about a --config file names the file."""
+    if preset and config_path:
+        raise UserError("give --preset or --config, not both")
+    if preset:
+        return get_preset(preset)  # ConfigError names the preset and the choices
+    if not config_path:
+        return None
+    try:
+        return ColibriConfig.load(config_path)
+    except ValidationError as exc:
+        raise UserError(f"{config_path}: {_first_validation_error(exc)}") from None
+    except CheckpointFormatError as exc:  # a checkpoint's config.json: the message names the file
+        raise UserError(str(exc)) from None
+    except ValueError as exc:  # not JSON (JSONDecodeError), not UTF-8
+        raise UserError(f"{config_path}: not a model config JSON ({exc})") from None
+    except OSError as exc:
+        raise UserError(f"{config_path}: cannot read ({exc.strerror or exc})") from None
 
 
 def _report(result, run_dir) -> None:
@@ -183,14 +226,7 @@ def train(preset, config_path, data_dir, **options):
     from .training import Trainer
 
     train_config, run_dir, resume_from = _train_config(options)
-    if preset and config_path:
-        raise UserError("give --preset or --config, not both")
-    try:
-        model_config = get_preset(preset) if preset else ColibriConfig.load(config_path) if config_path else None
-    except ValidationError:
-        raise
-    except ValueError as exc:  # not JSON at all
-        raise UserError(f"{config_path}: not a model config JSON ({exc})") from None
+    model_config = _model_config(preset, config_path)
     if not Path(data_dir).is_dir():
         raise UserError(f"{data_dir}: no such data directory (make one with `colibri-model prepare`)")
     trainer = Trainer.for_pretraining(run_dir, data_dir, model_config, train_config, resume_from=resume_from)

@@ -5,6 +5,9 @@ Public API: `Relay` (init/status/claim/leg), `Leg` (pull/check/push/release), `L
 `RelayState` (RELAY.json) and `LedgerEntry` (LEDGER.jsonl). See RELAY.md for the protocol.
 """
 
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as _metadata_version
+
 from .errors import (
     CasLost,
     ChecksumMismatch,
@@ -31,7 +34,10 @@ from .relay import Leg, PushResult, Relay
 from .relay_state import PayloadFile, RelayState
 from .store import CommitRecord, DeleteFile, FileInfo, PutFile, RelayStore, open_store
 
-__version__ = "0.1.0"
+try:  # the installed metadata is the one source of the version (pyproject.toml sets it)
+    __version__ = _metadata_version("colibri-relay")
+except PackageNotFoundError:  # imported from a source tree that was never installed
+    __version__ = "0+unknown"
 
 
 def __getattr__(name: str):

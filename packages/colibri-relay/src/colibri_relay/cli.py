@@ -1,7 +1,9 @@
 """The `colibri-relay` command: init, status, claim, release, ledger, fake-hub.
 
-Errors are one line on stderr (exit 1 for relay/store errors, 2 for bad usage); no tracebacks for
-user mistakes. The Hub token comes from HF_TOKEN / the huggingface_hub login and is never printed.
+Exit status, as for every Colibri command: 0 ok; 1 a check failed or the operation could not be
+done (the baton is held, the lease was lost, a file failed its checksum); 2 bad usage or bad
+input (an unknown flag, a malformed store spec, no store or no relay at that address). Errors are
+one line on stderr, with no traceback; each `RelayError` carries its `exit_code`. The Hub token comes from HF_TOKEN / the huggingface_hub login and is never printed.
 `claim` holds the lease in the foreground (heartbeat running) until Ctrl-C or `--hold-s` elapses,
 then releases: a human-driven lease for manual work on the repo.
 """
@@ -16,6 +18,7 @@ import time
 
 import click
 
+from . import __version__
 from .errors import LeaseLost, RelayError
 from .relay import Relay
 
@@ -27,9 +30,12 @@ def _relay(store: str, **kw) -> Relay:
         raise click.UsageError(str(exc)) from None
 
 
-def _fail(exc: Exception) -> None:
+def _fail(exc: RelayError) -> None:
     click.echo(f"error: {exc}", err=True)
-    sys.exit(1)
+    sys.exit(exc.exit_code)
+
+
+SECONDS = click.FloatRange(min=0, min_open=True)
 
 
 STORE = click.option("--store", "-s", required=True, envvar="COLIBRI_RELAY_STORE",
@@ -37,15 +43,19 @@ STORE = click.option("--store", "-s", required=True, envvar="COLIBRI_RELAY_STORE
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="colibri-relay")
+@click.version_option(__version__, "--version", prog_name="colibri-relay")
 def main() -> None:
-    """A Hub relay for turn-based training: a compare-and-swap lease, a ledger, a fake Hub."""
+    """A Hub relay for turn-based training: a compare-and-swap lease, a ledger, a fake Hub.
+
+    Exit status: 0 ok, 1 a check failed (e.g. the baton is held, the lease was lost, a checksum
+    failed), 2 bad usage or bad input.
+    """
 
 
 @main.command()
 @STORE
-@click.option("--lease-s", default=1200.0, show_default=True, help="Lease duration D in seconds.")
-@click.option("--heartbeat-s", default=300.0, show_default=True, help="Heartbeat period in seconds.")
+@click.option("--lease-s", type=SECONDS, default=1200.0, show_default=True, help="Lease duration D in seconds.")
+@click.option("--heartbeat-s", type=SECONDS, default=300.0, show_default=True, help="Heartbeat period in seconds.")
 def init(store: str, lease_s: float, heartbeat_s: float) -> None:
     """Create an empty relay: baton free, leg 0, empty ledger (idempotent)."""
     try:
@@ -77,9 +87,9 @@ def status(store: str, as_json: bool) -> None:
 @STORE
 @click.option("--holder", default=None, help="Name recorded in RELAY.json (default user@host:pid).")
 @click.option("--wait/--no-wait", default=False, show_default=True, help="Wait for a held baton to expire.")
-@click.option("--hold-s", type=float, default=None, help="Release after this many seconds (default: until Ctrl-C).")
-@click.option("--lease-s", default=1200.0, show_default=True, help="Lease duration D in seconds.")
-@click.option("--heartbeat-s", default=300.0, show_default=True, help="Heartbeat period in seconds.")
+@click.option("--hold-s", type=SECONDS, default=None, help="Release after this many seconds (default: until Ctrl-C).")
+@click.option("--lease-s", type=SECONDS, default=1200.0, show_default=True, help="Lease duration D in seconds.")
+@click.option("--heartbeat-s", type=SECONDS, default=300.0, show_default=True, help="Heartbeat period in seconds.")
 def claim(store: str, holder: str | None, wait: bool, hold_s: float | None, lease_s: float, heartbeat_s: float) -> None:
     """Claim the baton and hold it (heartbeat running) until Ctrl-C or --hold-s, then release."""
     relay = _relay(store, holder=holder, lease_duration_s=lease_s, heartbeat_s=heartbeat_s)

@@ -10,7 +10,17 @@ from __future__ import annotations
 
 
 class RelayError(Exception):
-    """Base class of every error this package raises on purpose."""
+    """Base class of every error this package raises on purpose.
+
+    Attributes:
+        exit_code: what `colibri-relay` (and the `colibri` app) exit with for it: 1 when the
+            operation failed or a check failed (the baton is held, the lease was lost, a commit
+            lost its race, a file failed its checksum), 2 for bad input (a malformed store spec,
+            a path or repo that holds no store or no relay, an unknown revision, a bad payload
+            directory): the subclasses below that the user fixes by changing the command.
+    """
+
+    exit_code = 1
 
 
 # --- store level -------------------------------------------------------------------------------
@@ -23,13 +33,19 @@ class StoreError(RelayError):
 class StoreSpecError(StoreError):
     """A store spec string (`hf://OWNER/REPO` or a path) is malformed."""
 
+    exit_code = 2
+
 
 class StoreNotFound(StoreError):
     """The repo / directory does not exist or holds no relay store."""
 
+    exit_code = 2
+
 
 class RevisionNotFound(StoreError):
     """The revision (sha or tag) does not exist in the store."""
+
+    exit_code = 2
 
 
 class FileNotFoundInStore(StoreError):
@@ -102,6 +118,10 @@ class LeaseLost(RelayError):
 class NotInitialized(RelayError):
     """The store exists but holds no RELAY.json: run `colibri-relay init` first."""
 
+    exit_code = 2
+
 
 class PayloadError(RelayError):
     """The payload directory is unusable (reserved file name, not a directory, ...)."""
+
+    exit_code = 2

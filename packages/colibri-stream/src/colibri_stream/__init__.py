@@ -5,6 +5,9 @@ RAM-budgeted cache with a pluggable eviction policy and run on torch's CPU int4 
 `Engine.open(path, ram_budget="600MB")` is the entry point; `colibri-stream` the CLI.
 """
 
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as _metadata_version
+
 from .budget import Budget
 from .cache_policy import POLICIES, CachePolicy, LRUPolicy, make_policy
 from .cache_replay import ReplayResult, access_sequence, belady, replay
@@ -21,7 +24,10 @@ from .sizes import format_size, parse_size
 from .stats import LayerCounters, StreamStats, TraceEvent
 from .streamed_experts import StreamedExperts
 
-__version__ = "0.1.0"
+try:  # the installed metadata is the one source of the version (pyproject.toml sets it)
+    __version__ = _metadata_version("colibri-stream")
+except PackageNotFoundError:  # imported from a source tree that was never installed
+    __version__ = "0+unknown"
 
 __all__ = [
     "POLICIES",

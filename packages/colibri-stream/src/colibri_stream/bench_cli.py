@@ -30,6 +30,7 @@ from pathlib import Path
 import click
 
 from .direct_io import RAM_FILESYSTEMS, filesystem_type
+from .exit_status import EXIT_CHECK_FAILED
 
 WORKLOADS = ("trained", "random", "nano", "micro")
 SUITE_VERSION = "1.0"
@@ -244,4 +245,4 @@ def bench_suite(workdir, workloads, budgets, repeats, max_new_tokens, train_step
     if report["goals"]["page_cache_contaminated_workloads"]:
         click.echo("WARNING: page-cache contamination in " + ", ".join(report["goals"]["page_cache_contaminated_workloads"])
                    + ": those tokens/s are not disk numbers", err=True)
-        sys.exit(1)
+        sys.exit(EXIT_CHECK_FAILED)

@@ -6,8 +6,10 @@ bench-suite, trace-hf, policy-study).
     colibri-stream chat model.coli --ram-budget 600MB
     colibri-stream plan model.coli --ram-budget 600MB
 
-Errors are one line on stderr: exit code 2 for bad usage (a malformed size, a budget below the
-minimum, which the message names), 1 for a damaged container or a failed read.
+Errors are one line on stderr, no traceback. Exit status (exit_status.py, the same for every
+Colibri command): 0 ok; 1 a check failed (a blob or tensor failed its checksum or could not be
+read back; `bench` found page-cache contamination); 2 bad usage or bad input (a malformed size,
+a budget below the minimum, which the message names, a malformed container).
 """
 
 from __future__ import annotations
@@ -18,8 +20,11 @@ import warnings
 from pathlib import Path
 
 import click
+from colibri_int4 import Int4Error
 
+from . import __version__
 from .errors import BudgetError, SizeFormatError, StreamError
+from .exit_status import EXIT_CHECK_FAILED, InputError, click_error
 from .report import REPORT_VERSION
 from .sizes import format_size, parse_size
 
@@ -145,18 +150,22 @@ def _open_engine(container, options: dict, **extra):
             engine = Engine.open(container, ram_budget, **options, **extra)
         except BudgetError as exc:
             raise click.UsageError(str(exc)) from None
-        except (StreamError, ValueError, OSError) as exc:
-            raise click.ClickException(f"{container}: {str(exc).splitlines()[0]}") from None
+        except (StreamError, Int4Error, ValueError, OSError) as exc:
+            raise click_error(exc, str(container)) from None
     for w in caught:
         click.echo(f"note: {w.message}", err=True)
     return engine
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="colibri-stream")
+@click.version_option(__version__, "--version", prog_name="colibri-stream")
 def main() -> None:
     """Run a Colibri int4 container bigger than RAM: resident backbone, routed experts streamed
-    from disk through a RAM-budgeted cache."""
+    from disk through a RAM-budgeted cache.
+
+    Exit status: 0 ok, 1 a check failed (e.g. a blob failed its checksum, bench found page-cache
+    contamination), 2 bad usage or bad input.
+    """
 
 
 @main.command()
@@ -189,13 +198,13 @@ def generate(container, prompt, max_new_tokens, temperature, top_p, seed, stop, 
                 stop=stop,
                 on_text=show,
             )
-        except (StreamError, ValueError) as exc:
-            raise click.ClickException(str(exc).splitlines()[0]) from None
+        except (StreamError, Int4Error, ValueError) as exc:
+            raise click_error(exc) from None
         if trace_out is not None:
             try:
                 engine.save_trace(trace_out, source=f"generate --prompt {prompt[:60]!r} --max-new-tokens {max_new_tokens}")
             except OSError as exc:
-                raise click.ClickException(f"{trace_out}: cannot write the trace ({exc.strerror or exc})") from None
+                raise InputError(f"{trace_out}: cannot write the trace ({exc.strerror or exc})") from None
         if as_json:
             out = {"report_version": REPORT_VERSION, **result.to_dict()}
             out["stats"] = engine.stats.to_dict(include_trace=trace)
@@ -236,8 +245,8 @@ def chat(container, system, max_new_tokens, temperature, top_p, seed, stop, **op
                     stop=stop,
                     on_text=lambda piece: (click.echo(piece, nl=False), sys.stdout.flush()),
                 )
-            except (StreamError, ValueError) as exc:
-                raise click.ClickException(str(exc).splitlines()[0]) from None
+            except (StreamError, Int4Error, ValueError) as exc:
+                raise click_error(exc) from None
             click.echo()
             messages.append({"role": "assistant", "content": result.text})
             s = engine.stats
@@ -309,7 +318,11 @@ def bench(
     threads,
     as_json,
 ):
-    """Tokens/s, hit rate vs Belady and disk-honesty checks over a sweep of RAM budgets."""
+    """Tokens/s, hit rate vs Belady and disk-honesty checks over a sweep of RAM budgets.
+
+    Exits 1 (after the report) when the disk-honesty check fails: the engine's byte counter and
+    /proc/self/io disagree, so the misses were served by the page cache.
+    """
     import torch
 
     from .bench import format_table, run_bench
@@ -344,8 +357,8 @@ def bench(
         )
     except BudgetError as exc:
         raise click.UsageError(str(exc)) from None
-    except (StreamError, ValueError, OSError) as exc:
-        raise click.ClickException(f"{container}: {str(exc).splitlines()[0]}") from None
+    except (StreamError, Int4Error, ValueError, OSError) as exc:
+        raise click_error(exc, str(container)) from None
     if as_json:
         click.echo(json.dumps(report))
     else:
@@ -356,6 +369,7 @@ def bench(
             "misses were served by the page cache; these tokens/s are not disk numbers.",
             err=True,
         )
+        sys.exit(EXIT_CHECK_FAILED)
 
 
 BENCH_PROMPT = (

@@ -191,8 +191,12 @@ class RoutingPredictor:
         """Called by layer `layer`'s backend with its input and actual experts."""
         predicted = self._predicted.pop(layer, None)
         if predicted is not None:
+            correct = len(predicted.intersection(distinct))
+            counters = self.stats.layer(layer)
             self.stats.prefetch_actual += len(distinct)
-            self.stats.prefetch_correct += len(predicted.intersection(distinct))
+            self.stats.prefetch_correct += correct
+            counters.prefetch_actual += len(distinct)
+            counters.prefetch_correct += correct
         residual, shared = self._residual.pop(layer, None), self._shared.pop(layer, None)
         following = self.blocks.get(layer + 1)
         if following is None:

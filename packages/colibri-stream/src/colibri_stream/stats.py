@@ -19,8 +19,12 @@ STATS_VERSION = "1.0"  # of `to_dict()`; see STATS.md
 
 @dataclass
 class LayerCounters:
+    """One MoE layer's share of the `StreamStats` counters of the same names."""
+
     hits: int = 0
     misses: int = 0
+    prefetch_actual: int = 0
+    prefetch_correct: int = 0
 
     @property
     def hit_rate(self) -> float:

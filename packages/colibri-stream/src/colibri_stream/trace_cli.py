@@ -20,6 +20,7 @@ import click
 
 from .bench_cli import percentages
 from .bench_studies import format_policy_study, policy_study
+from .exit_status import InputError
 from .routing_trace import TraceFormatError, read_trace, write_trace
 
 _DTYPES = {"auto": "auto", "bf16": "bfloat16", "f32": "float32"}
@@ -44,7 +45,7 @@ def trace_hf(model: str, texts: tuple[Path, ...], out: Path, max_tokens: int, dt
     try:
         import transformers
     except ImportError:
-        raise click.ClickException("trace-hf needs transformers >= 5: pip install 'colibri-stream[hf]'") from None
+        raise InputError("trace-hf needs transformers >= 5: pip install 'colibri-stream[hf]'") from None
     from .hf_routing import NoRouterError, record_routing, token_windows
 
     try:
@@ -55,26 +56,26 @@ def trace_hf(model: str, texts: tuple[Path, ...], out: Path, max_tokens: int, dt
             hf_model = transformers.AutoModelForCausalLM.from_pretrained(model, dtype=_DTYPES[dtype]).to(device)
         hf_model.eval()
     except (OSError, ValueError, RuntimeError) as exc:  # RuntimeError: e.g. an unknown --device
-        raise click.ClickException(f"{model}: cannot load ({str(exc).splitlines()[0]})") from None
+        raise InputError(f"{model}: cannot load ({str(exc).splitlines()[0]})") from None
     windows = []
     for path in texts:
         try:
             text = path.read_text(encoding="utf-8")
         except UnicodeDecodeError as exc:
-            raise click.ClickException(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+            raise InputError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
         windows += token_windows(tokenizer(text, add_special_tokens=False)["input_ids"], max_tokens)
     if not windows:
-        raise click.ClickException("the --text files hold no tokens")
+        raise InputError("the --text files hold no tokens")
     try:
         trace = record_routing(hf_model, windows)
     except NoRouterError as exc:
-        raise click.ClickException(f"{model}: {exc}") from None
+        raise InputError(f"{model}: {exc}") from None
     try:
         write_trace(out, trace.events, n_moe_layers=trace.n_moe_layers, n_experts=trace.n_experts,
                     top_k=trace.top_k, model=model,
                     source="trace-hf: " + ", ".join(p.name for p in texts) + f", {max_tokens}-token windows")
     except OSError as exc:
-        raise click.ClickException(f"{out}: cannot write the trace ({exc.strerror or exc})") from None
+        raise InputError(f"{out}: cannot write the trace ({exc.strerror or exc})") from None
     click.echo(f"{out}: {trace.tokens} tokens x {trace.n_moe_layers} MoE layers, {trace.n_experts} experts, "
                f"top-{trace.top_k}")
 
@@ -93,12 +94,12 @@ def policy_study_command(trace: Path, tuning: Path | None, budgets: str, as_json
         held = read_trace(trace)
         tune = read_trace(tuning) if tuning else None
     except TraceFormatError as exc:
-        raise click.ClickException(str(exc)) from None
+        raise InputError(str(exc)) from None
     h = held.header
     if tune is not None:
         shape = (tune.header.n_moe_layers, tune.header.n_experts, tune.header.top_k)
         if shape != (h.n_moe_layers, h.n_experts, h.top_k):
-            raise click.ClickException(
+            raise InputError(
                 f"{tuning}: shape (layers, experts, top_k) {shape} differs from {trace}'s "
                 f"{(h.n_moe_layers, h.n_experts, h.top_k)}: the traces come from different models")
         tuning_events, heldout_events = tune.events, held.events
@@ -106,7 +107,7 @@ def policy_study_command(trace: Path, tuning: Path | None, budgets: str, as_json
     else:
         tuning_events, heldout_events = held.split(0.5)
         if not heldout_events:
-            raise click.ClickException(f"{trace}: one step only; give --tuning, or a trace of several steps")
+            raise InputError(f"{trace}: one step only; give --tuning, or a trace of several steps")
         split = "first half of the steps"
     study = policy_study(tuning_events, heldout_events, h.total_experts, h.n_experts, h.top_k, fractions)
     study["trace"] = {"path": str(trace), "model": h.model, "source": h.source, "n_moe_layers": h.n_moe_layers,

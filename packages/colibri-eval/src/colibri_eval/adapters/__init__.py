@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from colibri_eval.errors import ModelSpecError
+from colibri_eval.errors import MissingDependencyError, ModelSpecError
 
 KINDS = ("hf", "colibri", "int4")
 
@@ -33,13 +33,17 @@ def parse_model_spec(spec: str) -> tuple[str, str]:
     return kind, path
 
 
-def _missing(kind: str, exc: ImportError) -> ModelSpecError:
-    extra = {"hf": "hf", "colibri": "colibri", "int4": "colibri"}[kind]
-    return ModelSpecError(f"{kind}: models need an extra: pip install 'colibri-eval[{extra}]' ({exc})")
+EXTRAS = {"hf": "hf", "colibri": "colibri", "int4": "colibri"}  # the extra each kind of model needs
+_ARTICLE = {"hf": "an", "colibri": "a", "int4": "an"}
+
+
+def _missing(kind: str, exc: ImportError) -> MissingDependencyError:
+    return MissingDependencyError.from_import_error(f"{_ARTICLE[kind]} {kind}: model", EXTRAS[kind], exc)
 
 
 def load_model(spec: str, dtype: str = "float32", ram_budget: str | None = None) -> LoadedModel:
-    """Load a model from its spec; raises ``ModelSpecError`` with one readable line."""
+    """Load a model from its spec; raises ``ModelSpecError`` with one readable line, or
+    ``MissingDependencyError`` naming the extra to install when the kind's libraries are absent."""
     kind, path = parse_model_spec(spec)
     try:
         if kind == "hf":

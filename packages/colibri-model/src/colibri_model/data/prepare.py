@@ -6,11 +6,18 @@ if its content hash falls under `val_fraction`, to the validation stream -> a tr
 written whenever the buffer reaches `shard_tokens` (shards end on document boundaries, so they
 are a little larger than the target).
 
-Resumable: after every train shard the manifest records how far the inputs were consumed and
-how many validation tokens were flushed. An interrupted run restarted with the same arguments
-truncates the partial validation file to that count, ignores shards beyond the manifest, and
-skips the consumed documents. Assigning validation documents by a hash of their text (not by
-position) keeps the split stable when inputs are appended or re-ordered.
+All or nothing: the shards are written into `OUT.partial` beside `OUT`, which is renamed to
+`OUT` only when complete, so `OUT` never holds half a data set and a failed run never blocks a
+retry with other arguments (the retry discards the unfinished `OUT.partial`; a run that ends in
+an error about its settings, e.g. no validation document, removes it at once). An `OUT` that
+already holds a finished prepare is returned as is for the same inputs and settings and refused
+(one line) for others.
+
+Resumable: after every train shard the manifest in `OUT.partial` records how far the inputs
+were consumed and how many validation tokens were flushed. An interrupted run restarted with
+the same arguments truncates the partial validation file to that count, ignores shards beyond
+the manifest, and skips the consumed documents. Assigning validation documents by a hash of
+their text (not by position) keeps the split stable when inputs are appended or re-ordered.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -68,25 +76,63 @@ def is_validation(text: str, fraction: float) -> bool:
     return int.from_bytes(digest, "little") < fraction * 2**64
 
 
-def _start_or_resume(out: Path, fresh: DataManifest) -> DataManifest:
-    if not (out / MANIFEST_FILE).exists():
-        if out.exists() and any(out.iterdir()):
-            raise ManifestError(f"{out}: directory is not empty and holds no {MANIFEST_FILE}; choose an empty --out")
-        out.mkdir(parents=True, exist_ok=True)
-        (out / VAL_PARTIAL).write_bytes(b"")
-        write_manifest(out, fresh)
-        return fresh
-    old = read_manifest(out)
-    same = (old.inputs, old.tokenizer.sha256, old.shard_tokens, old.val_fraction, old.text_field) == (
+def partial_dir(out: str | os.PathLike) -> Path:
+    """Where `prepare` writes until the data set is complete (renamed to `out` then)."""
+    out = Path(out).resolve()  # "." and "data/" have a name too
+    return out.with_name(out.name + ".partial")
+
+
+def _same_settings(old: DataManifest, fresh: DataManifest) -> bool:
+    return (old.inputs, old.tokenizer.sha256, old.shard_tokens, old.val_fraction, old.text_field) == (
         fresh.inputs, fresh.tokenizer.sha256, fresh.shard_tokens, fresh.val_fraction, fresh.text_field)
-    if not same:
-        raise ManifestError(
-            f"{out}: holds data prepared with other inputs or settings; choose another --out to start afresh"
-        )
+
+
+def _resume(work: Path, old: DataManifest) -> DataManifest:
     if not old.complete:
-        with open(out / VAL_PARTIAL, "r+b" if (out / VAL_PARTIAL).exists() else "w+b") as f:
+        with open(work / VAL_PARTIAL, "r+b" if (work / VAL_PARTIAL).exists() else "w+b") as f:
             f.truncate(2 * old.progress.val_tokens)
     return old
+
+
+def _start_or_resume(out: Path, fresh: DataManifest) -> tuple[DataManifest, Path]:
+    """(manifest, directory to write into): `out` itself when it holds a finished prepare (or an
+    unfinished one from before `OUT.partial` existed), else `OUT.partial`."""
+    if (out / MANIFEST_FILE).exists():
+        old = read_manifest(out)
+        if _same_settings(old, fresh):
+            return _resume(out, old), out
+        state = "a finished prepare" if old.complete else "an unfinished prepare"
+        raise ManifestError(f"{out}: holds {state} of other inputs or settings; choose another --out "
+                            f"(or delete {out} to redo it)")
+    if out.exists() and any(out.iterdir()):
+        raise ManifestError(f"{out}: directory is not empty and holds no {MANIFEST_FILE}; choose an empty --out")
+    work = partial_dir(out)
+    if (work / MANIFEST_FILE).exists():
+        try:
+            old = read_manifest(work)
+        except ManifestError:
+            old = None
+        if old is not None and _same_settings(old, fresh):
+            return _resume(work, old), work
+        shutil.rmtree(work)  # left by a failed or interrupted run with other arguments: start afresh
+    elif work.exists() and any(work.iterdir()):
+        raise ManifestError(f"{work}: is not an unfinished prepare (no {MANIFEST_FILE}); move it away")
+    work.mkdir(parents=True, exist_ok=True)
+    (work / VAL_PARTIAL).write_bytes(b"")
+    write_manifest(work, fresh)
+    return fresh, work
+
+
+def _publish(work: Path, out: Path) -> None:
+    if work != out:
+        os.replace(work, out)  # replaces an empty `out` directory too (rename(2))
+
+
+def _settings_error(work: Path, out: Path, message: str) -> ManifestError:
+    """An error no retry with the same arguments can avoid: the unfinished data is useless."""
+    if work != out:
+        shutil.rmtree(work, ignore_errors=True)
+    return ManifestError(message)
 
 
 def prepare(
@@ -119,8 +165,9 @@ def prepare(
     tok, info = tokenizer_info(tokenizer)
     fresh = DataManifest(inputs=expanded, tokenizer=info, shard_tokens=shard_tokens,
                          val_fraction=val_fraction, text_field=text_field)
-    manifest = _start_or_resume(out, fresh)
+    manifest, work = _start_or_resume(out, fresh)
     if manifest.complete:
+        _publish(work, out)  # a no-op unless a run stopped between its last write and the rename
         return manifest
 
     state = manifest.progress.model_copy()
@@ -133,7 +180,7 @@ def prepare(
 
     def flush_val() -> None:
         if val_pending:
-            with open(out / VAL_PARTIAL, "ab") as f:
+            with open(work / VAL_PARTIAL, "ab") as f:
                 f.write(np.concatenate(val_pending).astype("<u2").tobytes())
             val_pending.clear()
 
@@ -141,13 +188,13 @@ def prepare(
         nonlocal buffer, buffered, buffered_docs
         name = train_shard_name(len(manifest.train_shards))
         tokens = np.concatenate(buffer)
-        digest = write_shard(out / name, tokens, buffered_docs)
+        digest = write_shard(work / name, tokens, buffered_docs)
         manifest.train_shards.append(ShardEntry(file=name, tokens=int(tokens.size), documents=buffered_docs,
                                                 sha256=digest))
         flush_val()
         manifest.progress = PrepareProgress(input_index=input_index, documents_done=documents_done,
                                             val_tokens=val_tokens, val_documents=val_docs)
-        write_manifest(out, manifest)
+        write_manifest(work, manifest)
         buffer, buffered, buffered_docs = [], 0, 0
 
     eos = np.array([info.eos_id], dtype=np.uint16)
@@ -180,17 +227,16 @@ def prepare(
     flush_val()
     bar.close()
     if not manifest.train_shards:
-        raise ManifestError(f"{out}: the inputs held no training text")
+        raise _settings_error(work, out, f"{out}: the inputs held no training text")
     if val_tokens == 0:
-        raise ManifestError(
-            f"{out}: no document fell into the validation split; raise --val-fraction "
-            f"(now {val_fraction}) or lower --text-doc-chars"
-        )
-    val = np.fromfile(out / VAL_PARTIAL, dtype="<u2")
-    digest = write_shard(out / VAL_SHARD, val, val_docs)
+        raise _settings_error(work, out, f"{out}: no document fell into the validation split; raise --val-fraction "
+                              f"(now {val_fraction}) or lower --text-doc-chars")
+    val = np.fromfile(work / VAL_PARTIAL, dtype="<u2")
+    digest = write_shard(work / VAL_SHARD, val, val_docs)
     manifest.val_shard = ShardEntry(file=VAL_SHARD, tokens=int(val.size), documents=val_docs, sha256=digest)
     manifest.progress = PrepareProgress(input_index=len(expanded), val_tokens=val_tokens, val_documents=val_docs)
     manifest.complete = True
-    write_manifest(out, manifest)
-    (out / VAL_PARTIAL).unlink(missing_ok=True)
+    (work / VAL_PARTIAL).unlink(missing_ok=True)
+    write_manifest(work, manifest)
+    _publish(work, out)
     return manifest

@@ -1,7 +1,7 @@
 """`colibri-relay dashboard`: serve the read-only dashboard of a relay (registered in cli.py).
 
-Fails fast, with one line, when the store spec is malformed (exit 2) or names no relay store
-(exit 1); a store that is only unreachable for now is served anyway, the page saying so.
+Fails fast, with one line and exit 2 (bad input), when the store spec is malformed or names no
+relay store; a store that is only unreachable for now is served anyway, the page saying so.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def dashboard(store: str, run_dir: Path | None, port: int, host: str, refresh_s:
         reader.read()
     except StoreNotFound as exc:
         click.echo(f"error: {exc}", err=True)
-        sys.exit(1)
+        sys.exit(exc.exit_code)
     except RelayError as exc:
         click.echo(f"warning: cannot read the store yet ({exc}); serving anyway", err=True)
     try:
