@@ -1,3 +1,3 @@
 """colibri: the app that composes the Colibri packages (relay-driven training, the demo)."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

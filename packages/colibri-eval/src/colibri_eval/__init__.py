@@ -28,7 +28,7 @@ from colibri_eval.results import RESULTS_VERSION, EvalResults, read_results, wri
 from colibri_eval.task_data import bundled_data_dir, load_documents
 from colibri_eval.tasks import ALL_TASKS, TASKS, Task, get_task, parse_task_list
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 
 def load_model(spec: str, dtype: str = "float32", ram_budget: str | None = None) -> Any:

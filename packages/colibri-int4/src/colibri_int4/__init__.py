@@ -15,7 +15,7 @@ from .quantize import dequantize_q4, quantize_q4, unpack_nibbles
 from .scheme import QuantScheme
 from .tensor_codec import RawTensor
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "CheckpointError",

@@ -10,7 +10,7 @@ from .moe import MoELayer
 from .router import RouterStats
 from .tokenizer import load_tokenizer
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "FORMAT_VERSION",

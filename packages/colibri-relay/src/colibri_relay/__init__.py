@@ -31,7 +31,7 @@ from .relay import Leg, PushResult, Relay
 from .relay_state import PayloadFile, RelayState
 from .store import CommitRecord, DeleteFile, FileInfo, PutFile, RelayStore, open_store
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 
 def __getattr__(name: str):

@@ -21,7 +21,7 @@ from .sizes import format_size, parse_size
 from .stats import LayerCounters, StreamStats, TraceEvent
 from .streamed_experts import StreamedExperts
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "POLICIES",
