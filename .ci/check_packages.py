@@ -55,7 +55,8 @@ class Dist:
     directory: str  # relative to the repository root
     module: str
     extras: list[str]  # installed for the tests
-    torch: bool  # install TORCH_PIN first (its extras need torch)
+    torch: bool  # install TORCH_PIN first (its test extras need torch); otherwise torch must not appear
+    bare_torch: bool | None = None  # the same for a bare `pip install NAME` (default: as `torch`)
     run_tests: bool = True
     tests_dir: str = "tests"
     extra_checks: list[str] = field(default_factory=list)  # python snippets run in its venv
@@ -72,7 +73,7 @@ DISTS = [
     Dist("colibri-model", "packages/colibri-model", "colibri_model", ["test", "data"], torch=True),
     Dist("colibri-stream", "packages/colibri-stream", "colibri_stream", ["test", "hf"], torch=True),
     Dist("colibri-eval", "packages/colibri-eval", "colibri_eval", ["test", "colibri", "hf", "lm-eval"], torch=True,
-         extra_checks=[
+         bare_torch=False, extra_checks=[
              "import importlib.metadata as m; eps = {e.name: e for e in m.entry_points(group='lm_eval.models')};"
              "cls = eps['colibri'].load(); assert cls.__name__ == 'ColibriLM', cls;"
              "from lm_eval.api.registry import MODEL_REGISTRY; assert 'colibri' in MODEL_REGISTRY",
@@ -80,7 +81,6 @@ DISTS = [
     # The app: its tests are the cross-package tests that `make test` runs (--app-tests to run them here).
     Dist("colibri", ".", "colibri", ["test"], torch=True, run_tests=False),
 ]
-NO_TORCH = {"colibri-relay", "colibri-int4"}  # ARCHITECTURE.md: installable on a machine with no torch
 
 
 class CheckFailed(Exception):
@@ -260,47 +260,71 @@ def venv_python(venv: Path) -> Path:
     return venv / "bin" / "python"
 
 
-def install(dist: Dist, extras: list[str], torch: bool, venv: Path, dist_dir: Path, built: dict[str, str],
-            python: str, torch_index_url: str | None, log: Path, report: Path) -> None:
+def new_venv(venv: Path, python: str, log: Path) -> Path:
+    """A fresh venv; returns its python."""
     if venv.exists():
         shutil.rmtree(venv)
     run([python, "-m", "venv", venv], log=log)
-    py = venv_python(venv)
-    if torch:
-        index = ["--index-url", torch_index_url] if torch_index_url else []
-        run([py, "-m", "pip", "install", "-q", TORCH_PIN, *index], log=log, timeout=1800)
+    return venv_python(venv)
+
+
+def install_torch(py: Path, torch_index_url: str | None, log: Path) -> None:
+    index = ["--index-url", torch_index_url] if torch_index_url else []
+    run([py, "-m", "pip", "install", "-q", TORCH_PIN, *index], log=log, timeout=1800)
+
+
+def install(dist: Dist, extras: list[str], torch: bool, py: Path, dist_dir: Path, built: dict[str, str],
+            siblings_from_index: bool, log: Path, report: Path) -> None:
+    """The wheel and its declared dependencies. Siblings come from the just-built wheels (passed as
+    files, so no index can supply them), or with `siblings_from_index` from the index (release)."""
     wheel = wheel_path(dist_dir, dist.name)
-    siblings = sibling_closure(dist.name, set(extras), dist_dir, built)
     targets = [f"{wheel}[{','.join(extras)}]" if extras else str(wheel)]
-    for sib, sib_extras in sorted(siblings.items()):
-        w = wheel_path(dist_dir, sib)
-        targets.append(f"{w}[{','.join(sorted(sib_extras))}]" if sib_extras else str(w))
-    # NOTE: `torch` stays at the pin: it satisfies every torch requirement, so pip keeps it.
-    run([py, "-m", "pip", "install", "-q", "--find-links", dist_dir, "--report", report, *targets],
-        log=log, timeout=1800)
+    if not siblings_from_index:
+        for sib, sib_extras in sorted(sibling_closure(dist.name, set(extras), dist_dir, built).items()):
+            w = wheel_path(dist_dir, sib)
+            targets.append(f"{w}[{','.join(sorted(sib_extras))}]" if sib_extras else str(w))
+    # NOTE: torch stays at the pin: it satisfies every torch requirement, so pip keeps it.
+    run([py, "-m", "pip", "install", "-q", "--report", report, *targets], log=log, timeout=1800)
     run([py, "-m", "pip", "check"], log=log)
 
-    # every colibri distribution in the venv is a just-built wheel, at the built version
-    installed = json.loads(report.read_text())["install"]
-    for item in installed:
-        name = canonicalize_name(item["metadata"]["name"])
-        if name in built:
-            url = item["download_info"]["url"]
-            if not url.startswith("file://") or Path(url[7:]).parent.resolve() != dist_dir.resolve():
-                raise CheckFailed(f"{name} was installed from {url}, not from the just-built wheels")
     versions = json.loads(run([py, "-c", "import importlib.metadata as m, json; print(json.dumps("
                                          "{d.metadata['Name']: d.version for d in m.distributions()}))"],
                               log=log).stdout)
-    for name, version in versions.items():
-        if canonicalize_name(name) in built and version != built[canonicalize_name(name)]:
-            raise CheckFailed(f"{name} {version} is installed, {built[canonicalize_name(name)]} was built")
+    if versions.get(dist.name) != built[canonicalize_name(dist.name)]:
+        raise CheckFailed(f"{dist.name} {versions.get(dist.name)} is installed, not the built wheel")
+    if not siblings_from_index:  # every colibri distribution in the venv is a just-built wheel
+        for item in json.loads(report.read_text())["install"]:
+            name = canonicalize_name(item["metadata"]["name"])
+            url = item["download_info"]["url"]
+            if name in built and (not url.startswith("file://") or Path(url[7:]).parent != dist_dir):
+                raise CheckFailed(f"{name} was installed from {url}, not from the just-built wheels")
+        for name, version in versions.items():
+            if canonicalize_name(name) in built and version != built[canonicalize_name(name)]:
+                raise CheckFailed(f"{name} {version} is installed, {built[canonicalize_name(name)]} was built")
     if torch and versions.get("torch", "").split("+")[0] != TORCH_PIN.split("==")[1]:
         raise CheckFailed(f"torch {versions.get('torch')} is installed, not {TORCH_PIN}")
-    if dist.name in NO_TORCH and "torch" in versions:
-        raise CheckFailed(f"{dist.name}[{','.join(extras)}] pulled torch {versions['torch']}")
+    if not torch and "torch" in versions:
+        raise CheckFailed(f"{dist.name}[{','.join(extras)}] pulled torch {versions['torch']}, "
+                          "but it must install without torch")
 
 
-def smoke(dist: Dist, venv: Path, version: str, log: Path, scratch: Path, core_only: bool = False) -> list[str]:
+def siblings_published(dist: Dist, py: Path, dist_dir: Path, log: Path, scratch: Path) -> None:
+    """Release gate: each colibri requirement of the wheel (extras included) is on the index."""
+    problems = []
+    for line in wheel_metadata(wheel_path(dist_dir, dist.name)).get_all("Requires-Dist") or []:
+        req = Requirement(line)
+        if canonicalize_name(req.name).startswith("colibri"):
+            wanted = f"{req.name}{req.specifier}"
+            done = run([py, "-m", "pip", "download", "-q", "--no-deps", "--dest", scratch / "published", wanted],
+                       log=log, check=False)
+            if done.returncode != 0:
+                problems.append(f"{dist.name} requires `{line}`, and no such release is on the index yet")
+    if problems:
+        raise CheckFailed("; ".join(problems) + ": publish those siblings first")
+
+
+def smoke(dist: Dist, venv: Path, version: str, torch: bool, log: Path, scratch: Path,
+          core_only: bool = False) -> list[str]:
     """Import from site-packages, --help of every console script (the main one only for a bare
     install), --version of the main one, and its entry points. Returns the problems of the last
     three (the tests still run); a failed import raises."""
@@ -312,7 +336,7 @@ def smoke(dist: Dist, venv: Path, version: str, log: Path, scratch: Path, core_o
         raise CheckFailed(f"{dist.module} imported from {where[0]}, not from the venv's site-packages")
     if where[1] != version:
         raise CheckFailed(f"{dist.module}.__version__ is {where[1]}, the distribution is {version}")
-    if dist.name in NO_TORCH:
+    if not torch:
         run([py, "-c", "import importlib.util, sys; sys.exit(importlib.util.find_spec('torch') is not None)"],
             log=log, cwd=scratch)
     scripts = json.loads(run([py, "-c", "import importlib.metadata as m, json; print(json.dumps("
@@ -381,33 +405,37 @@ def run_tests(dist: Dist, venv: Path, sdist: Path, work: Path, slug: str, log: P
         raise CheckFailed(f"tests from the sdist exited {done.returncode}:\n    " + "\n    ".join(tail))
 
 
-def check_one(dist: Dist, args, work: Path, dist_dir: Path, built: dict[str, str], core_only: bool = False) -> Result:
-    """Every check of one distribution; a bare install (`core_only`) gets no extras, no torch, no tests."""
-    label = f"{dist.name} (no extras)" if core_only else dist.name
-    slug = f"py{args.pyver}-{dist.name}" + ("-bare" if core_only else "")
+def check_one(dist: Dist, args, work: Path, dist_dir: Path, built: dict[str, str], bare: bool = False) -> Result:
+    """Every check of one distribution. `bare`: `pip install NAME` with no extras and no tests."""
+    label = f"{dist.name} (no extras)" if bare else dist.name
+    slug = f"py{args.pyver}-{dist.name}" + ("-bare" if bare else "")
     result = Result(label)
     log = work / "logs" / f"{slug}.log"
     log.write_text("")
-    venv = work / "venvs" / slug
-    scratch = work / "scratch" / slug
+    venv, scratch = work / "venvs" / slug, work / "scratch" / slug
+    scratch.mkdir(parents=True, exist_ok=True)
     version = built[canonicalize_name(dist.name)]
+    extras = [] if bare else dist.extras
+    torch = (dist.torch if dist.bare_torch is None else dist.bare_torch) if bare else dist.torch
     try:
-        if not core_only:
+        if not bare or args.published_siblings:
             result.problems += inspect_dists(dist, dist_dir, built)
-        extras = [] if core_only else dist.extras
         start = time.monotonic()
-        install(dist, extras, dist.torch and not core_only, venv, dist_dir, built, args.python,
-                args.torch_index_url, log, work / "reports" / f"{slug}.pip-report.json")
+        py = new_venv(venv, args.python, log)
+        if args.published_siblings:
+            siblings_published(dist, py, dist_dir, log, scratch)
+        if torch:
+            install_torch(py, args.torch_index_url, log)
+        install(dist, extras, torch, py, dist_dir, built, args.published_siblings, log,
+                work / "reports" / f"{slug}.pip-report.json")
         result.install_s = time.monotonic() - start
-        result.problems += smoke(dist, venv, version, log, scratch, core_only)
-        if core_only:
-            run([venv_python(venv), "-c", "import importlib.util, sys; sys.exit(importlib.util.find_spec('torch') "
-                 "is not None)"], log=log)
+        result.problems += smoke(dist, venv, version, torch, log, scratch, core_only=bare)
+        if bare and dist.name == "colibri-eval":
             eval_core_smoke(venv, log, scratch)
-        elif dist.run_tests or args.app_tests:
-            run_tests(dist, venv, sdist_path(dist_dir, dist.name), work, slug, log, result)
+        if bare or args.no_tests or not (dist.run_tests or args.app_tests):
+            result.tests = "not run" if bare or args.no_tests else "in make test"
         else:
-            result.tests = "in make test"
+            run_tests(dist, venv, sdist_path(dist_dir, dist.name), work, slug, log, result)
     except (CheckFailed, subprocess.TimeoutExpired) as exc:
         result.problems.append(str(exc))
     if result.ok and not args.keep_venvs:
@@ -423,6 +451,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--torch-index-url", default=os.environ.get("COLIBRI_TORCH_INDEX_URL"),
                         help="index for torch (CI: the CPU-only build); default: pip's configured index")
     parser.add_argument("--no-build", action="store_true", help="reuse the wheels and sdists in WORKDIR/dist")
+    parser.add_argument("--dist-dir", help="check the wheels and sdists in DIR (built elsewhere) instead of building")
+    parser.add_argument("--published-siblings", action="store_true",
+                        help="release smoke test: a bare install whose colibri siblings come from the index, "
+                             "after checking that the versions it requires are published")
+    parser.add_argument("--no-tests", action="store_true", help="install and smoke-test only")
     parser.add_argument("--app-tests", action="store_true", help="also run the app's (cross-package) tests")
     parser.add_argument("--keep-venvs", action="store_true", help="keep the venvs of passing checks too")
     args = parser.parse_args(argv)
@@ -431,7 +464,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.only and len(chosen) != len(set(args.only.split(","))):
         parser.error(f"--only: known distributions are {', '.join(d.name for d in DISTS)}")
     work = Path(args.workdir).resolve()
-    dist_dir = work / "dist"
+    dist_dir = Path(args.dist_dir).resolve() if args.dist_dir else work / "dist"
     for sub in ("logs", "reports"):
         (work / sub).mkdir(parents=True, exist_ok=True)
     args.pyver = pyver = run([args.python, "-c", "import platform; print(platform.python_version())"]).stdout.strip()
@@ -440,7 +473,7 @@ def main(argv: list[str] | None = None) -> int:
     wall = time.monotonic()
     results: list[Result] = []
     try:
-        if not args.no_build:
+        if not (args.no_build or args.dist_dir):
             print("  building every sdist and wheel (wheel from sdist), twine check --strict", flush=True)
             build(DISTS, dist_dir, work / "logs" / "build.log")  # all: siblings come from here
     except CheckFailed as exc:
@@ -448,11 +481,12 @@ def main(argv: list[str] | None = None) -> int:
     else:
         built = {canonicalize_name(d.name): version_of(d) for d in DISTS}
         for dist in chosen:
-            print(f"  {dist.name} ...", flush=True)
-            results.append(check_one(dist, args, work, dist_dir, built))
-            if dist.name == "colibri-eval":  # what a plain `pip install colibri-eval` gives
-                print("  colibri-eval without extras ...", flush=True)
-                results.append(check_one(dist, args, work, dist_dir, built, core_only=True))
+            if not args.published_siblings:
+                print(f"  {dist.name} ...", flush=True)
+                results.append(check_one(dist, args, work, dist_dir, built))
+            if args.published_siblings or dist.name == "colibri-eval":  # what `pip install NAME` gives
+                print(f"  {dist.name} without extras ...", flush=True)
+                results.append(check_one(dist, args, work, dist_dir, built, bare=True))
     wall = time.monotonic() - wall
 
     print(f"\n{'package (Python ' + pyver + ')':<28} {'install':>8} {'tests':>8}  {'result':<7} tests")
