@@ -269,8 +269,17 @@ def new_venv(venv: Path, python: str, log: Path) -> Path:
 
 
 def install_torch(py: Path, torch_index_url: str | None, log: Path) -> None:
-    index = ["--index-url", torch_index_url] if torch_index_url else []
-    run([py, "-m", "pip", "install", "-q", TORCH_PIN, *index], log=log, timeout=1800)
+    """TORCH_PIN from `torch_index_url`, or else from local wheels only (pip's --find-links): the
+    index's torch for Linux is the multi-GB build with CUDA, never wanted here."""
+    if torch_index_url:
+        run([py, "-m", "pip", "install", "-q", TORCH_PIN, "--index-url", torch_index_url], log=log, timeout=1800)
+        return
+    done = run([py, "-m", "pip", "install", "-q", "--no-index", "--no-deps", TORCH_PIN], log=log, timeout=1800,
+               check=False)
+    if done.returncode != 0:
+        raise CheckFailed(f"no local wheel of {TORCH_PIN} for this Python (pip's find-links): pass "
+                          "--torch-index-url with an index of CPU builds, or --skip-torch")
+    run([py, "-m", "pip", "install", "-q", TORCH_PIN], log=log, timeout=1800)  # its dependencies
 
 
 def install(dist: Dist, extras: list[str], torch: bool, py: Path, dist_dir: Path, built: dict[str, str],
@@ -417,6 +426,9 @@ def check_one(dist: Dist, args, work: Path, dist_dir: Path, built: dict[str, str
     version = built[canonicalize_name(dist.name)]
     extras = [] if bare else dist.extras
     torch = (dist.torch if dist.bare_torch is None else dist.bare_torch) if bare else dist.torch
+    if torch and args.skip_torch:
+        result.tests = "skipped: needs torch (--skip-torch)"
+        return result
     try:
         if not bare or args.published_siblings:
             result.problems += inspect_dists(dist, dist_dir, built)
@@ -456,6 +468,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="release smoke test: a bare install whose colibri siblings come from the index, "
                              "after checking that the versions it requires are published")
     parser.add_argument("--no-tests", action="store_true", help="install and smoke-test only")
+    parser.add_argument("--skip-torch", action="store_true",
+                        help="skip the checks that need torch (e.g. a Python with no local CPU torch wheel)")
     parser.add_argument("--app-tests", action="store_true", help="also run the app's (cross-package) tests")
     parser.add_argument("--keep-venvs", action="store_true", help="keep the venvs of passing checks too")
     args = parser.parse_args(argv)
