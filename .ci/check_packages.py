@@ -142,7 +142,10 @@ def tracked_files(directory: Path) -> list[str]:
 
 
 def version_of(dist: Dist) -> str:
-    import tomllib
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10: `build` brings tomli
+        import tomli as tomllib
 
     return tomllib.loads((ROOT / dist.directory / "pyproject.toml").read_text())["project"]["version"]
 
@@ -427,7 +430,7 @@ def check_one(dist: Dist, args, work: Path, dist_dir: Path, built: dict[str, str
     extras = [] if bare else dist.extras
     torch = (dist.torch if dist.bare_torch is None else dist.bare_torch) if bare else dist.torch
     if torch and args.skip_torch:
-        result.tests = "skipped: needs torch (--skip-torch)"
+        result.tests = "skipped: needs torch, and --skip-torch"
         return result
     try:
         if not bare or args.published_siblings:
@@ -505,7 +508,8 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"\n{'package (Python ' + pyver + ')':<28} {'install':>8} {'tests':>8}  {'result':<7} tests")
     for r in results:
-        print(f"{r.name:<28} {r.install_s:>7.1f}s {r.tests_s:>7.1f}s  {'ok' if r.ok else 'FAILED':<7} {r.tests}")
+        status = "FAILED" if not r.ok else "skipped" if r.tests.startswith("skipped") else "ok"
+        print(f"{r.name:<28} {r.install_s:>7.1f}s {r.tests_s:>7.1f}s  {status:<7} {r.tests}")
     for r in results:
         for problem in r.problems:
             print(f"\nFAILED {r.name}: {problem}")
