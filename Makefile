@@ -1,5 +1,6 @@
 # The README's two commands are `make demo` and `make test`; both set up .venv first.
-# torch is pinned here for setup (a CPU build on these machines); packages declare torch>=2.4.
+# torch is pinned here for setup (a CPU build on these machines); packages declare torch>=2.13,<2.15.
+# `make check-packages`: each package built, installed alone in a fresh venv, and tested from its sdist.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -8,7 +9,7 @@ STAMP := $(VENV)/.colibri-installed
 PACKAGES := model relay int4 stream eval
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: setup demo test test-cpu-capabilities test-fast lint bench clean
+.PHONY: setup demo test test-cpu-capabilities test-fast check-packages lint bench clean
 
 setup: $(STAMP)
 
@@ -54,11 +55,16 @@ test-cpu-capabilities: setup
 		ATEN_CPU_CAPABILITY=$$cap $(PY) -m pytest -q $(CPU_KERNEL_TESTS) || exit 1; \
 	done
 
+# Each package as PyPI users get it: wheel + sdist, a fresh venv each, siblings from the built wheels,
+# import, --help/--version, its own tests from the unpacked sdist (logic: .ci/check_packages.py).
+check-packages: setup
+	$(PY) .ci/check_packages.py
+
 lint: setup
-	$(VENV)/bin/ruff check src packages tests bench
+	$(VENV)/bin/ruff check src packages tests bench .ci
 
 bench: setup
 	$(PY) bench/moe_layer.py
 
 clean:
-	rm -rf $(VENV)
+	rm -rf $(VENV) build/check-packages

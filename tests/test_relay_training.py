@@ -16,7 +16,6 @@ from click.testing import CliRunner
 from colibri_model.corpus import chat_file, prose_files
 from colibri_model.data import prepare
 from colibri_relay import Relay
-from colibri_relay.testing.pytest_plugin import _fake_hub_session, fake_hub  # noqa: F401
 from safetensors.torch import load_file
 
 from colibri.cli import main as colibri_cli
@@ -53,7 +52,7 @@ def _options(relay: str, work, data, **kw) -> LegOptions:
     return LegOptions(**base)
 
 
-def test_two_legs_and_an_sft_leg_on_the_fake_hub(fake_hub, shards, tmp_path):  # noqa: F811
+def test_two_legs_and_an_sft_leg_on_the_fake_hub(fake_hub, shards, tmp_path):  # fake_hub: colibri-relay's pytest plugin
     spec = "hf://colibri/tiny-relay"
     Relay(spec, lease_duration_s=6.0, heartbeat_s=1.0).init()
 

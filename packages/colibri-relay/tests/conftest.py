@@ -5,12 +5,9 @@ import os
 os.environ["HF_HUB_DISABLE_XET"] = "1"  # before huggingface_hub is imported anywhere
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
+import colibri_relay.testing.pytest_plugin as fake_hub_plugin  # noqa: E402
 import pytest  # noqa: E402
 from colibri_relay import LocalStore  # noqa: E402
-
-# Imported rather than `pytest_plugins = [...]`: pytest refuses pytest_plugins in a conftest that is
-# not top-level, which this one is when `make test` collects every package at once.
-from colibri_relay.testing.pytest_plugin import _fake_hub_session, fake_hub, hub_store  # noqa: E402, F401
 
 
 @pytest.fixture(params=["local", "hub"])
@@ -24,5 +21,11 @@ def store(request, tmp_path):
 
 
 def pytest_configure(config):
+    # `fake_hub` and `hub_store` come from the pytest11 entry point that installing colibri-relay
+    # registers (editable or wheel). Load the plugin here only when autoloading is off
+    # (PYTEST_DISABLE_PLUGIN_AUTOLOAD): registering it twice is an error, and `pytest_plugins = [...]`
+    # is refused in a conftest that is not top-level, as this one is under `make test`.
+    if not config.pluginmanager.is_registered(fake_hub_plugin):
+        config.pluginmanager.register(fake_hub_plugin, fake_hub_plugin.__name__)
     # The unmodified huggingface_hub client streams LFS uploads with a call httpx2 deprecates.
     config.addinivalue_line("filterwarnings", "ignore::DeprecationWarning:httpx2")

@@ -4,7 +4,7 @@
 * `FaultKnobs` - its fault injection (dropped replies, 500/409/429, stale head reads, latency);
 * `disable_xet()` - make an already-imported huggingface_hub use the legacy LFS path;
 * pytest fixtures `fake_hub` and `hub_store` in `colibri_relay.testing.pytest_plugin`
-  (add `pytest_plugins = ["colibri_relay.testing.pytest_plugin"]` to your conftest.py).
+  (a pytest plugin that installing colibri-relay registers: nothing to add to conftest.py).
 """
 
 from __future__ import annotations

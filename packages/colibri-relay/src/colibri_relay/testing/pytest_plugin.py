@@ -1,5 +1,7 @@
 """pytest fixtures: `fake_hub` (a running FakeHub, faults reset per test) and `hub_store` (a fresh
-HubStore repo on it). Enable with `pytest_plugins = ["colibri_relay.testing.pytest_plugin"]`."""
+HubStore repo on it). Installing colibri-relay registers this module as a pytest plugin (a
+`pytest11` entry point named after the module); with plugin autoloading off
+(PYTEST_DISABLE_PLUGIN_AUTOLOAD), enable it with `-p colibri_relay.testing.pytest_plugin`."""
 
 from __future__ import annotations
 
