@@ -46,6 +46,7 @@ from .errors import (
     StoreNotFound,
     TagExists,
 )
+from .hub_errors import error_text, retry_after_s
 from .store import (
     SHA_RE,
     CommitRecord,
@@ -61,19 +62,7 @@ from .store import (
 
 
 def _retry_after(err: HfHubHTTPError) -> float:
-    headers = err.response.headers
-    try:
-        from huggingface_hub.utils import parse_ratelimit_headers
-
-        info = parse_ratelimit_headers(headers)
-        if info is not None:
-            return float(info.reset_in_seconds)
-    except Exception:  # noqa: BLE001 - header parsing is best effort; fall back below
-        pass
-    try:
-        return float(headers.get("Retry-After", "5"))
-    except ValueError:
-        return 5.0
+    return retry_after_s(err.response.headers if err.response is not None else {}, error_text(err))
 
 
 class HubStore(RelayStore):
@@ -268,6 +257,9 @@ class HubStore(RelayStore):
         try:
             info = self.api.create_commit(self.repo_id, self._hub_ops(operations), commit_message=title,
                                           parent_commit=parent, revision="main")
+        except (RepositoryNotFoundError, RevisionNotFoundError) as exc:
+            # Before HfHubHTTPError: both are subclasses of it, and a 404 on commit means no repo.
+            raise self._read_error(exc, "commit") from None
         except HfHubHTTPError as exc:
             status = exc.response.status_code if exc.response is not None else None
             if status == 412:
@@ -279,8 +271,6 @@ class HubStore(RelayStore):
             if status is not None and status < 500:
                 raise StoreError(f"{self.spec}: commit refused (HTTP {status}): {str(exc).splitlines()[0]}") from None
             return self._resolve_unknown(parent, nonce, f"HTTP {status}")
-        except (RepositoryNotFoundError, RevisionNotFoundError) as exc:
-            raise self._read_error(exc, "commit") from None
         except (OSError, ValueError, RuntimeError) as exc:
             if isinstance(exc, ValueError) and "parent_commit" in str(exc):
                 raise

@@ -111,7 +111,13 @@ class Lease:
                     backoff = min(backoff * 2, 1.0)
                     continue
                 except RateLimited as exc:
-                    time.sleep(max(0.0, min(exc.retry_after_s, self.time_left_s())))
+                    left = self.time_left_s()
+                    if exc.retry_after_s >= left:
+                        # Re-posting sooner than the server asked only burns quota; the lease ends first.
+                        reason = f"rate limited for {exc.retry_after_s:.0f}s, past the {max(left, 0):.1f}s left: {exc}"
+                        self._fence(reason)
+                        raise LeaseLost(f"lease {self.state.lease_id} lost: {reason}") from None
+                    time.sleep(exc.retry_after_s)
                     continue
                 except OutcomeUnknown:
                     time.sleep(backoff)

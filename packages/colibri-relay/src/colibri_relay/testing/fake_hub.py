@@ -15,15 +15,20 @@ Trade-off: ThreadingHTTPServer (stdlib) is plenty for loopback tests; it is not 
 
 from __future__ import annotations
 
+import collections
 import shutil
 import tempfile
 import threading
+import time
 from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 from .fake_hub_repo import FakeHubState
 from .faults import FaultKnobs
 from .hub_protocol import HubRequestHandler
+
+# The Hub's commit quota per repo: 128 commits per hour (the 429 text in braindecode/braindecode#947).
+HUB_COMMIT_RATE_LIMIT = (128, 3600.0)
 
 
 class _Server(ThreadingHTTPServer):
@@ -41,7 +46,8 @@ class FakeHub:
 
     def __init__(self, port: int = 0, data_dir: Path | None = None, *, lfs_threshold: int = 10 * 1024 * 1024,
                  faults: FaultKnobs | None = None, commit_hold_s: float = 0.0,
-                 upload_bytes_per_s: float | None = None):
+                 upload_bytes_per_s: float | None = None,
+                 commit_rate_limit: tuple[int, float] | None = HUB_COMMIT_RATE_LIMIT):
         self._own_dir = data_dir is None
         self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="fake-hub-"))
         self.state = FakeHubState(self.data_dir, lfs_threshold=lfs_threshold)
@@ -49,11 +55,31 @@ class FakeHub:
         self.commit_hold_s = commit_hold_s
         self.upload_bytes_per_s = upload_bytes_per_s  # throttle LFS uploads (a slow link)
         self.requests = 0
+        # (commits, window_s) per repo, a sliding window like the Hub's quota; None switches it off.
+        self.commit_rate_limit = commit_rate_limit
+        self._commit_times: dict[str, collections.deque] = {}
+        self._quota_lock = threading.Lock()
         handler = type("Handler", (HubRequestHandler,), {"hub": self})
         self._server = _Server(("127.0.0.1", port), handler)
         self.port = self._server.server_address[1]
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self._thread: threading.Thread | None = None
+
+    def commit_quota_wait(self, repo_id: str) -> float | None:
+        """Seconds until `repo_id` may commit again, or None if it may now."""
+        if not self.commit_rate_limit:
+            return None
+        count, window = self.commit_rate_limit
+        now = time.monotonic()
+        with self._quota_lock:
+            times = self._commit_times.setdefault(repo_id, collections.deque())
+            while times and now - times[0] >= window:
+                times.popleft()
+            return times[0] + window - now if len(times) >= count else None
+
+    def count_commit(self, repo_id: str) -> None:
+        with self._quota_lock:
+            self._commit_times.setdefault(repo_id, collections.deque()).append(time.monotonic())
 
     def start(self) -> FakeHub:
         self._thread = threading.Thread(target=self._server.serve_forever, name="fake-hub", daemon=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import socket
@@ -25,6 +26,20 @@ COMMITS_PAGE = 50
 
 class _DropConnection(Exception):
     pass
+
+
+def commit_quota_message(limit: tuple[int, float], wait_s: float) -> str:
+    """The Hub's words for its commit quota (braindecode/braindecode#947, huggingface/datasets#6257)."""
+    count, window = limit
+    per = "hour" if window == 3600 else f"{window:g} seconds"
+    if wait_s >= 50 * 60:
+        when = "about 1 hour"
+    elif wait_s >= 60:
+        when = f"{math.ceil(wait_s / 60)} minutes"
+    else:
+        when = f"{math.ceil(wait_s)} seconds"
+    return (f"You have exceeded the rate limit for repository commits ({count} per {per}). "
+            f"You can retry this action in {when}.")
 
 
 class HubRequestHandler(BaseHTTPRequestHandler):
@@ -278,6 +293,11 @@ class HubRequestHandler(BaseHTTPRequestHandler):
                              "Retry-After": after}
             self._json(429, {"error": "You have exceeded the rate limit for repository commits."}, raise_headers)
             return
+        wait = hub.commit_quota_wait(repo)
+        if wait is not None:
+            # The Hub's per-repo commit quota names its wait in the message only, with no RateLimit
+            # header of its own (braindecode/braindecode#947 quotes the reply).
+            raise HubHTTPError(429, commit_quota_message(hub.commit_rate_limit, wait))
         if hub.faults.fire("commit_409") or not r.commit_lock.acquire(blocking=False):
             raise HubHTTPError(409, "A commit is already in progress on this repo; retry later.")
         try:
@@ -287,6 +307,7 @@ class HubRequestHandler(BaseHTTPRequestHandler):
             if hub.commit_hold_s:
                 time.sleep(hub.commit_hold_s)
             commit = state.apply_commit(r, lines[0]["value"], [(x["key"], x["value"]) for x in lines[1:]])
+            hub.count_commit(repo)
         finally:
             r.commit_lock.release()
         if hub.faults.fire("commit_drop_reply_after_apply"):
