@@ -323,12 +323,26 @@ class HubStore(RelayStore):
         raise OutcomeUnknown(f"{self.spec}: commit outcome unknown ({why}); nonce {nonce} not found in history")
 
     def create_tag(self, tag: str, revision: str) -> None:
-        try:
-            self.api.create_tag(self.repo_id, tag=tag, revision=revision)
-        except HfHubHTTPError as exc:
-            if exc.response is not None and exc.response.status_code == 409:
-                raise TagExists(tag, self.list_tags().get(tag)) from None
-            raise self._read_error(exc, f"create tag {tag}") from None
+        """Create `tag`; done if it already points at `revision`. The Hub answers 409 both for an
+        existing tag and while its ref lock is busy, and tag listings may be stale, so a 409 is
+        re-read and retried: only a tag seen pointing ELSEWHERE is TagExists."""
+        for attempt in range(6):
+            try:
+                self.api.create_tag(self.repo_id, tag=tag, revision=revision)
+                return
+            except HfHubHTTPError as exc:
+                if exc.response is None or exc.response.status_code != 409:
+                    raise self._read_error(exc, f"create tag {tag}") from None
+            try:
+                target = self.list_tags().get(tag)
+            except StoreError:
+                target = None
+            if target == revision:
+                return
+            if target is not None:
+                raise TagExists(tag, target)
+            time.sleep(0.1 * (attempt + 1))
+        raise StoreError(f"{self.spec}: tag {tag} answered 409 six times and is not listed; try again later")
 
     def list_tags(self) -> dict[str, str]:
         try:

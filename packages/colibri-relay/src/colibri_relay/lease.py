@@ -53,6 +53,8 @@ class Lease:
         self.margin_s = default_margin(state.lease_duration_s)
         self._write_lock = threading.Lock()
         self._fence_reason: str | None = None
+        self._superseded = False  # a CasLost proved someone else wrote on top of our commit
+        self._done = False  # released (or closed): nothing more to write
         self._stop = threading.Event()
         self.heartbeats = 0
         self._thread = threading.Thread(target=self._heartbeat_loop, name="relay-heartbeat", daemon=True)
@@ -89,14 +91,23 @@ class Lease:
             raise LeaseLost(f"lease {self.state.lease_id} lost: {self._fence_reason}")
 
     # --- the write primitive -------------------------------------------------------------------
-    def write(self, make: MakeWrite, message: str) -> str:
-        """One CAS write on top of our last commit; returns the new commit. Raises LeaseLost."""
+    def write(self, make: MakeWrite, message: str, *, until: float | None = None) -> str:
+        """One CAS write on top of our last commit; returns the new commit. Raises LeaseLost.
+
+        `until` (a monotonic deadline) replaces the self-fence check: only `release()` uses it, to
+        free a baton whose lease we stopped trusting by the clock. The CAS keeps that safe."""
+        def alive() -> None:
+            if until is None:
+                self.check()
+            elif self._superseded or time.monotonic() > until:
+                raise LeaseLost(f"lease {self.state.lease_id} lost: {self._fence_reason}")
+
         with self._write_lock:
-            self.check()
+            alive()
             attempts: dict[str, tuple[RelayState, float]] = {}
             backoff = 0.05
             while True:
-                self.check()
+                alive()
                 new_state, ops = make(self.state)
                 attempts[new_state.nonce] = (new_state, time.monotonic())
                 try:
@@ -111,7 +122,7 @@ class Lease:
                     backoff = min(backoff * 2, 1.0)
                     continue
                 except RateLimited as exc:
-                    left = self.time_left_s()
+                    left = self.time_left_s() if until is None else until - time.monotonic()
                     if exc.retry_after_s >= left:
                         # Re-posting sooner than the server asked only burns quota; the lease ends first.
                         reason = f"rate limited for {exc.retry_after_s:.0f}s, past the {max(left, 0):.1f}s left: {exc}"
@@ -126,6 +137,7 @@ class Lease:
                 except CasLost as exc:
                     found = self._find_own(attempts) if len(attempts) > 1 else None
                     if found is None:
+                        self._superseded = True
                         self._fence(f"CAS lost on {message}: {exc}")
                         raise LeaseLost(f"lease {self.state.lease_id} lost: {exc}") from None
                     sha, landed = found
@@ -180,20 +192,28 @@ class Lease:
 
     # --- release -------------------------------------------------------------------------------
     def release(self) -> bool:
-        """Free the baton (one CAS write). Returns False if we were already fenced."""
-        if self.fenced:
+        """Free the baton (one CAS write). Returns False if nothing was released.
+
+        A lease we stopped trusting by the clock is still released: a heartbeat in flight when the
+        trainer was told LeaseLost may have landed since, and then the baton would sit "held" for a
+        whole lease duration with nobody behind it. The write names our own last commit as parent, so
+        if anyone took over meanwhile it is refused (CasLost) and nothing changes."""
+        self._check_clock()
+        if self._superseded or self._done or self._fence_reason == "closed":
             self.stop_heartbeat()
             return False
+        fenced = self._fence_reason is not None
+        self.stop_heartbeat()  # an in-flight heartbeat lands (or fails) before we write on top of it
 
         def make(state: RelayState):
             return state.next_write(status="free", holder=None, lease_id=None,
                                     leg_commit=self._leg_commit(state)), []
 
         try:
-            self.write(make, "relay: release")
+            self.write(make, "relay: release", until=time.monotonic() + self.margin_s if fenced else None)
             return True
         except LeaseLost:
             return False
         finally:
+            self._done = True
             self._fence("released", expected=True)
-            self.stop_heartbeat()

@@ -350,7 +350,9 @@ class LocalStore(RelayStore):
             # link() fails if the tag exists: creation is atomic and never overwrites.
             os.link(tmp, path)
         except FileExistsError:
-            raise TagExists(tag, path.read_text().strip()) from None
+            target = path.read_text().strip()
+            if target != sha:
+                raise TagExists(tag, target) from None
         finally:
             tmp.unlink()
 

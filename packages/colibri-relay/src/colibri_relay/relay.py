@@ -241,7 +241,7 @@ class Leg:
         try:
             store.create_tag(tag, sha)
         except TagExists as exc:
-            if exc.target != sha:
+            if exc.target is not None and exc.target != sha:
                 raise RelayError(f"leg {leg} pushed twice: {tag} already points at {exc.target}, ours is {sha}") from None
         except StoreError as exc:  # the next claimant repairs a missing tag
             log.warning("could not create tag %s (the next claim will): %s", tag, exc)

@@ -70,6 +70,7 @@ class FakeRepo:
     head: str = ""
     previous_heads: list[str] = field(default_factory=list)
     tags: dict[str, str] = field(default_factory=dict)
+    previous_tags: list[dict[str, str]] = field(default_factory=list)
     commit_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def resolve(self, revision: str) -> str:
@@ -194,4 +195,5 @@ class FakeHubState:
             sha = repo.resolve(revision)
             if tag in repo.tags:
                 raise HubHTTPError(409, f"Tag {tag} already exists")
+            repo.previous_tags = (repo.previous_tags + [dict(repo.tags)])[-8:]
             repo.tags[tag] = sha

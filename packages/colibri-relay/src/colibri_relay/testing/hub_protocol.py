@@ -160,13 +160,20 @@ class HubRequestHandler(BaseHTTPRequestHandler):
         r = self.hub.state.repo(repo)
         with self.hub.state.lock:
             head = self._head_for_read(r)
-            tags = [{"name": t, "ref": f"refs/tags/{t}", "targetCommit": s} for t, s in sorted(r.tags.items())]
+            shown = r.tags
+            if r.previous_tags and self.hub.faults.fire("stale_tags_read"):
+                shown = r.previous_tags[-1]
+            tags = [{"name": t, "ref": f"refs/tags/{t}", "targetCommit": s} for t, s in sorted(shown.items())]
         self._json(200, {"branches": [{"name": "main", "ref": "refs/heads/main", "targetCommit": head}],
                          "converts": [], "tags": tags, "pullRequests": []})
 
     def create_tag(self, query, repo, rev):
         r = self.hub.state.repo(repo)
         body = json.loads(self._body() or b"{}")
+        if self.hub.faults.fire("tag_409"):
+            # Refs share the repo's lock: under contention the Hub answers 409 and creates nothing,
+            # the same status as for an existing tag (issue 15's probes met exactly this).
+            raise HubHTTPError(409, "A ref update is already in progress on this repo; retry later.")
         self.hub.state.create_tag(r, rev, body["tag"])
         self._json(200, {})
 
