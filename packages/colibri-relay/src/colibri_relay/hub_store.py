@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi, hf_hub_download
+from huggingface_hub import HfApi, hf_hub_download
 from huggingface_hub.errors import (
     EntryNotFoundError,
     HfHubHTTPError,
@@ -38,19 +38,30 @@ from .errors import (
     CasLost,
     ChecksumMismatch,
     CommitLockBusy,
+    CommitNotVerified,
     FileNotFoundInStore,
     OutcomeUnknown,
+    PathIgnored,
     RateLimited,
     RevisionNotFound,
     StoreError,
     StoreNotFound,
     TagExists,
 )
-from .hub_errors import error_text, retry_after_s
+from .hub_commit import (
+    PATHS_INFO_BATCH,
+    PreparedOps,
+    file_size,
+    ignored_paths,
+    inline_bytes,
+    landed_problems,
+    to_hub_ops,
+)
+from .hub_errors import error_text, first_line, retry_after_s
 from .store import (
     SHA_RE,
     CommitRecord,
-    DeleteFile,
+    CopyFile,
     FileInfo,
     Operation,
     PutFile,
@@ -78,7 +89,7 @@ class HubStore(RelayStore):
         self.spec = f"hf://{repo_id}"
         self.api = api or HfApi(endpoint=endpoint, token=token)
         self._token = token
-        self._prepared: dict[tuple, CommitOperationAdd] = {}
+        self._prepared = PreparedOps()
 
     def __repr__(self) -> str:  # never show the token
         return f"HubStore({self.repo_id!r}, endpoint={self.api.endpoint!r})"
@@ -213,49 +224,38 @@ class HubStore(RelayStore):
             raise self._read_error(exc, "list commits", revision=rev) from None
 
     # --- writes --------------------------------------------------------------------------------
-    @staticmethod
-    def _source_key(op: PutFile) -> tuple | None:
-        if isinstance(op.source, bytes):
-            return None
-        st = os.stat(op.source)
-        return (op.path, str(op.source), st.st_size, st.st_mtime_ns)
-
-    def _hub_ops(self, operations: list[Operation]):
-        out = []
-        for op in operations:
-            if isinstance(op, PutFile):
-                key = self._source_key(op)
-                cached = self._prepared.get(key) if key is not None else None
-                if cached is not None and not cached._is_committed:
-                    out.append(cached)  # already hashed and uploaded by prepare()
-                    continue
-                src = op.source if isinstance(op.source, bytes) else str(op.source)
-                out.append(CommitOperationAdd(path_in_repo=op.path, path_or_fileobj=src))
-            elif isinstance(op, DeleteFile):
-                out.append(CommitOperationDelete(path_in_repo=op.path))
-        return out
-
     def prepare(self, operations: list[Operation]) -> None:
-        """Upload LFS blobs now (no visible change); the commit reuses these hashed, uploaded
-        operations, so a retry after CasLost / an unknown outcome uploads nothing again."""
+        """Fetch upload modes for every added file and upload the LFS ones now (no visible change);
+        the commit reuses these operations, so a retry uploads nothing again. Paths the repo's
+        .gitignore matches would be dropped from the commit without a word: PathIgnored."""
         self._prepared.clear()
-        adds = []
-        for op in operations:
-            if isinstance(op, PutFile) and (key := self._source_key(op)) is not None:
-                self._prepared[key] = CommitOperationAdd(path_in_repo=op.path, path_or_fileobj=str(op.source))
-                adds.append(self._prepared[key])
-        if adds:
-            try:
-                self.api.preupload_lfs_files(self.repo_id, additions=adds, revision="main")
-            except Exception as exc:  # noqa: BLE001
-                self._prepared.clear()
-                raise self._read_error(exc, "pre-upload") from None
+        adds = [self._prepared.add(op) for op in operations if isinstance(op, PutFile)]
+        if not adds:
+            return
+        try:
+            self.api.preupload_lfs_files(self.repo_id, additions=adds, revision="main")
+        except Exception as exc:  # noqa: BLE001
+            self._prepared.clear()
+            raise self._read_error(exc, "pre-upload") from None
+        ignored = ignored_paths(adds)
+        if ignored:
+            self._prepared.clear()
+            raise PathIgnored(f"{self.spec}: the repo's .gitignore matches {', '.join(ignored[:5])}: the Hub would "
+                              f"leave {'them' if len(ignored) > 1 else 'it'} out of the commit", ignored)
+
+    def inline_bytes(self, operations: list[Operation]) -> int:
+        ops = [op for op in operations if isinstance(op, PutFile)]
+        hub_ops = [self._prepared.get(op) for op in ops]
+        known = inline_bytes([h for h in hub_ops if h is not None])
+        # Not prepared: the Hub decides at commit time; count them as inline (the safe side).
+        return known + sum(file_size(op) * 4 // 3 for op, h in zip(ops, hub_ops, strict=True) if h is None)
 
     def commit(self, operations: list[Operation], *, parent: str, message: str, nonce: str) -> str:
         check_full_sha(parent)
         title = title_with_nonce(message, nonce)
+        hub_ops = to_hub_ops(operations, self._prepared)
         try:
-            info = self.api.create_commit(self.repo_id, self._hub_ops(operations), commit_message=title,
+            info = self.api.create_commit(self.repo_id, hub_ops, commit_message=title,
                                           parent_commit=parent, revision="main")
         except (RepositoryNotFoundError, RevisionNotFoundError) as exc:
             # Before HfHubHTTPError: both are subclasses of it, and a 404 on commit means no repo.
@@ -267,22 +267,59 @@ class HubStore(RelayStore):
             if status == 409:
                 raise CommitLockBusy(f"{self.spec}: commit lock busy (HTTP 409)") from None
             if status == 429:
-                raise RateLimited(f"{self.spec}: commit rate limited (HTTP 429)", _retry_after(exc)) from None
+                raise RateLimited(f"{self.spec}: commit rate limited (HTTP 429): {first_line(exc)}",
+                                  _retry_after(exc)) from None
             if status is not None and status < 500:
-                raise StoreError(f"{self.spec}: commit refused (HTTP {status}): {str(exc).splitlines()[0]}") from None
-            return self._resolve_unknown(parent, nonce, f"HTTP {status}")
+                raise StoreError(f"{self.spec}: commit refused (HTTP {status}): {first_line(exc)}") from None
+            sha = self._resolve_unknown(parent, nonce, f"HTTP {status}")
         except (OSError, ValueError, RuntimeError) as exc:
             if isinstance(exc, ValueError) and "parent_commit" in str(exc):
                 raise
-            return self._resolve_unknown(parent, nonce, f"{type(exc).__name__}")
+            sha = self._resolve_unknown(parent, nonce, f"{type(exc).__name__}")
         except Exception as exc:  # noqa: BLE001 - transport errors of the HTTP library (timeouts, resets)
-            return self._resolve_unknown(parent, nonce, f"{type(exc).__name__}")
-        sha = info.oid
-        if sha == parent:
-            # create_commit skipped the server (no file changed) and returned the head.
-            raise StoreError(f"{self.spec}: commit made no change (every relay write must carry a nonce)")
-        self._check_parent(sha, parent)
+            sha = self._resolve_unknown(parent, nonce, f"{type(exc).__name__}")
+        else:
+            sha = info.oid
+            if sha == parent:
+                # create_commit skipped the server (no file changed) and returned the head.
+                raise StoreError(f"{self.spec}: commit made no change (every relay write must carry a nonce)")
+            self._check_parent(sha, parent)
+        self._verify_landed(sha, operations, hub_ops)
         return sha
+
+    def _verify_landed(self, sha: str, operations: list[Operation], hub_ops: list) -> None:
+        """Read the touched paths back at `sha`; CommitNotVerified if the tree lacks what we sent."""
+        paths = [op.path for op in operations]
+        copies = [op for op in operations if isinstance(op, CopyFile)]
+        for attempt in range(3):
+            try:
+                tree = self._paths_info(paths, sha)
+                sources = {}
+                for op in copies:
+                    sources.update(self._paths_info([op.path], op.src_revision))
+                break
+            except StoreError as exc:
+                last = exc
+                time.sleep(0.2 * (attempt + 1))
+        else:
+            raise OutcomeUnknown(f"{self.spec}: commit {sha[:12]} landed but its tree could not be read back "
+                                 f"to check it ({last})")
+        problems = landed_problems(operations, hub_ops, tree, sources)
+        if problems:
+            raise CommitNotVerified(f"{self.spec}: commit {sha[:12]} landed without what was sent: "
+                                    f"{'; '.join(problems[:5])}", sha, problems)
+
+    def _paths_info(self, paths: list[str], sha: str) -> dict[str, FileInfo]:
+        out: dict[str, FileInfo] = {}
+        for i in range(0, len(paths), PATHS_INFO_BATCH):
+            try:
+                infos = self.api.get_paths_info(self.repo_id, paths[i:i + PATHS_INFO_BATCH], revision=sha)
+            except Exception as exc:  # noqa: BLE001
+                raise self._read_error(exc, "paths-info", revision=sha) from None
+            for e in infos:
+                if hasattr(e, "blob_id"):
+                    out[e.path] = FileInfo(e.path, e.size, e.lfs.sha256 if e.lfs else None, e.blob_id)
+        return out
 
     def _check_parent(self, sha: str, parent: str) -> None:
         # The server enforces parentCommit too; this read is the client's own proof. If it keeps

@@ -22,7 +22,15 @@ import threading
 import time
 from collections.abc import Callable
 
-from .errors import CasLost, CommitLockBusy, LeaseLost, OutcomeUnknown, RateLimited, StoreError
+from .errors import (
+    CasLost,
+    CommitLockBusy,
+    CommitNotVerified,
+    LeaseLost,
+    OutcomeUnknown,
+    RateLimited,
+    StoreError,
+)
 from .relay_state import RELAY_FILE, RelayState
 from .store import Operation, PutFile, RelayStore
 
@@ -50,7 +58,8 @@ class Lease:
         self.started_at = started_at
         self.claimed_mono = sent_at
         self._renewed_at = sent_at
-        self.margin_s = default_margin(state.lease_duration_s)
+        # The duration declared at claim; a push may declare a longer one for one write (extend()).
+        self.base_duration_s = state.lease_duration_s
         self._write_lock = threading.Lock()
         self._fence_reason: str | None = None
         self._superseded = False  # a CasLost proved someone else wrote on top of our commit
@@ -61,6 +70,11 @@ class Lease:
         self._thread.start()
 
     # --- fencing -------------------------------------------------------------------------------
+    @property
+    def margin_s(self) -> float:
+        # Follows the duration our last landed write declared: claimants use that one too.
+        return default_margin(self.state.lease_duration_s)
+
     @property
     def lease_id(self) -> str:
         return str(self.state.lease_id)
@@ -134,6 +148,11 @@ class Lease:
                     time.sleep(backoff)
                     backoff = min(backoff * 2, 1.0)
                     continue
+                except CommitNotVerified as exc:
+                    # It landed on our parent, so it is our last commit now, whatever its tree lacks.
+                    state, sent_at = attempts[new_state.nonce]
+                    self.commit, self.state, self._renewed_at = exc.sha, state, sent_at
+                    raise
                 except CasLost as exc:
                     found = self._find_own(attempts) if len(attempts) > 1 else None
                     if found is None:
@@ -157,7 +176,17 @@ class Lease:
 
     # --- heartbeat -----------------------------------------------------------------------------
     def _heartbeat_write(self, state: RelayState) -> tuple[RelayState, list[Operation]]:
-        return state.next_write(leg_commit=self._leg_commit(state)), []
+        return state.next_write(leg_commit=self._leg_commit(state), lease_duration_s=self.base_duration_s), []
+
+    def extend(self, duration_s: float, why: str) -> str:
+        """Renew now, declaring `duration_s` for this write only (the next write declares the claim's
+        duration again): a claimant then waits that long after reading it, which covers a commit
+        that no renewal can interrupt. Timers only: the CAS keeps it safe either way."""
+        def make(state: RelayState):
+            return state.next_write(leg_commit=self._leg_commit(state), lease_duration_s=duration_s), []
+
+        log.info("relay lease %s: declaring %.1fs for %s", self.state.lease_id, duration_s, why)
+        return self.write(make, "relay: heartbeat")
 
     def _leg_commit(self, state: RelayState) -> str | None:
         # After a push, RELAY.json cannot name its own commit; the next write fills it in.
@@ -206,7 +235,7 @@ class Lease:
         self.stop_heartbeat()  # an in-flight heartbeat lands (or fails) before we write on top of it
 
         def make(state: RelayState):
-            return state.next_write(status="free", holder=None, lease_id=None,
+            return state.next_write(status="free", holder=None, lease_id=None, lease_duration_s=self.base_duration_s,
                                     leg_commit=self._leg_commit(state)), []
 
         try:

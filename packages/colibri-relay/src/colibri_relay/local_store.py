@@ -43,6 +43,7 @@ from .errors import (
 from .store import (
     SHA_RE,
     CommitRecord,
+    CopyFile,
     DeleteFile,
     FileInfo,
     Operation,
@@ -329,6 +330,11 @@ class LocalStore(RelayStore):
                 if isinstance(op, DeleteFile):
                     if tree.pop(op.path, None) is None:
                         raise StoreError(f"cannot delete {op.path}: not in the tree at {head[:12]}")
+                elif isinstance(op, CopyFile):
+                    source = self._load_commit(self._resolve(op.src_revision))["tree"].get(op.path)
+                    if source is None:
+                        raise StoreError(f"cannot copy {op.path}: not in the tree at {op.src_revision[:12]}")
+                    tree[op.path] = source  # blobs are immutable and content-addressed: share it
                 else:
                     tree[op.path] = entries[op.path]
             # A timestamp in the body keeps two identical commits apart (nonce already does too).

@@ -11,6 +11,7 @@ fault actually injected, so a chaos run can report them.
 | commit_409                    | the commit is refused as if the repo's commit lock were busy  |
 | commit_429                    | the commit is refused with 429 and RateLimit / Retry-After    |
 | stale_head_read               | model info / refs for `main` report an older head             |
+| commit_drops_file             | the commit lands without one of its files (payload, not RELAY.json) |
 | tag_409                       | create_tag answers 409 (ref lock busy) and creates nothing    |
 | stale_tags_read               | the refs listing shows the tags as they were before the last  |
 | latency_s                     | every request sleeps uniformly in [0, latency_s]               |
@@ -24,7 +25,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 KINDS = ("commit_drop_reply_after_apply", "commit_500_after_apply", "commit_409", "commit_429", "stale_head_read",
-         "tag_409", "stale_tags_read")
+         "tag_409", "stale_tags_read", "commit_drops_file")
 
 
 @dataclass
@@ -35,6 +36,7 @@ class FaultKnobs:
     commit_429: float = 0.0
     stale_head_read: float = 0.0
     tag_409: float = 0.0
+    commit_drops_file: float = 0.0
     stale_tags_read: float = 0.0
     latency_s: float = 0.0
     retry_after_s: int = 1
