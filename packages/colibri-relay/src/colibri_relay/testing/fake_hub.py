@@ -29,6 +29,8 @@ from .hub_protocol import HubRequestHandler
 
 # The Hub's commit quota per repo: 128 commits per hour (the 429 text in braindecode/braindecode#947).
 HUB_COMMIT_RATE_LIMIT = (128, 3600.0)
+# The commit request's size limit, inline (base64) files included (huggingface/huggingface_hub#920).
+HUB_COMMIT_BODY_MAX = 100 * 1000 * 1000
 
 
 class _Server(ThreadingHTTPServer):
@@ -47,7 +49,8 @@ class FakeHub:
     def __init__(self, port: int = 0, data_dir: Path | None = None, *, lfs_threshold: int = 10 * 1024 * 1024,
                  faults: FaultKnobs | None = None, commit_hold_s: float = 0.0,
                  upload_bytes_per_s: float | None = None,
-                 commit_rate_limit: tuple[int, float] | None = HUB_COMMIT_RATE_LIMIT):
+                 commit_rate_limit: tuple[int, float] | None = HUB_COMMIT_RATE_LIMIT,
+                 max_commit_body_bytes: int | None = HUB_COMMIT_BODY_MAX):
         self._own_dir = data_dir is None
         self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="fake-hub-"))
         self.state = FakeHubState(self.data_dir, lfs_threshold=lfs_threshold)
@@ -57,6 +60,7 @@ class FakeHub:
         self.requests = 0
         # (commits, window_s) per repo, a sliding window like the Hub's quota; None switches it off.
         self.commit_rate_limit = commit_rate_limit
+        self.max_commit_body_bytes = max_commit_body_bytes
         self._commit_times: dict[str, collections.deque] = {}
         self._quota_lock = threading.Lock()
         handler = type("Handler", (HubRequestHandler,), {"hub": self})

@@ -37,6 +37,34 @@ class HubHTTPError(Exception):
         self.repo_commit = repo_commit
 
 
+INLINE_FILE_MAX = 10 * 1024 * 1024  # "Your push was rejected because it contains files larger than 10 MiB"
+
+
+def check_inline_limits(operations: list[dict], max_body_bytes: int | None, body_bytes: int) -> None:
+    """The Hub's limits on what travels INSIDE a commit: no regular file over 10 MiB
+    (huggingface/huggingface_hub#2666), no binary regular file over 1 MB (#657), and a bounded
+    request body ("the limit will still be 100MB commit", #920), base64 inline files included."""
+    if max_body_bytes is not None and body_bytes > max_body_bytes:
+        raise HubHTTPError(413, f"Payload Too Large: the commit body is {body_bytes} bytes (limit {max_body_bytes}); "
+                                "upload large files with LFS")
+    import base64
+
+    for op in operations:
+        if op.get("key") != "file":
+            continue
+        value = op["value"]
+        content = value.get("content", "")
+        size = len(content) * 3 // 4 if value.get("encoding") == "base64" else len(content.encode())
+        if size > INLINE_FILE_MAX:
+            raise HubHTTPError(400, "Your push was rejected because it contains files larger than 10 MiB. Please use "
+                                    f"https://git-lfs.github.com/ to store large files. Offending files: - {value['path']}")
+        if size > BINARY_INLINE_MAX:
+            data = base64.b64decode(content) if value.get("encoding") == "base64" else content.encode()
+            if b"\0" in data[:8000]:
+                raise HubHTTPError(400, f"Your push was rejected because it contains binary files over 1MB: "
+                                        f"{value['path']}; use LFS")
+
+
 def gitignore_matches(gitignore: str, path: str) -> bool:
     """Whether `path` is ignored by a root .gitignore (the common subset: `#` comments, `!` negation,
     a trailing `/` for directories, a `/` inside a pattern anchoring it at the root; last match wins)."""

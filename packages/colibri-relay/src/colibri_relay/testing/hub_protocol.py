@@ -15,11 +15,12 @@ import os
 import re
 import socket
 import tempfile
+import threading
 import time
 from http.server import BaseHTTPRequestHandler
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from .fake_hub_repo import HubHTTPError, gitignore_matches
+from .fake_hub_repo import HubHTTPError, check_inline_limits, gitignore_matches
 
 REPO = r"(?P<repo>[^/]+/[^/]+)"
 COMMITS_PAGE = 50
@@ -148,6 +149,10 @@ class HubRequestHandler(BaseHTTPRequestHandler):
             return
         self._json(200, {"url": f"{self.hub.endpoint}/{repo_id}", "name": repo_id, "id": repo_id})
 
+    def _read_rev(self, repo, rev: str) -> str:
+        """Resolve a revision for a READ: `main` may be served stale on every read endpoint."""
+        return self._head_for_read(repo) if rev in (None, "main") else repo.resolve(rev)
+
     def _head_for_read(self, repo) -> str:
         # NOTE: stale reads model a CDN / replica lag: safety must not depend on reads being fresh.
         if repo.previous_heads and self.hub.faults.fire("stale_head_read"):
@@ -157,7 +162,7 @@ class HubRequestHandler(BaseHTTPRequestHandler):
     def model_info(self, query, repo, rev=None):
         r = self.hub.state.repo(repo)
         with self.hub.state.lock:
-            sha = self._head_for_read(r) if rev in (None, "main") else r.resolve(rev)
+            sha = self._read_rev(r, rev)
             commit = r.commits[sha]
         self._json(200, {
             "id": repo, "modelId": repo, "sha": sha, "private": False, "disabled": False, "gated": False,
@@ -189,7 +194,7 @@ class HubRequestHandler(BaseHTTPRequestHandler):
     def commits(self, query, repo, rev):
         r = self.hub.state.repo(repo)
         with self.hub.state.lock:
-            history = r.history(r.resolve(rev))
+            history = r.history(self._read_rev(r, rev))
         page = int(query.get("p", ["0"])[0])
         items = history[page * COMMITS_PAGE:(page + 1) * COMMITS_PAGE]
         headers = {}
@@ -203,7 +208,7 @@ class HubRequestHandler(BaseHTTPRequestHandler):
     def _tree_at(self, repo, rev):
         r = self.hub.state.repo(repo)
         with self.hub.state.lock:
-            return r.commits[r.resolve(rev)].tree
+            return r.commits[self._read_rev(r, rev)].tree
 
     def paths_info(self, query, repo, rev):
         form = parse_qs(self._body().decode())
@@ -241,7 +246,7 @@ class HubRequestHandler(BaseHTTPRequestHandler):
         r = self.hub.state.repo(repo)
         body = json.loads(self._body())
         with self.hub.state.lock:
-            tree = r.commits[r.resolve(rev)].tree
+            tree = r.commits[self._read_rev(r, rev)].tree  # preupload's oids may describe an older head
         # .gitignore: the one sent with the request, else the repo's root one (huggingface_hub's
         # `_fetch_upload_modes` docstring; only the root file counts, huggingface/huggingface_hub#1868).
         gitignore = body.get("gitIgnore")
@@ -323,10 +328,22 @@ class HubRequestHandler(BaseHTTPRequestHandler):
             raise HubHTTPError(429, commit_quota_message(hub.commit_rate_limit, wait))
         if hub.faults.fire("commit_409") or not r.commit_lock.acquire(blocking=False):
             raise HubHTTPError(409, "A commit is already in progress on this repo; retry later.")
+        late = False
         try:
             lines = [json.loads(line) for line in raw.splitlines() if line.strip()]
             if not lines or lines[0].get("key") != "header":
                 raise HubHTTPError(400, "the first NDJSON line must be the header")
+            check_inline_limits(lines[1:], hub.max_commit_body_bytes, len(raw))
+            if hub.faults.fire("commit_drop_request_before_apply"):
+                raise _DropConnection()  # the request died on the way: nothing applied
+            if hub.faults.fire("commit_late_apply"):
+                # A gateway timeout while the backend keeps going: the client gets a 504 at once and
+                # the commit lands (or 412s against a moved head) a moment later, the lock held
+                # meanwhile ("even if the timeout is raised client-side, the process is still
+                # completed server-side", huggingface/huggingface_hub#1660).
+                late = True
+                threading.Thread(target=self._late_apply, args=(r, lines), daemon=True).start()
+                raise HubHTTPError(504, "Gateway Time-out (injected: the commit will land late)")
             if hub.commit_hold_s:
                 time.sleep(hub.commit_hold_s)
             ops = [(x["key"], x["value"]) for x in lines[1:]]
@@ -339,19 +356,32 @@ class HubRequestHandler(BaseHTTPRequestHandler):
             commit = state.apply_commit(r, lines[0]["value"], ops)
             hub.count_commit(repo)
         finally:
-            r.commit_lock.release()
+            if not late:
+                r.commit_lock.release()
         if hub.faults.fire("commit_drop_reply_after_apply"):
             raise _DropConnection()
         if hub.faults.fire("commit_500_after_apply"):
             raise HubHTTPError(500, "Internal Error (injected after the commit was applied)")
+        if hub.faults.fire("commit_504_after_apply"):
+            raise HubHTTPError(504, "Gateway Time-out (injected after the commit was applied)")
         self._json(200, {"success": True, "commitOid": commit.sha, "commitUrl": f"{hub.endpoint}/{repo}/commit/{commit.sha}",
                          "pullRequestUrl": None})
+
+    def _late_apply(self, r, lines) -> None:
+        try:
+            time.sleep(self.hub.faults.late_apply_s)
+            self.hub.state.apply_commit(r, lines[0]["value"], [(x["key"], x["value"]) for x in lines[1:]])
+            self.hub.count_commit(r.repo_id)
+        except HubHTTPError:
+            pass  # e.g. 412: the head moved while the commit waited; nobody hears of it, like on the Hub
+        finally:
+            r.commit_lock.release()
 
     # --- downloads -----------------------------------------------------------------------------
     def resolve(self, query, repo, rev, file):
         r = self.hub.state.repo(repo)
         with self.hub.state.lock:
-            sha = r.resolve(rev)
+            sha = self._read_rev(r, rev)
             entry = r.commits[sha].tree.get(file)
         if entry is None:
             raise HubHTTPError(404, f"Entry {file} not found at {rev}", "EntryNotFound", repo_commit=sha)
