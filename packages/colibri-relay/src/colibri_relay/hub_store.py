@@ -195,10 +195,11 @@ class HubStore(RelayStore):
         finally:
             shutil.rmtree(staging, ignore_errors=True)
 
-    def _commits_page(self, revision: str, url: str | None = None) -> tuple[list[dict], str | None]:
+    def _commits_page(self, revision: str, url: str | None = None, limit: int | None = None) -> tuple[list[dict], str | None]:
         """One page of the commit listing and the next page's URL from the `Link` header (the
         public client only offers the whole list, which a parent check does not need)."""
-        url = url or f"{self.api.endpoint}/api/models/{self.repo_id}/commits/{revision}"
+        url = url or f"{self.api.endpoint}/api/models/{self.repo_id}/commits/{revision}" + (
+            f"?limit={limit}" if limit else "")
         resp = get_session().get(url, headers=build_hf_headers(token=self._token))
         hf_raise_for_status(resp)
         return resp.json(), resp.links.get("next", {}).get("url")
@@ -326,7 +327,7 @@ class HubStore(RelayStore):
         # failing, say the outcome is unknown: the lease writer then looks for its nonce.
         for attempt in range(3):
             try:
-                items, _ = self._commits_page(sha)
+                items, _ = self._commits_page(sha, limit=2)  # the commit and its parent
                 break
             except Exception as exc:  # noqa: BLE001 - any transport or server error: retry
                 last = exc

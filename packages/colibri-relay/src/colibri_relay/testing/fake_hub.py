@@ -50,7 +50,9 @@ class FakeHub:
                  faults: FaultKnobs | None = None, commit_hold_s: float = 0.0,
                  upload_bytes_per_s: float | None = None,
                  commit_rate_limit: tuple[int, float] | None = HUB_COMMIT_RATE_LIMIT,
-                 max_commit_body_bytes: int | None = HUB_COMMIT_BODY_MAX):
+                 max_commit_body_bytes: int | None = HUB_COMMIT_BODY_MAX,
+                 multipart_threshold: int | None = 16 * 1024 * 1024, multipart_chunk_bytes: int = 8 * 1024 * 1024,
+                 lfs_redirect: bool = True):
         self._own_dir = data_dir is None
         self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="fake-hub-"))
         self.state = FakeHubState(self.data_dir, lfs_threshold=lfs_threshold)
@@ -61,13 +63,21 @@ class FakeHub:
         # (commits, window_s) per repo, a sliding window like the Hub's quota; None switches it off.
         self.commit_rate_limit = commit_rate_limit
         self.max_commit_body_bytes = max_commit_body_bytes
+        self.multipart_threshold = multipart_threshold  # LFS files above this upload in parts (hub_lfs.py)
+        self.multipart_chunk_bytes = multipart_chunk_bytes
+        self.lfs_redirect = lfs_redirect  # resolve of an LFS file: 302 to the CDN origin, like the Hub
         self._commit_times: dict[str, collections.deque] = {}
         self._quota_lock = threading.Lock()
         handler = type("Handler", (HubRequestHandler,), {"hub": self})
         self._server = _Server(("127.0.0.1", port), handler)
         self.port = self._server.server_address[1]
         self.endpoint = f"http://127.0.0.1:{self.port}"
+        # LFS content lives on another origin (the Hub's CDN / S3): a second port, same handler.
+        self._cdn = _Server(("127.0.0.1", 0), handler)
+        self.cdn_endpoint = f"http://127.0.0.1:{self._cdn.server_address[1]}"
         self._thread: threading.Thread | None = None
+        self._cdn_thread = threading.Thread(target=self._cdn.serve_forever, name="fake-hub-cdn", daemon=True)
+        self._cdn_thread.start()
 
     def commit_quota_wait(self, repo_id: str) -> float | None:
         """Seconds until `repo_id` may commit again, or None if it may now."""
@@ -96,6 +106,8 @@ class FakeHub:
     def stop(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+        self._cdn.shutdown()
+        self._cdn.server_close()
         if self._own_dir:
             shutil.rmtree(self.data_dir, ignore_errors=True)
 

@@ -11,16 +11,15 @@ import base64
 import hashlib
 import json
 import math
-import os
 import re
 import socket
-import tempfile
 import threading
 import time
 from http.server import BaseHTTPRequestHandler
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from .fake_hub_repo import HubHTTPError, check_inline_limits, gitignore_matches
+from .hub_lfs import LFS_ROUTES, LfsRoutes
 
 REPO = r"(?P<repo>[^/]+/[^/]+)"
 COMMITS_PAGE = 50
@@ -44,7 +43,7 @@ def commit_quota_message(limit: tuple[int, float], wait_s: float) -> str:
             f"You can retry this action in {when}.")
 
 
-class HubRequestHandler(BaseHTTPRequestHandler):
+class HubRequestHandler(LfsRoutes, BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     hub: FakeHub  # noqa: F821 - set by FakeHub on a subclass
 
@@ -195,11 +194,14 @@ class HubRequestHandler(BaseHTTPRequestHandler):
         r = self.hub.state.repo(repo)
         with self.hub.state.lock:
             history = r.history(self._read_rev(r, rev))
+        # `limit` sets the page size, up to 1000 (@huggingface/hub's listCommits sends ?limit=, "Defaults
+        # to 100. Can be set to 1000"); without it a page holds COMMITS_PAGE; `Link` names the next one.
         page = int(query.get("p", ["0"])[0])
-        items = history[page * COMMITS_PAGE:(page + 1) * COMMITS_PAGE]
+        size = max(1, min(int(query.get("limit", [str(COMMITS_PAGE)])[0]), 1000))
+        items = history[page * size:(page + 1) * size]
         headers = {}
-        if (page + 1) * COMMITS_PAGE < len(history):
-            headers["Link"] = f'<{self.hub.endpoint}/api/models/{repo}/commits/{rev}?p={page + 1}>; rel="next"'
+        if (page + 1) * size < len(history):
+            headers["Link"] = f'<{self.hub.endpoint}/api/models/{repo}/commits/{rev}?p={page + 1}&limit={size}>; rel="next"'
         self._json(200, [{
             "id": c.sha, "title": c.title, "message": (c.title + ("\n\n" + c.description if c.description else "")),
             "date": c.date, "authors": [{"user": "relay"}],
@@ -263,51 +265,6 @@ class HubRequestHandler(BaseHTTPRequestHandler):
             files.append({"path": f["path"], "uploadMode": mode, "oid": oid,
                           "shouldIgnore": bool(gitignore) and gitignore_matches(gitignore, f["path"])})
         self._json(200, {"files": files, "commitOid": r.head})
-
-    def lfs_batch(self, query, repo):
-        self.hub.state.repo(repo)
-        body = json.loads(self._body())
-        base = self.hub.endpoint
-        objects = []
-        for obj in body.get("objects", []):
-            oid, size = obj["oid"], obj["size"]
-            item = {"oid": oid, "size": size, "authenticated": True}
-            if not self.hub.state.has_blob(oid):
-                item["actions"] = {
-                    "upload": {"href": f"{base}/_lfs/{repo}/{oid}?size={size}"},
-                    "verify": {"href": f"{base}/_lfs/{repo}/{oid}/verify"},
-                }
-            objects.append(item)
-        self._json(200, {"transfer": "basic", "objects": objects, "hash_algo": "sha256"})
-
-    def lfs_upload(self, query, repo, oid):
-        size = int(query.get("size", ["-1"])[0])
-        state = self.hub.state
-        fd, tmp = tempfile.mkstemp(dir=state.blob_dir, prefix=".upload-")
-        h, n = hashlib.sha256(), 0
-        try:
-            with os.fdopen(fd, "wb") as f:
-                for block in self._body_chunks():
-                    if self.hub.upload_bytes_per_s:
-                        time.sleep(len(block) / self.hub.upload_bytes_per_s)
-                    h.update(block)
-                    f.write(block)
-                    n += len(block)
-            if h.hexdigest() != oid or (size >= 0 and n != size):
-                raise HubHTTPError(400, f"uploaded content has sha256 {h.hexdigest()} / {n} bytes, expected {oid}")
-            os.replace(tmp, state.blob_path(oid))
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-        self._send(200, b"")
-
-    def lfs_verify(self, query, repo, oid):
-        body = json.loads(self._body() or b"{}")
-        if not self.hub.state.has_blob(oid):
-            raise HubHTTPError(404, f"LFS object {oid} not found")
-        if "size" in body and self.hub.state.blob_path(oid).stat().st_size != body["size"]:
-            raise HubHTTPError(422, f"LFS object {oid} has the wrong size")
-        self._json(200, {"success": True})
 
     def commit(self, query, repo, rev):
         hub, state = self.hub, self.hub.state
@@ -377,39 +334,6 @@ class HubRequestHandler(BaseHTTPRequestHandler):
         finally:
             r.commit_lock.release()
 
-    # --- downloads -----------------------------------------------------------------------------
-    def resolve(self, query, repo, rev, file):
-        r = self.hub.state.repo(repo)
-        with self.hub.state.lock:
-            sha = self._read_rev(r, rev)
-            entry = r.commits[sha].tree.get(file)
-        if entry is None:
-            raise HubHTTPError(404, f"Entry {file} not found at {rev}", "EntryNotFound", repo_commit=sha)
-        blob = self.hub.state.blob_path(entry.sha256)
-        headers = {"X-Repo-Commit": sha, "ETag": f'"{entry.git_oid}"', "Accept-Ranges": "bytes"}
-        if entry.lfs:
-            headers["X-Linked-Etag"] = f'"{entry.sha256}"'
-            headers["X-Linked-Size"] = str(entry.size)
-        # NOTE: serve what is on disk (a test may have truncated it), the tree's size goes in X-Linked-Size.
-        size = blob.stat().st_size
-        start, status = 0, 200
-        m = re.fullmatch(r"bytes=(\d+)-", self.headers.get("Range", ""))
-        if m and int(m.group(1)) < size:
-            start, status = int(m.group(1)), 206
-            headers["Content-Range"] = f"bytes {start}-{size - 1}/{size}"
-        self.send_response(status)
-        self.send_header("Content-Type", "application/octet-stream")
-        self.send_header("Content-Length", str(size - start))
-        for k, v in headers.items():
-            self.send_header(k, v)
-        self.end_headers()
-        if self.command == "HEAD":
-            return
-        with open(blob, "rb") as f:
-            f.seek(start)
-            while block := f.read(1 << 20):
-                self.wfile.write(block)
-
     # --- admin ---------------------------------------------------------------------------------
     def faults(self, query):
         if self.command == "POST":
@@ -434,10 +358,7 @@ _ROUTES = [
     ("POST", rf"/api/models/{REPO}/preupload/(?P<rev>[^/]+)", HubRequestHandler.preupload),
     ("POST", rf"/api/models/{REPO}/commit/(?P<rev>[^/]+)", HubRequestHandler.commit),
     ("GET", rf"/api/models/{REPO}", HubRequestHandler.model_info),
-    ("POST", rf"/{REPO}\.git/info/lfs/objects/batch", HubRequestHandler.lfs_batch),
-    ("PUT", rf"/_lfs/{REPO}/(?P<oid>[0-9a-f]{{64}})", HubRequestHandler.lfs_upload),
-    ("POST", rf"/_lfs/{REPO}/(?P<oid>[0-9a-f]{{64}})/verify", HubRequestHandler.lfs_verify),
-    ("GET", rf"/{REPO}/resolve/(?P<rev>[^/]+)/(?P<file>.+)", HubRequestHandler.resolve),
+    *LFS_ROUTES,
     ("GET", r"/_fake/faults", HubRequestHandler.faults),
     ("POST", r"/_fake/faults", HubRequestHandler.faults),
 ]
