@@ -26,6 +26,16 @@ import click
 
 CONTENDER_ERRORS = "contender-errors.log"
 
+# Every fault of the fake Hub at once (faults.py), per request of its kind: before apply, after apply,
+# late apply, lock contention, rate limits, stale reads of every kind, slow replies. Left out:
+# commit_drops_file, whose repair (a rolled-back payload) the counter check below would call a fork.
+ALL_FAULTS = dict(
+    commit_drop_request_before_apply=0.02, commit_drop_reply_after_apply=0.03, commit_500_after_apply=0.03,
+    commit_504_after_apply=0.02, commit_late_apply=0.02, commit_409=0.03, commit_429=0.01,
+    stale_head_read=0.05, stale_tags_read=0.05, tag_409=0.05,
+    latency_s=0.005, retry_after_s=1, late_apply_s=0.3,
+)
+
 
 def contender(store_spec: str, legs: int, work: Path, name: str, lease_s: float, heartbeat_s: float, seed: int) -> int:
     from ..errors import LeaseHeld, LeaseLost, RelayError
@@ -98,8 +108,7 @@ def run_chaos(store_kind: str, *, legs: int, procs: int, lease_s: float = 1.5, h
         spec = str(work / "store")
     Relay(store, lease_duration_s=lease_s, heartbeat_s=heartbeat_s).init()
     if hub is not None and faults:
-        hub.faults.set(commit_drop_reply_after_apply=0.03, commit_500_after_apply=0.03, commit_409=0.03,
-                       commit_429=0.01, stale_head_read=0.05, latency_s=0.005, retry_after_s=1)
+        hub.faults.set(**ALL_FAULTS)
     counter = iter(range(10**6))
     live: dict[str, subprocess.Popen] = {}
 
@@ -155,8 +164,7 @@ def run_chaos(store_kind: str, *, legs: int, procs: int, lease_s: float = 1.5, h
                     p.wait()
         injected = dict(hub.faults.injected) if hub else {}
         if hub:
-            hub.faults.set(commit_drop_reply_after_apply=0, commit_500_after_apply=0, commit_409=0, commit_429=0,
-                           stale_head_read=0, latency_s=0)
+            hub.faults.set(**{k: 0 for k in ALL_FAULTS if k not in ("retry_after_s", "late_apply_s")})
     elapsed = time.monotonic() - t0
     acks_path = work / "acks.jsonl"
     acks = [json.loads(line) for line in acks_path.read_text().splitlines()] if acks_path.exists() else []
