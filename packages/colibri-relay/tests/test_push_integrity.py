@@ -78,6 +78,10 @@ def test_a_push_the_hub_did_not_fully_apply_is_rolled_back_and_reported(hub_stor
         got = leg.pull(tmp_path / "pulled")  # the head verifies again: leg 1's payload
     assert json.loads(got["counter.json"].read_text()) == {"leg": 1}
     assert relay.status()[1].payload == hub_store_state_payload(relay, first.commit)
+    from colibri_relay.testing.history_check import check_history
+
+    report = check_history(hub_store)
+    assert report["violations"] == [] and report["repaired_legs"] == 1 and report["legs"] == 2
 
 
 def hub_store_state_payload(relay, sha):
