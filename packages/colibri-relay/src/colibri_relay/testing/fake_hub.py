@@ -4,11 +4,26 @@ Run it in-process (`with FakeHub() as hub: HfApi(endpoint=hub.endpoint)`) or as 
 (`colibri-relay fake-hub --port P`). Clients must run with `HF_HUB_DISABLE_XET=1` (the fake Hub
 speaks the legacy LFS protocol only). Any token is accepted.
 
-Endpoints: repo create; model info (at a revision); preupload; LFS batch, single-part PUT upload
-and verify; the NDJSON commit endpoint with `parentCommit` (412) and a per-repo commit lock (409);
-commit listing (paginated with a `Link` header); refs; tags; paths-info; tree; resolve (HEAD/GET,
-with X-Repo-Commit / ETag / X-Linked-Etag / X-Linked-Size / Range). `/_fake/faults` (GET/POST
-JSON) reads/sets the fault knobs of `faults.FaultKnobs` from another process.
+Endpoints: repo create; model info (at a revision); preupload; LFS batch, single-part and multipart
+upload, verify; the NDJSON commit endpoint with `parentCommit` (412) and a per-repo commit lock
+(409); commit listing (paged, `limit`, `Link` header); refs; tags; paths-info; tree; resolve (HEAD /
+GET; LFS files by redirect to a CDN origin). `/_fake/faults` (GET/POST JSON) reads/sets the fault
+knobs of `faults.FaultKnobs` from another process.
+
+As strict as the Hub, each behaviour from where it is written down (ARCHITECTURE.md: "a fake that is
+kinder than the real service hides the bugs users will meet"):
+
+| behaviour | source |
+|---|---|
+| 412 on a stale `parentCommit`, 409 while the repo's commit lock is held | hf_api.create_commit docs |
+| commit quota per repo, 128/hour, 429 whose wait is in the message only ("You can retry this action in 43 minutes"); on by default, `commit_rate_limit=(n, window_s)` or None | braindecode/braindecode#947, huggingface/datasets#6257 |
+| preupload decides modes: the repo's .gitattributes, >= 10 MiB, binary > 1 MB -> LFS; empty -> regular | huggingface_hub#2666, #657, `_commit_api._fetch_upload_modes` |
+| preupload honours the root .gitignore (`shouldIgnore`) and returns remote oids (the client then skips "unchanged" files) | huggingface_hub#1868, #2389 |
+| inline files count into the commit: no regular file > 10 MiB, no binary one > 1 MB, body <= 100 MB | huggingface_hub#2666, #657, #920 |
+| LFS multipart upload (parts with ETags, a completion call) above `multipart_threshold` | `lfs.py::_upload_multi_part` |
+| resolve of an LFS file: 302 to another origin, metadata on the redirect | `utils/_http.py`, huggingface/hf-hub#176 |
+| commit listing honours `limit` (<= 1000) and pages with `Link` | @huggingface/hub `listCommits` |
+| faults before apply, after apply (reply lost, 500, 504), late apply, stale reads of `main` on every read endpoint, 409 on tags, slow replies and a slow link (`upload_bytes_per_s`, commit bodies too) | faults.py; huggingface_hub#1660 (a timed-out commit "is still completed server-side") |
 
 Trade-off: ThreadingHTTPServer (stdlib) is plenty for loopback tests; it is not a production server.
 """
