@@ -150,3 +150,23 @@ def test_an_inline_file_over_10_mib_is_refused_like_the_hub(fake_hub):
                             None, len(big))
     with pytest.raises(HubHTTPError, match="Payload Too Large"):
         check_inline_limits([], 100, 101)
+
+
+def test_a_stale_preupload_answer_cannot_make_the_client_drop_a_prepared_file(hub_store, fake_hub):
+    """Preupload describes the head of that moment: a stale one says x already holds A (it did, two
+    commits ago), and create_commit would skip x. Prepared files always travel; unprepared ones are
+    caught by the landed-tree check."""
+    from colibri_relay import CommitNotVerified
+
+    h0 = hub_store.head()
+    h1 = hub_store.commit([PutFile("x", b"A")], parent=h0, message="m", nonce="abcdef30")
+    h2 = hub_store.commit([PutFile("x", b"B")], parent=h1, message="m", nonce="abcdef31")
+    fake_hub.faults.set(stale_head_read=1.0)  # every read of main now answers h1
+    put = PutFile("x", b"A")
+    hub_store.prepare([put])
+    h3 = hub_store.commit([put, PutFile("y", b"1")], parent=h2, message="m", nonce="abcdef32")
+    assert hub_store.read_file("x", h3) == b"A"
+    with pytest.raises(CommitNotVerified, match="x has") as err:
+        hub_store.commit([PutFile("x", b"B"), PutFile("y", b"2")], parent=h3, message="m", nonce="abcdef33")
+    fake_hub.faults.set(stale_head_read=0.0)
+    assert err.value.sha == hub_store.head()

@@ -9,12 +9,15 @@ from .errors import (
     CasLost,
     ChecksumMismatch,
     CommitLockBusy,
+    CommitNotVerified,
     FileNotFoundInStore,
     LeaseHeld,
     LeaseLost,
     NotInitialized,
     OutcomeUnknown,
+    PathIgnored,
     PayloadError,
+    PushNotVerified,
     RateLimited,
     RelayError,
     RelayFileCorrupt,
@@ -29,7 +32,7 @@ from .ledger import LedgerEntry, LegSummary
 from .local_store import LocalStore
 from .relay import Leg, PushResult, Relay
 from .relay_state import PayloadFile, RelayState
-from .store import CommitRecord, DeleteFile, FileInfo, PutFile, RelayStore, open_store
+from .store import CommitRecord, CopyFile, DeleteFile, FileInfo, PutFile, RelayStore, open_store
 
 __version__ = "0.1.0"
 
@@ -44,8 +47,9 @@ def __getattr__(name: str):
 
 __all__ = [
     "Relay", "Leg", "PushResult", "LegSummary", "LedgerEntry", "RelayState", "PayloadFile",
-    "RelayStore", "LocalStore", "HubStore", "open_store", "PutFile", "DeleteFile", "FileInfo", "CommitRecord",
+    "RelayStore", "LocalStore", "HubStore", "open_store", "PutFile", "DeleteFile", "CopyFile", "FileInfo", "CommitRecord",
     "RelayError", "StoreError", "StoreSpecError", "StoreNotFound", "RevisionNotFound", "FileNotFoundInStore",
     "CasLost", "CommitLockBusy", "RateLimited", "OutcomeUnknown", "TagExists", "ChecksumMismatch",
     "RelayFileCorrupt", "SchemaVersionError", "LeaseHeld", "LeaseLost", "NotInitialized", "PayloadError",
+    "CommitNotVerified", "PathIgnored", "PushNotVerified",
 ]

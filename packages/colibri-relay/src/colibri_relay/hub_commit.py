@@ -8,7 +8,9 @@ files, git sha1 for regular ones), and a preupload answer describes the branch h
 not the parent we commit on. So after each commit we read the new tree at the touched paths (one
 paths-info call) and compare size and oid with what we sent; a mismatch is `CommitNotVerified`.
 
-Ignored paths are refused in `prepare` (PathIgnored) before anything is committed.
+Ignored paths are refused in `prepare` (PathIgnored) before anything is committed, and prepared
+files forget the preupload's remote oid, so the client never drops them as "unchanged" on the word
+of a head that is not our parent; files added without `prepare` are caught by the check above.
 """
 
 from __future__ import annotations

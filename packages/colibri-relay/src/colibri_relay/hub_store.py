@@ -238,6 +238,11 @@ class HubStore(RelayStore):
         except Exception as exc:  # noqa: BLE001
             self._prepared.clear()
             raise self._read_error(exc, "pre-upload") from None
+        for add in adds:
+            # The answer's oid describes the branch head of that moment (maybe a stale one), not the
+            # parent we will commit on; with it the client would drop the file as "unchanged"
+            # (huggingface_hub#2389). A prepared file always travels: at worst it rewrites the same bytes.
+            add._remote_oid = None
         ignored = ignored_paths(adds)
         if ignored:
             self._prepared.clear()
