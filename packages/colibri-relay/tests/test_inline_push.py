@@ -37,3 +37,17 @@ def test_a_slow_inline_push_keeps_the_lease_against_a_waiting_claimant(hub_store
     assert not any("takeover" in t for t in titles)  # b waited for the release, it did not take over
     assert b_leg.state.epoch == 2
     b_leg.release()
+
+
+def test_heartbeats_inside_an_extension_keep_declaring_it(store):
+    """A heartbeat landing between the extension and the push commit must not shorten the lease again."""
+    relay = Relay(store, holder="a", lease_duration_s=1.2, heartbeat_s=0.15)
+    relay.init()
+    with relay.leg() as leg:
+        with leg.lease.extended(30.0, "a test"):
+            assert relay.status()[1].lease_duration_s == 30.0
+            leg.lease.renew()
+            assert relay.status()[1].lease_duration_s == 30.0
+            leg.check()
+        leg.lease.renew()
+        assert relay.status()[1].lease_duration_s == 1.2

@@ -20,7 +20,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from .errors import (
     CasLost,
@@ -58,8 +59,9 @@ class Lease:
         self.started_at = started_at
         self.claimed_mono = sent_at
         self._renewed_at = sent_at
-        # The duration declared at claim; a push may declare a longer one for one write (extend()).
+        # The duration declared at claim; a push may declare a longer one while it runs (extended()).
         self.base_duration_s = state.lease_duration_s
+        self._declared_s = state.lease_duration_s
         self._write_lock = threading.Lock()
         self._fence_reason: str | None = None
         self._superseded = False  # a CasLost proved someone else wrote on top of our commit
@@ -176,17 +178,20 @@ class Lease:
 
     # --- heartbeat -----------------------------------------------------------------------------
     def _heartbeat_write(self, state: RelayState) -> tuple[RelayState, list[Operation]]:
-        return state.next_write(leg_commit=self._leg_commit(state), lease_duration_s=self.base_duration_s), []
+        return state.next_write(leg_commit=self._leg_commit(state), lease_duration_s=self._declared_s), []
 
-    def extend(self, duration_s: float, why: str) -> str:
-        """Renew now, declaring `duration_s` for this write only (the next write declares the claim's
-        duration again): a claimant then waits that long after reading it, which covers a commit
-        that no renewal can interrupt. Timers only: the CAS keeps it safe either way."""
-        def make(state: RelayState):
-            return state.next_write(leg_commit=self._leg_commit(state), lease_duration_s=duration_s), []
-
+    @contextmanager
+    def extended(self, duration_s: float, why: str) -> Iterator[None]:
+        """Renew now declaring `duration_s`, and keep declaring it (heartbeats included) until the
+        block ends: a claimant waits that long after reading such a write, which covers a commit
+        no renewal can interrupt. Timers only: the CAS keeps it safe either way."""
         log.info("relay lease %s: declaring %.1fs for %s", self.state.lease_id, duration_s, why)
-        return self.write(make, "relay: heartbeat")
+        self._declared_s = duration_s
+        try:
+            self.renew()
+            yield
+        finally:
+            self._declared_s = self.base_duration_s
 
     def _leg_commit(self, state: RelayState) -> str | None:
         # After a push, RELAY.json cannot name its own commit; the next write fills it in.

@@ -8,8 +8,9 @@
 4. Files the store keeps inline travel inside the commit request, when no renewal can land. If that
    upload could outlast the lease, the holder first renews with a longer declared lease duration
    (claimants wait for the duration declared in the state they watch), budgeted at
-   `min_upload_bytes_per_s`; the push commit declares it too (the holder's own fence counts from
-   when a write was sent), and the next heartbeat declares the claim's duration again.
+   `min_upload_bytes_per_s`; every write declares it until the push is done (the push commit too:
+   the holder's own fence counts from when a write was sent), then heartbeats declare the claim's
+   duration again.
 5. ONE commit with parent = our last commit: changed payload files, deletions, RELAY.json (leg + 1,
    new manifest), LEDGER.jsonl (+1 line), LEDGER.md.
 6. Verify the new tree against the manifest (sizes, sha256 / git oid) before reporting success. If it
@@ -21,6 +22,7 @@
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -80,7 +82,12 @@ def _push(leg, snap: Snapshot, summary: LegSummary) -> PushResult:
         store.prepare(puts)  # LFS blobs upload here, outside the write lock: heartbeats continue
     except PathIgnored as exc:
         raise PayloadError(f"{exc}; rename the file(s) or change the repo's .gitignore (nothing was pushed)") from None
-    _budget_inline(lease, store.inline_bytes(puts) + RELAY_FILES_INLINE_BYTES, relay.min_upload_bytes_per_s)
+    with _inline_budget(lease, store.inline_bytes(puts) + RELAY_FILES_INLINE_BYTES, relay.min_upload_bytes_per_s):
+        return _commit_push(leg, snap, summary, puts)
+
+
+def _commit_push(leg, snap: Snapshot, summary: LegSummary, puts: list[PutFile]) -> PushResult:
+    lease, store, manifest = leg.lease, leg.relay.store, snap.manifest
     ledger_raw = leg._current_ledger()
     entries = parse_ledger(ledger_raw, LEDGER_JSONL)
     number = leg.number
@@ -97,9 +104,8 @@ def _push(leg, snap: Snapshot, summary: LegSummary) -> PushResult:
         stale = [DeleteFile(p) for p in state.payload if p not in manifest]
         ops = [*puts, *stale, PutFile(LEDGER_JSONL, append_entry(ledger_raw, entry)),
                PutFile(LEDGER_MD, render_ledger_md([*entries, entry]))]
-        # The duration declared now (extended by _budget_inline, if it was) stays: the holder's fence
-        # counts from when this write was SENT, so a long inline upload needs it too. The next
-        # heartbeat declares the claim's duration again.
+        # The duration declared now (extended by _inline_budget, if it was) stays: the holder's fence
+        # counts from when this write was SENT, so a long inline upload needs it too.
         new = state.next_write(leg=n, leg_commit=None, payload=manifest)
         return new, ops
 
@@ -137,13 +143,13 @@ def _tree_problems(store, sha: str, snap: Snapshot) -> list[str]:
     return problems
 
 
-def _budget_inline(lease, inline_bytes: int, min_rate: float) -> None:
+def _inline_budget(lease, inline_bytes: int, min_rate: float):
     """No renewal can land while the commit request is in flight: if its inline body could outlast
-    what is left of the lease, renew first with a lease duration that covers it."""
+    what is left of the lease, renew first declaring a lease duration that covers it."""
     need_s = inline_bytes / min_rate
     if need_s <= lease.time_left_s() / 2:
-        return
-    lease.extend(lease.base_duration_s + 2 * need_s, f"inline upload of {inline_bytes} bytes")
+        return nullcontext()
+    return lease.extended(lease.base_duration_s + 2 * need_s, f"an inline upload of {inline_bytes} bytes")
 
 
 def _tag(store, tag: str, sha: str) -> None:
