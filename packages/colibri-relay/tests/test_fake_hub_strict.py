@@ -70,3 +70,14 @@ def test_preupload_decides_modes_like_the_hub(fake_hub, monkeypatch):
     assert state.upload_mode("blob.dat", 2_000_000, b"\0\1\2") == "lfs"  # binary over 1 MB
     assert state.upload_mode("empty.bin", 0) == "regular"
     assert state.upload_mode("huge.txt", 10 * 1024 * 1024, b"text") == "lfs"
+
+
+def test_gitignore_matching_covers_the_common_forms():
+    from colibri_relay.testing.fake_hub_repo import gitignore_matches
+
+    rules = "# logs\n*.log\n!keep.log\ncache/\n/top.txt\n"
+    assert gitignore_matches(rules, "train.log") and gitignore_matches(rules, "a/b/train.log")
+    assert not gitignore_matches(rules, "keep.log")
+    assert gitignore_matches(rules, "cache/x.bin") and gitignore_matches(rules, "a/cache/x.bin")
+    assert gitignore_matches(rules, "top.txt") and not gitignore_matches(rules, "a/top.txt")
+    assert not gitignore_matches(rules, "model.safetensors")

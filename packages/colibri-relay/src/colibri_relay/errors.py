@@ -4,6 +4,9 @@ Store errors map the Hub's HTTP answers onto what they mean for a compare-and-sw
 412 -> `CasLost` (the branch head is not the parent you named), 409 -> `CommitLockBusy`
 (retry the SAME parent), 429 -> `RateLimited` (wait `retry_after_s`), 5xx / timeout on a write ->
 `OutcomeUnknown` (the commit may have landed: look for your nonce before doing anything else).
+A commit that landed without what was sent (the Hub drops .gitignore'd and "unchanged" files
+silently) is `CommitNotVerified`, carrying the landed sha; paths a store would drop are refused
+up front with `PathIgnored`.
 """
 
 from __future__ import annotations
