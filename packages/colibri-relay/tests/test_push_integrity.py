@@ -105,7 +105,7 @@ def test_repair_rolls_an_unreadable_head_back_to_the_last_verified_payload(store
     store.commit([PutFile("RELAY.json", bad.next_write().to_bytes())], parent=head, message="m", nonce="0b0b")
     with relay.leg() as leg:
         with pytest.raises(ChecksumMismatch, match="colibri-relay repair"):
-            leg.pull(tmp_path / "p0")
+            leg.pull(tmp_path / "p0", repair=False)
     restored = relay.repair()
     assert restored is not None
     with relay.leg() as leg:
@@ -122,3 +122,20 @@ def test_repair_command_on_a_head_that_verifies(tmp_path):
     assert CliRunner().invoke(main, ["init", "--store", store]).exit_code == 0
     res = CliRunner().invoke(main, ["repair", "--store", store])
     assert res.exit_code == 0 and "nothing to repair" in res.output
+
+
+def test_a_claimant_meeting_an_unreadable_head_rolls_it_back_on_pull(store, tmp_path):
+    """The holder of a bad push was killed before its rollback: the next claimant's pull repairs it
+    (one CAS commit) and gets the last verified payload, instead of failing forever."""
+    relay = make(store, "a")
+    relay.init()
+    ck = ckpt(tmp_path / "ck", 1)
+    with relay.leg() as leg:
+        leg.push(ck)
+    head, state = relay.status()
+    bad = state.model_copy(update={"payload": {**state.payload, "counter.json": state.payload["model.safetensors"]}})
+    store.commit([PutFile("RELAY.json", bad.next_write().to_bytes())], parent=head, message="m", nonce="0c0c")
+    with make(store, "b").leg() as leg:
+        got = leg.pull(tmp_path / "p")
+        assert any(c.title.startswith("relay: repair by b") for c in store.history()[:5])
+    assert json.loads(got["counter.json"].read_text()) == {"leg": 1}

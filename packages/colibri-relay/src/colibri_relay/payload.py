@@ -23,7 +23,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import ChecksumMismatch, FileNotFoundInStore, PayloadError, StoreError
+from .errors import ChecksumMismatch, FileNotFoundInStore, PayloadError
 from .relay_state import PayloadFile
 from .store import FileInfo, RelayStore, sha256_file
 
@@ -130,10 +130,7 @@ def tree_problems(store: RelayStore, revision: str, manifest: dict[str, PayloadF
     for rel, meta in sorted(manifest.items()):
         ok = entry_matches(files.get(rel), meta)
         if ok is None:
-            try:
-                ok = hashlib.sha256(store.read_file(rel, revision)).hexdigest() == meta.sha256
-            except (ChecksumMismatch, StoreError):
-                ok = False
+            ok = hashlib.sha256(_read_verified(store, rel, revision)).hexdigest() == meta.sha256
         if not ok:
             got = files.get(rel)
             problems.append(f"{rel}: " + ("missing" if got is None else f"{got.size} bytes, not the manifest's "
@@ -170,6 +167,18 @@ def pull_payload(store: RelayStore, revision: str, manifest: dict[str, PayloadFi
         return out
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _read_verified(store: RelayStore, rel: str, revision: str, attempts: int = 3) -> bytes:
+    """A file's bytes as the store holds them. A read that fails its own checksum is retried: a damaged
+    transfer must never pass for a tree that does not hold its manifest (a repair would follow)."""
+    for attempt in range(attempts):
+        try:
+            return store.read_file(rel, revision)
+        except ChecksumMismatch:
+            if attempt == attempts - 1:
+                raise
+    raise AssertionError("unreachable")
 
 
 def _local_matches(path: Path, meta: PayloadFile) -> bool:

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from .claim import claim_lease, repair_after_claim
 from .errors import (
+    ChecksumMismatch,
     FileNotFoundInStore,
     LeaseHeld,
     LeaseLost,
@@ -180,12 +181,22 @@ class Leg:
     def time_left_s(self) -> float:
         return self.lease.time_left_s()
 
-    def pull(self, dest_dir: str | Path) -> dict[str, Path]:
-        """Download the payload at our lease commit into `dest_dir` (verified; {} at leg 0)."""
+    def pull(self, dest_dir: str | Path, *, repair: bool = True) -> dict[str, Path]:
+        """Download the payload at our lease commit into `dest_dir` (verified; {} at leg 0).
+
+        A head whose tree does not hold its own manifest (a holder killed between a bad push and its
+        rollback, an older client) would stop every claimant: with `repair` (the default) the holder
+        rolls it back to the last verified payload (`Leg.repair`, one CAS commit) and pulls that.
+        A download that merely failed to verify (a damaged transfer) is re-raised, never repaired."""
         self.check()
-        # Our own last commit: its tree holds exactly the payload its RELAY.json manifest names.
-        lease = self.lease
-        return pull_payload(self.relay.store, lease.commit, lease.state.payload, Path(dest_dir))
+        lease, store = self.lease, self.relay.store
+        try:
+            return pull_payload(store, lease.commit, lease.state.payload, Path(dest_dir))
+        except (ChecksumMismatch, FileNotFoundInStore):
+            if not repair or self.repair() is None:
+                raise
+        log.warning("pulled the payload restored at %s instead", lease.commit[:12])
+        return pull_payload(store, lease.commit, lease.state.payload, Path(dest_dir))
 
     def _current_ledger(self) -> bytes:
         store, rev = self.relay.store, self.lease.commit

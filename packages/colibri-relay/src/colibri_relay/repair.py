@@ -51,7 +51,7 @@ def restore_verified_payload(leg, *, bad: str) -> str:
     """As the holder of `leg`, roll the payload at our last commit (`bad`) back to the last verified
     one. Returns the repair commit."""
     lease, relay, store = leg.lease, leg.relay, leg.relay.store
-    good, good_state = last_verified_payload(relay, bad, skip=bad)
+    good, good_state = last_verified_payload(relay, lease.commit, skip=lease.commit)
     head_files, good_files = store.list_files(lease.commit), store.list_files(good)
     ops: list = [CopyFile(p, good) for p in sorted(good_state.payload) if head_files.get(p) != good_files.get(p)]
     ops += [DeleteFile(p) for p in sorted(lease.state.payload) if p not in good_state.payload and p in head_files]
@@ -65,10 +65,26 @@ def restore_verified_payload(leg, *, bad: str) -> str:
     return sha
 
 
+def payload_origin(relay, start: str, manifest: dict) -> str:
+    """The commit that wrote `manifest` (as carried by `start`): the oldest of the commits just before
+    `start` whose RELAY.json names the same manifest (heartbeats, claims, releases copy it)."""
+    origin = start
+    for rec in relay.store.history(start)[1:]:
+        try:
+            if relay.read_state(rec.sha).payload != manifest:
+                break
+        except RelayError:
+            break
+        origin = rec.sha
+    return origin
+
+
 def repair_leg(leg) -> str | None:
     """`Leg.repair`: None if the payload at our commit verifies, else the repair commit."""
     leg.check()
     lease = leg.lease
     if not tree_problems(leg.relay.store, lease.commit, lease.state.payload):
         return None
-    return restore_verified_payload(leg, bad=lease.commit)
+    # Name the push that wrote the bad manifest (not our claim on top of it): readers of the history
+    # (history_check) can then tell which leg's payload was rolled back.
+    return restore_verified_payload(leg, bad=payload_origin(leg.relay, lease.commit, lease.state.payload))

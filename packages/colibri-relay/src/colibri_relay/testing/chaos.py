@@ -27,11 +27,11 @@ import click
 CONTENDER_ERRORS = "contender-errors.log"
 
 # Every fault of the fake Hub at once (faults.py), per request of its kind: before apply, after apply,
-# late apply, lock contention, rate limits, stale reads of every kind, slow replies. Left out:
-# commit_drops_file, whose repair (a rolled-back payload) the counter check below would call a fork.
+# late apply, lock contention, rate limits, stale reads of every kind, slow replies, and commits that
+# land without a file (the holder then rolls the payload back: PushNotVerified, a repair commit).
 ALL_FAULTS = dict(
     commit_drop_request_before_apply=0.02, commit_drop_reply_after_apply=0.03, commit_500_after_apply=0.03,
-    commit_504_after_apply=0.02, commit_late_apply=0.02, commit_409=0.03, commit_429=0.01,
+    commit_504_after_apply=0.02, commit_late_apply=0.02, commit_409=0.03, commit_429=0.01, commit_drops_file=0.02,
     stale_head_read=0.05, stale_tags_read=0.05, tag_409=0.05,
     latency_s=0.005, retry_after_s=1, late_apply_s=0.3,
 )
@@ -55,7 +55,7 @@ def contender(store_spec: str, legs: int, work: Path, name: str, lease_s: float,
                 leg.pull(ck)
                 counter_path = ck / "counter.json"
                 counter = json.loads(counter_path.read_text()) if counter_path.exists() else {"leg": 0, "chain": []}
-                if counter["leg"] != leg.number - 1:
+                if counter["leg"] != leg.number - 1 and not _rolled_back(relay.store, leg.lease.commit, counter["leg"]):
                     with open(work / "violations.log", "a") as f:
                         f.write(f"{name}: pulled counter {counter['leg']} for leg {leg.number}\n")
                 for _ in range(rng.randint(1, 4)):
@@ -78,6 +78,19 @@ def contender(store_spec: str, legs: int, work: Path, name: str, lease_s: float,
             with open(work / CONTENDER_ERRORS, "a") as f:
                 f.write(f"{name}: {type(exc).__name__}: {exc}\n")
             time.sleep(0.1)
+
+
+def _rolled_back(store, head: str, payload_leg: int) -> bool:
+    """Whether a repair commit restored leg `payload_leg`'s payload after a later push failed to verify."""
+    from .history_check import PUSH_TITLE
+
+    for rec in store.history(head):
+        if rec.title.startswith("relay: repair "):
+            return True
+        m = PUSH_TITLE.match(rec.title)
+        if m and int(m.group(1)) <= payload_leg:
+            return False
+    return False
 
 
 def run_chaos(store_kind: str, *, legs: int, procs: int, lease_s: float = 1.5, heartbeat_s: float = 0.25,
