@@ -74,12 +74,18 @@ def test_payload_not_matching_the_manifest_is_refused_and_dest_untouched(store, 
     (dest / "model.safetensors").write_bytes(b"mine")
     with relay.leg() as leg:
         with pytest.raises(ChecksumMismatch, match="model.safetensors"):
-            leg.pull(dest)
+            leg.pull(dest, repair=False)
     assert sorted(p.name for p in dest.iterdir()) == ["model.safetensors"]
     assert (dest / "model.safetensors").read_bytes() == b"mine"
     # The good payload is still intact at leg-1.
     good = json.loads(store.read_file("training_state.json", "leg-1"))
     assert good == {"step": 10}
+    # By default the holder rolls the vandalised head back (one CAS commit) and pulls leg 1's payload.
+    with relay.leg() as leg:
+        got = leg.pull(dest)
+    assert json.loads(got["training_state.json"].read_text()) == {"step": 10}
+    assert got["model.safetensors"].read_bytes() == store.read_file("model.safetensors", "leg-1")
+    assert any(c.title.startswith("relay: repair ") for c in store.history()[:5])
 
 
 def test_local_blob_corruption_is_detected_on_read(tmp_path):

@@ -241,3 +241,29 @@ def test_write_whose_outcome_was_unknown_but_landed_is_adopted_not_fenced(store,
     leg.check()
     monkeypatch.setattr(store, "commit", real)
     assert leg.release() is True
+
+
+def test_a_heartbeat_landing_after_lease_lost_is_still_released(store, monkeypatch):
+    """Bug 4: the trainer was told LeaseLost (no renewal landed within D - m), then the slow heartbeat
+    landed after all. release() must still free the baton (one CAS write on our own last commit),
+    or every waiter loses a whole lease duration for nothing."""
+    a = make(store, "a")
+    a.init()
+    real = store.commit
+    slow = {"on": True}
+
+    def slow_heartbeat(ops, **kw):
+        if slow["on"] and "heartbeat" in kw["message"]:
+            slow["on"] = False
+            time.sleep(D)  # lands well after the holder's D - m fence deadline
+        return real(ops, **kw)
+
+    monkeypatch.setattr(store, "commit", slow_heartbeat)
+    leg = a.claim()
+    with pytest.raises(LeaseLost):
+        while True:
+            leg.check()
+            time.sleep(0.02)
+    assert leg.release() is True
+    head, state = a.status()
+    assert state.status == "free" and store.history()[1].title.startswith("relay: heartbeat")

@@ -12,12 +12,15 @@ from .errors import (
     CasLost,
     ChecksumMismatch,
     CommitLockBusy,
+    CommitNotVerified,
     FileNotFoundInStore,
     LeaseHeld,
     LeaseLost,
     NotInitialized,
     OutcomeUnknown,
+    PathIgnored,
     PayloadError,
+    PushNotVerified,
     RateLimited,
     RelayError,
     RelayFileCorrupt,
@@ -32,7 +35,7 @@ from .ledger import LedgerEntry, LegSummary
 from .local_store import LocalStore
 from .relay import Leg, PushResult, Relay
 from .relay_state import PayloadFile, RelayState
-from .store import CommitRecord, DeleteFile, FileInfo, PutFile, RelayStore, open_store
+from .store import CommitRecord, CopyFile, DeleteFile, FileInfo, PutFile, RelayStore, open_store
 
 try:  # the installed metadata is the one source of the version (pyproject.toml sets it)
     __version__ = _metadata_version("colibri-relay")
@@ -50,8 +53,9 @@ def __getattr__(name: str):
 
 __all__ = [
     "Relay", "Leg", "PushResult", "LegSummary", "LedgerEntry", "RelayState", "PayloadFile",
-    "RelayStore", "LocalStore", "HubStore", "open_store", "PutFile", "DeleteFile", "FileInfo", "CommitRecord",
+    "RelayStore", "LocalStore", "HubStore", "open_store", "PutFile", "DeleteFile", "CopyFile", "FileInfo", "CommitRecord",
     "RelayError", "StoreError", "StoreSpecError", "StoreNotFound", "RevisionNotFound", "FileNotFoundInStore",
     "CasLost", "CommitLockBusy", "RateLimited", "OutcomeUnknown", "TagExists", "ChecksumMismatch",
     "RelayFileCorrupt", "SchemaVersionError", "LeaseHeld", "LeaseLost", "NotInitialized", "PayloadError",
+    "CommitNotVerified", "PathIgnored", "PushNotVerified",
 ]

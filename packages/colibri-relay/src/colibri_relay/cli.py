@@ -151,6 +151,22 @@ def ledger(store: str, as_json: bool, revision: str | None) -> None:
                    f"hours {e.hours:.3f}  loss {e.loss_start} -> {e.loss_end}")
 
 
+@main.command()
+@STORE
+@click.option("--wait/--no-wait", default=True, show_default=True, help="Wait for a held baton to expire.")
+def repair(store: str, wait: bool) -> None:
+    """Roll a head whose payload does not verify back to the last verified payload.
+
+    Claims the baton, checks the payload at the head against RELAY.json's manifest and, if it does
+    not hold, writes ONE CAS commit restoring the newest payload that does (legs, ledger and tags
+    are kept), then releases."""
+    try:
+        sha = _relay(store).repair(wait=wait)
+    except RelayError as exc:
+        _fail(exc)
+    click.echo(f"payload restored in commit {sha}" if sha else "the head's payload verifies: nothing to repair")
+
+
 @main.command("fake-hub")
 @click.option("--port", type=click.IntRange(0, 65535), default=0, show_default=True, help="0 picks a free port.")
 @click.option("--data-dir", type=click.Path(file_okay=False), default=None, help="Where blobs go (default: temp).")

@@ -4,6 +4,9 @@ Store errors map the Hub's HTTP answers onto what they mean for a compare-and-sw
 412 -> `CasLost` (the branch head is not the parent you named), 409 -> `CommitLockBusy`
 (retry the SAME parent), 429 -> `RateLimited` (wait `retry_after_s`), 5xx / timeout on a write ->
 `OutcomeUnknown` (the commit may have landed: look for your nonce before doing anything else).
+A commit that landed without what was sent (the Hub drops .gitignore'd and "unchanged" files
+silently) is `CommitNotVerified`, carrying the landed sha; paths a store would drop are refused
+up front with `PathIgnored`.
 """
 
 from __future__ import annotations
@@ -77,6 +80,26 @@ class OutcomeUnknown(StoreError):
     """A write got no clear answer (5xx, timeout, dropped connection): it may have landed."""
 
 
+class CommitNotVerified(StoreError):
+    """The commit landed (`sha` is now the head) but its tree does not hold what was sent: the server
+    dropped or changed a file. The writer still owns `sha` and must repair it."""
+
+    def __init__(self, message: str, sha: str, problems: list[str]):
+        super().__init__(message)
+        self.sha = sha
+        self.problems = problems
+
+
+class PathIgnored(StoreError):
+    """The store would silently leave these paths out of a commit (the Hub repo's .gitignore)."""
+
+    exit_code = 2  # bad input: rename the files or change the repo's .gitignore
+
+    def __init__(self, message: str, paths: list[str]):
+        super().__init__(message)
+        self.paths = paths
+
+
 class TagExists(StoreError):
     """The tag already exists (a second push of the same leg is refused here)."""
 
@@ -89,10 +112,10 @@ class TagExists(StoreError):
 class ChecksumMismatch(StoreError):
     """A downloaded or stored file does not match its recorded checksum (corrupt or truncated)."""
 
-    def __init__(self, path: str, where: str, expected: str, actual: str, size: int | None = None):
+    def __init__(self, path: str, where: str, expected: str, actual: str, size: int | None = None, hint: str = ""):
         msg = f"{path} at {where}: checksum mismatch (expected {expected}, got {actual}"
         msg += f", {size} bytes)" if size is not None else ")"
-        super().__init__(msg)
+        super().__init__(msg + (f"; {hint}" if hint else ""))
         self.path = path
 
 
@@ -122,6 +145,17 @@ class NotInitialized(RelayError):
 
 
 class PayloadError(RelayError):
-    """The payload directory is unusable (reserved file name, not a directory, ...)."""
+    """The payload directory is unusable (reserved file name, not a directory, ignored by the store, ...)."""
 
     exit_code = 2
+
+
+class PushNotVerified(RelayError):
+    """Leg `leg`'s commit landed but did not hold the payload its manifest names; the relay's payload
+    was rolled back to the last verified one (`restored_commit`). The lease is still held: push again."""
+
+    def __init__(self, message: str, leg: int, commit: str, restored_commit: str | None):
+        super().__init__(message)
+        self.leg = leg
+        self.commit = commit
+        self.restored_commit = restored_commit

@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi, hf_hub_download
+from huggingface_hub import HfApi, hf_hub_download
 from huggingface_hub.errors import (
     EntryNotFoundError,
     HfHubHTTPError,
@@ -38,18 +38,30 @@ from .errors import (
     CasLost,
     ChecksumMismatch,
     CommitLockBusy,
+    CommitNotVerified,
     FileNotFoundInStore,
     OutcomeUnknown,
+    PathIgnored,
     RateLimited,
     RevisionNotFound,
     StoreError,
     StoreNotFound,
     TagExists,
 )
+from .hub_commit import (
+    PATHS_INFO_BATCH,
+    PreparedOps,
+    file_size,
+    ignored_paths,
+    inline_bytes,
+    landed_problems,
+    to_hub_ops,
+)
+from .hub_errors import error_text, first_line, retry_after_s
 from .store import (
     SHA_RE,
     CommitRecord,
-    DeleteFile,
+    CopyFile,
     FileInfo,
     Operation,
     PutFile,
@@ -61,19 +73,7 @@ from .store import (
 
 
 def _retry_after(err: HfHubHTTPError) -> float:
-    headers = err.response.headers
-    try:
-        from huggingface_hub.utils import parse_ratelimit_headers
-
-        info = parse_ratelimit_headers(headers)
-        if info is not None:
-            return float(info.reset_in_seconds)
-    except Exception:  # noqa: BLE001 - header parsing is best effort; fall back below
-        pass
-    try:
-        return float(headers.get("Retry-After", "5"))
-    except ValueError:
-        return 5.0
+    return retry_after_s(err.response.headers if err.response is not None else {}, error_text(err))
 
 
 class HubStore(RelayStore):
@@ -89,7 +89,7 @@ class HubStore(RelayStore):
         self.spec = f"hf://{repo_id}"
         self.api = api or HfApi(endpoint=endpoint, token=token)
         self._token = token
-        self._prepared: dict[tuple, CommitOperationAdd] = {}
+        self._prepared = PreparedOps()
 
     def __repr__(self) -> str:  # never show the token
         return f"HubStore({self.repo_id!r}, endpoint={self.api.endpoint!r})"
@@ -195,10 +195,11 @@ class HubStore(RelayStore):
         finally:
             shutil.rmtree(staging, ignore_errors=True)
 
-    def _commits_page(self, revision: str, url: str | None = None) -> tuple[list[dict], str | None]:
+    def _commits_page(self, revision: str, url: str | None = None, limit: int | None = None) -> tuple[list[dict], str | None]:
         """One page of the commit listing and the next page's URL from the `Link` header (the
         public client only offers the whole list, which a parent check does not need)."""
-        url = url or f"{self.api.endpoint}/api/models/{self.repo_id}/commits/{revision}"
+        url = url or f"{self.api.endpoint}/api/models/{self.repo_id}/commits/{revision}" + (
+            f"?limit={limit}" if limit else "")
         resp = get_session().get(url, headers=build_hf_headers(token=self._token))
         hf_raise_for_status(resp)
         return resp.json(), resp.links.get("next", {}).get("url")
@@ -224,50 +225,47 @@ class HubStore(RelayStore):
             raise self._read_error(exc, "list commits", revision=rev) from None
 
     # --- writes --------------------------------------------------------------------------------
-    @staticmethod
-    def _source_key(op: PutFile) -> tuple | None:
-        if isinstance(op.source, bytes):
-            return None
-        st = os.stat(op.source)
-        return (op.path, str(op.source), st.st_size, st.st_mtime_ns)
-
-    def _hub_ops(self, operations: list[Operation]):
-        out = []
-        for op in operations:
-            if isinstance(op, PutFile):
-                key = self._source_key(op)
-                cached = self._prepared.get(key) if key is not None else None
-                if cached is not None and not cached._is_committed:
-                    out.append(cached)  # already hashed and uploaded by prepare()
-                    continue
-                src = op.source if isinstance(op.source, bytes) else str(op.source)
-                out.append(CommitOperationAdd(path_in_repo=op.path, path_or_fileobj=src))
-            elif isinstance(op, DeleteFile):
-                out.append(CommitOperationDelete(path_in_repo=op.path))
-        return out
-
     def prepare(self, operations: list[Operation]) -> None:
-        """Upload LFS blobs now (no visible change); the commit reuses these hashed, uploaded
-        operations, so a retry after CasLost / an unknown outcome uploads nothing again."""
+        """Fetch upload modes for every added file and upload the LFS ones now (no visible change);
+        the commit reuses these operations, so a retry uploads nothing again. Paths the repo's
+        .gitignore matches would be dropped from the commit without a word: PathIgnored."""
         self._prepared.clear()
-        adds = []
-        for op in operations:
-            if isinstance(op, PutFile) and (key := self._source_key(op)) is not None:
-                self._prepared[key] = CommitOperationAdd(path_in_repo=op.path, path_or_fileobj=str(op.source))
-                adds.append(self._prepared[key])
-        if adds:
-            try:
-                self.api.preupload_lfs_files(self.repo_id, additions=adds, revision="main")
-            except Exception as exc:  # noqa: BLE001
-                self._prepared.clear()
-                raise self._read_error(exc, "pre-upload") from None
+        adds = [self._prepared.add(op) for op in operations if isinstance(op, PutFile)]
+        if not adds:
+            return
+        try:
+            self.api.preupload_lfs_files(self.repo_id, additions=adds, revision="main")
+        except Exception as exc:  # noqa: BLE001
+            self._prepared.clear()
+            raise self._read_error(exc, "pre-upload") from None
+        for add in adds:
+            # The answer's oid describes the branch head of that moment (maybe a stale one), not the
+            # parent we will commit on; with it the client would drop the file as "unchanged"
+            # (huggingface_hub#2389). A prepared file always travels: at worst it rewrites the same bytes.
+            add._remote_oid = None
+        ignored = ignored_paths(adds)
+        if ignored:
+            self._prepared.clear()
+            raise PathIgnored(f"{self.spec}: the repo's .gitignore matches {', '.join(ignored[:5])}: the Hub would "
+                              f"leave {'them' if len(ignored) > 1 else 'it'} out of the commit", ignored)
+
+    def inline_bytes(self, operations: list[Operation]) -> int:
+        ops = [op for op in operations if isinstance(op, PutFile)]
+        hub_ops = [self._prepared.get(op) for op in ops]
+        known = inline_bytes([h for h in hub_ops if h is not None])
+        # Not prepared: the Hub decides at commit time; count them as inline (the safe side).
+        return known + sum(file_size(op) * 4 // 3 for op, h in zip(ops, hub_ops, strict=True) if h is None)
 
     def commit(self, operations: list[Operation], *, parent: str, message: str, nonce: str) -> str:
         check_full_sha(parent)
         title = title_with_nonce(message, nonce)
+        hub_ops = to_hub_ops(operations, self._prepared)
         try:
-            info = self.api.create_commit(self.repo_id, self._hub_ops(operations), commit_message=title,
+            info = self.api.create_commit(self.repo_id, hub_ops, commit_message=title,
                                           parent_commit=parent, revision="main")
+        except (RepositoryNotFoundError, RevisionNotFoundError) as exc:
+            # Before HfHubHTTPError: both are subclasses of it, and a 404 on commit means no repo.
+            raise self._read_error(exc, "commit") from None
         except HfHubHTTPError as exc:
             status = exc.response.status_code if exc.response is not None else None
             if status == 412:
@@ -275,31 +273,66 @@ class HubStore(RelayStore):
             if status == 409:
                 raise CommitLockBusy(f"{self.spec}: commit lock busy (HTTP 409)") from None
             if status == 429:
-                raise RateLimited(f"{self.spec}: commit rate limited (HTTP 429)", _retry_after(exc)) from None
+                raise RateLimited(f"{self.spec}: commit rate limited (HTTP 429): {first_line(exc)}",
+                                  _retry_after(exc)) from None
             if status is not None and status < 500:
-                raise StoreError(f"{self.spec}: commit refused (HTTP {status}): {str(exc).splitlines()[0]}") from None
-            return self._resolve_unknown(parent, nonce, f"HTTP {status}")
-        except (RepositoryNotFoundError, RevisionNotFoundError) as exc:
-            raise self._read_error(exc, "commit") from None
+                raise StoreError(f"{self.spec}: commit refused (HTTP {status}): {first_line(exc)}") from None
+            sha = self._resolve_unknown(parent, nonce, f"HTTP {status}")
         except (OSError, ValueError, RuntimeError) as exc:
             if isinstance(exc, ValueError) and "parent_commit" in str(exc):
                 raise
-            return self._resolve_unknown(parent, nonce, f"{type(exc).__name__}")
+            sha = self._resolve_unknown(parent, nonce, f"{type(exc).__name__}")
         except Exception as exc:  # noqa: BLE001 - transport errors of the HTTP library (timeouts, resets)
-            return self._resolve_unknown(parent, nonce, f"{type(exc).__name__}")
-        sha = info.oid
-        if sha == parent:
-            # create_commit skipped the server (no file changed) and returned the head.
-            raise StoreError(f"{self.spec}: commit made no change (every relay write must carry a nonce)")
-        self._check_parent(sha, parent)
+            sha = self._resolve_unknown(parent, nonce, f"{type(exc).__name__}")
+        else:
+            sha = info.oid
+            if sha == parent:
+                # create_commit skipped the server (no file changed) and returned the head.
+                raise StoreError(f"{self.spec}: commit made no change (every relay write must carry a nonce)")
+            self._check_parent(sha, parent)
+        self._verify_landed(sha, operations, hub_ops)
         return sha
+
+    def _verify_landed(self, sha: str, operations: list[Operation], hub_ops: list) -> None:
+        """Read the touched paths back at `sha`; CommitNotVerified if the tree lacks what we sent."""
+        paths = [op.path for op in operations]
+        copies = [op for op in operations if isinstance(op, CopyFile)]
+        for attempt in range(3):
+            try:
+                tree = self._paths_info(paths, sha)
+                sources = {}
+                for op in copies:
+                    sources.update(self._paths_info([op.path], op.src_revision))
+                break
+            except StoreError as exc:
+                last = exc
+                time.sleep(0.2 * (attempt + 1))
+        else:
+            raise OutcomeUnknown(f"{self.spec}: commit {sha[:12]} landed but its tree could not be read back "
+                                 f"to check it ({last})")
+        problems = landed_problems(operations, hub_ops, tree, sources)
+        if problems:
+            raise CommitNotVerified(f"{self.spec}: commit {sha[:12]} landed without what was sent: "
+                                    f"{'; '.join(problems[:5])}", sha, problems)
+
+    def _paths_info(self, paths: list[str], sha: str) -> dict[str, FileInfo]:
+        out: dict[str, FileInfo] = {}
+        for i in range(0, len(paths), PATHS_INFO_BATCH):
+            try:
+                infos = self.api.get_paths_info(self.repo_id, paths[i:i + PATHS_INFO_BATCH], revision=sha)
+            except Exception as exc:  # noqa: BLE001
+                raise self._read_error(exc, "paths-info", revision=sha) from None
+            for e in infos:
+                if hasattr(e, "blob_id"):
+                    out[e.path] = FileInfo(e.path, e.size, e.lfs.sha256 if e.lfs else None, e.blob_id)
+        return out
 
     def _check_parent(self, sha: str, parent: str) -> None:
         # The server enforces parentCommit too; this read is the client's own proof. If it keeps
         # failing, say the outcome is unknown: the lease writer then looks for its nonce.
         for attempt in range(3):
             try:
-                items, _ = self._commits_page(sha)
+                items, _ = self._commits_page(sha, limit=2)  # the commit and its parent
                 break
             except Exception as exc:  # noqa: BLE001 - any transport or server error: retry
                 last = exc
@@ -333,12 +366,26 @@ class HubStore(RelayStore):
         raise OutcomeUnknown(f"{self.spec}: commit outcome unknown ({why}); nonce {nonce} not found in history")
 
     def create_tag(self, tag: str, revision: str) -> None:
-        try:
-            self.api.create_tag(self.repo_id, tag=tag, revision=revision)
-        except HfHubHTTPError as exc:
-            if exc.response is not None and exc.response.status_code == 409:
-                raise TagExists(tag, self.list_tags().get(tag)) from None
-            raise self._read_error(exc, f"create tag {tag}") from None
+        """Create `tag`; done if it already points at `revision`. The Hub answers 409 both for an
+        existing tag and while its ref lock is busy, and tag listings may be stale, so a 409 is
+        re-read and retried: only a tag seen pointing ELSEWHERE is TagExists."""
+        for attempt in range(6):
+            try:
+                self.api.create_tag(self.repo_id, tag=tag, revision=revision)
+                return
+            except HfHubHTTPError as exc:
+                if exc.response is None or exc.response.status_code != 409:
+                    raise self._read_error(exc, f"create tag {tag}") from None
+            try:
+                target = self.list_tags().get(tag)
+            except StoreError:
+                target = None
+            if target == revision:
+                return
+            if target is not None:
+                raise TagExists(tag, target)
+            time.sleep(0.1 * (attempt + 1))
+        raise StoreError(f"{self.spec}: tag {tag} answered 409 six times and is not listed; try again later")
 
     def list_tags(self) -> dict[str, str]:
         try:

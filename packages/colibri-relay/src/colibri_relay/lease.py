@@ -20,9 +20,18 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
-from .errors import CasLost, CommitLockBusy, LeaseLost, OutcomeUnknown, RateLimited, StoreError
+from .errors import (
+    CasLost,
+    CommitLockBusy,
+    CommitNotVerified,
+    LeaseLost,
+    OutcomeUnknown,
+    RateLimited,
+    StoreError,
+)
 from .relay_state import RELAY_FILE, RelayState
 from .store import Operation, PutFile, RelayStore
 
@@ -50,15 +59,24 @@ class Lease:
         self.started_at = started_at
         self.claimed_mono = sent_at
         self._renewed_at = sent_at
-        self.margin_s = default_margin(state.lease_duration_s)
+        # The duration declared at claim; a push may declare a longer one while it runs (extended()).
+        self.base_duration_s = state.lease_duration_s
+        self._declared_s = state.lease_duration_s
         self._write_lock = threading.Lock()
         self._fence_reason: str | None = None
+        self._superseded = False  # a CasLost proved someone else wrote on top of our commit
+        self._done = False  # released (or closed): nothing more to write
         self._stop = threading.Event()
         self.heartbeats = 0
         self._thread = threading.Thread(target=self._heartbeat_loop, name="relay-heartbeat", daemon=True)
         self._thread.start()
 
     # --- fencing -------------------------------------------------------------------------------
+    @property
+    def margin_s(self) -> float:
+        # Follows the duration our last landed write declared: claimants use that one too.
+        return default_margin(self.state.lease_duration_s)
+
     @property
     def lease_id(self) -> str:
         return str(self.state.lease_id)
@@ -89,14 +107,23 @@ class Lease:
             raise LeaseLost(f"lease {self.state.lease_id} lost: {self._fence_reason}")
 
     # --- the write primitive -------------------------------------------------------------------
-    def write(self, make: MakeWrite, message: str) -> str:
-        """One CAS write on top of our last commit; returns the new commit. Raises LeaseLost."""
+    def write(self, make: MakeWrite, message: str, *, until: float | None = None) -> str:
+        """One CAS write on top of our last commit; returns the new commit. Raises LeaseLost.
+
+        `until` (a monotonic deadline) replaces the self-fence check: only `release()` uses it, to
+        free a baton whose lease we stopped trusting by the clock. The CAS keeps that safe."""
+        def alive() -> None:
+            if until is None:
+                self.check()
+            elif self._superseded or time.monotonic() > until:
+                raise LeaseLost(f"lease {self.state.lease_id} lost: {self._fence_reason}")
+
         with self._write_lock:
-            self.check()
+            alive()
             attempts: dict[str, tuple[RelayState, float]] = {}
             backoff = 0.05
             while True:
-                self.check()
+                alive()
                 new_state, ops = make(self.state)
                 attempts[new_state.nonce] = (new_state, time.monotonic())
                 try:
@@ -111,15 +138,27 @@ class Lease:
                     backoff = min(backoff * 2, 1.0)
                     continue
                 except RateLimited as exc:
-                    time.sleep(max(0.0, min(exc.retry_after_s, self.time_left_s())))
+                    left = self.time_left_s() if until is None else until - time.monotonic()
+                    if exc.retry_after_s >= left:
+                        # Re-posting sooner than the server asked only burns quota; the lease ends first.
+                        reason = f"rate limited for {exc.retry_after_s:.0f}s, past the {max(left, 0):.1f}s left: {exc}"
+                        self._fence(reason)
+                        raise LeaseLost(f"lease {self.state.lease_id} lost: {reason}") from None
+                    time.sleep(exc.retry_after_s)
                     continue
                 except OutcomeUnknown:
                     time.sleep(backoff)
                     backoff = min(backoff * 2, 1.0)
                     continue
+                except CommitNotVerified as exc:
+                    # It landed on our parent, so it is our last commit now, whatever its tree lacks.
+                    state, sent_at = attempts[new_state.nonce]
+                    self.commit, self.state, self._renewed_at = exc.sha, state, sent_at
+                    raise
                 except CasLost as exc:
                     found = self._find_own(attempts) if len(attempts) > 1 else None
                     if found is None:
+                        self._superseded = True
                         self._fence(f"CAS lost on {message}: {exc}")
                         raise LeaseLost(f"lease {self.state.lease_id} lost: {exc}") from None
                     sha, landed = found
@@ -139,7 +178,20 @@ class Lease:
 
     # --- heartbeat -----------------------------------------------------------------------------
     def _heartbeat_write(self, state: RelayState) -> tuple[RelayState, list[Operation]]:
-        return state.next_write(leg_commit=self._leg_commit(state)), []
+        return state.next_write(leg_commit=self._leg_commit(state), lease_duration_s=self._declared_s), []
+
+    @contextmanager
+    def extended(self, duration_s: float, why: str) -> Iterator[None]:
+        """Renew now declaring `duration_s`, and keep declaring it (heartbeats included) until the
+        block ends: a claimant waits that long after reading such a write, which covers a commit
+        no renewal can interrupt. Timers only: the CAS keeps it safe either way."""
+        log.info("relay lease %s: declaring %.1fs for %s", self.state.lease_id, duration_s, why)
+        self._declared_s = duration_s
+        try:
+            self.renew()
+            yield
+        finally:
+            self._declared_s = self.base_duration_s
 
     def _leg_commit(self, state: RelayState) -> str | None:
         # After a push, RELAY.json cannot name its own commit; the next write fills it in.
@@ -174,20 +226,28 @@ class Lease:
 
     # --- release -------------------------------------------------------------------------------
     def release(self) -> bool:
-        """Free the baton (one CAS write). Returns False if we were already fenced."""
-        if self.fenced:
+        """Free the baton (one CAS write). Returns False if nothing was released.
+
+        A lease we stopped trusting by the clock is still released: a heartbeat in flight when the
+        trainer was told LeaseLost may have landed since, and then the baton would sit "held" for a
+        whole lease duration with nobody behind it. The write names our own last commit as parent, so
+        if anyone took over meanwhile it is refused (CasLost) and nothing changes."""
+        self._check_clock()
+        if self._superseded or self._done or self._fence_reason == "closed":
             self.stop_heartbeat()
             return False
+        fenced = self._fence_reason is not None
+        self.stop_heartbeat()  # an in-flight heartbeat lands (or fails) before we write on top of it
 
         def make(state: RelayState):
-            return state.next_write(status="free", holder=None, lease_id=None,
+            return state.next_write(status="free", holder=None, lease_id=None, lease_duration_s=self.base_duration_s,
                                     leg_commit=self._leg_commit(state)), []
 
         try:
-            self.write(make, "relay: release")
+            self.write(make, "relay: release", until=time.monotonic() + self.margin_s if fenced else None)
             return True
         except LeaseLost:
             return False
         finally:
+            self._done = True
             self._fence("released", expected=True)
-            self.stop_heartbeat()

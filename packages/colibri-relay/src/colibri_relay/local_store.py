@@ -34,6 +34,7 @@ from .errors import (
     ChecksumMismatch,
     CommitLockBusy,
     FileNotFoundInStore,
+    OutcomeUnknown,
     RevisionNotFound,
     StoreError,
     StoreNotFound,
@@ -42,6 +43,7 @@ from .errors import (
 from .store import (
     SHA_RE,
     CommitRecord,
+    CopyFile,
     DeleteFile,
     FileInfo,
     Operation,
@@ -65,6 +67,14 @@ def _atomic_write(path: Path, data: bytes) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 class LocalStore(RelayStore):
@@ -285,6 +295,26 @@ class LocalStore(RelayStore):
 
     def commit(self, operations: list[Operation], *, parent: str, message: str, nonce: str) -> str:
         self._check_exists()
+        try:
+            return self._commit_locked(operations, parent, message, nonce)
+        except OSError as exc:
+            # An I/O error may come after refs/main was renamed (the directory fsync, a flaky NFS
+            # reply): the commit may have landed. Like a 5xx on the Hub, resolve it by the nonce.
+            return self._resolve_unknown(parent, nonce, f"{type(exc).__name__}: {exc}")
+
+    def _resolve_unknown(self, parent: str, nonce: str, why: str) -> str:
+        try:
+            recs = self.history(stop_at=parent)
+        except (OSError, StoreError) as exc:
+            recs, why = [], f"{why}; reading the history back failed too ({exc})"
+        for rec in recs:
+            if rec.nonce == nonce:
+                if rec.parent != parent:
+                    raise CasLost(f"{self.root}: our commit {rec.sha[:12]} landed on an unexpected parent")
+                return rec.sha
+        raise OutcomeUnknown(f"{self.root}: commit outcome unknown ({why}); nonce {nonce} not found")
+
+    def _commit_locked(self, operations: list[Operation], parent: str, message: str, nonce: str) -> str:
         entries = {op.path: self._entry_for(op) for op in operations if isinstance(op, PutFile)}
         try:
             lock = FileLock(str(self.root / "lock"), timeout=self.lock_timeout_s)
@@ -300,11 +330,17 @@ class LocalStore(RelayStore):
                 if isinstance(op, DeleteFile):
                     if tree.pop(op.path, None) is None:
                         raise StoreError(f"cannot delete {op.path}: not in the tree at {head[:12]}")
+                elif isinstance(op, CopyFile):
+                    source = self._load_commit(self._resolve(op.src_revision))["tree"].get(op.path)
+                    if source is None:
+                        raise StoreError(f"cannot copy {op.path}: not in the tree at {op.src_revision[:12]}")
+                    tree[op.path] = source  # blobs are immutable and content-addressed: share it
                 else:
                     tree[op.path] = entries[op.path]
             # A timestamp in the body keeps two identical commits apart (nonce already does too).
             sha = self._write_commit(head, tree, title_with_nonce(message, nonce))
             _atomic_write(self.root / "refs" / "main", sha.encode())
+            _fsync_dir(self.root / "refs")  # the rename itself is durable only once its directory is
             return sha
         finally:
             lock.release()
@@ -320,7 +356,9 @@ class LocalStore(RelayStore):
             # link() fails if the tag exists: creation is atomic and never overwrites.
             os.link(tmp, path)
         except FileExistsError:
-            raise TagExists(tag, path.read_text().strip()) from None
+            target = path.read_text().strip()
+            if target != sha:
+                raise TagExists(tag, target) from None
         finally:
             tmp.unlink()
 

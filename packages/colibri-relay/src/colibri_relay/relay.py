@@ -21,12 +21,11 @@ import socket
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 
 from .claim import claim_lease, repair_after_claim
 from .errors import (
+    ChecksumMismatch,
     FileNotFoundInStore,
     LeaseHeld,
     LeaseLost,
@@ -35,7 +34,6 @@ from .errors import (
     RelayFileCorrupt,
     StoreError,
     StoreNotFound,
-    TagExists,
 )
 from .lease import Lease, log
 from .ledger import (
@@ -43,13 +41,14 @@ from .ledger import (
     LEDGER_MD,
     LedgerEntry,
     LegSummary,
-    append_entry,
     parse_ledger,
     render_ledger_md,
 )
-from .payload import build_manifest, pull_payload, scan_payload
+from .payload import pull_payload
+from .push import PushResult, push_leg
 from .relay_state import RELAY_FILE, RelayState, parse_relay_state
-from .store import DeleteFile, PutFile, RelayStore, open_store
+from .repair import repair_leg
+from .store import PutFile, RelayStore, open_store
 
 
 def default_holder() -> str:
@@ -60,18 +59,11 @@ def default_holder() -> str:
     return f"{user}@{socket.gethostname()}:{os.getpid()}"
 
 
-@dataclass(frozen=True)
-class PushResult:
-    leg: int
-    commit: str
-    tag: str
-
-
 class Relay:
     """A relay on one store. Timers default to the Hub's commit limits (heartbeat 5 min, lease 20 min)."""
 
     def __init__(self, store: RelayStore | str | os.PathLike, *, holder: str | None = None, lease_duration_s: float = 1200.0,
-                 heartbeat_s: float = 300.0, token: str | None = None):
+                 heartbeat_s: float = 300.0, token: str | None = None, min_upload_bytes_per_s: float = 256 * 1024):
         if isinstance(store, (str, os.PathLike)):
             store = open_store(os.fspath(store), token=token)
         self.store = store
@@ -80,6 +72,8 @@ class Relay:
             raise ValueError(f"heartbeat_s ({heartbeat_s}) must be well under lease_duration_s ({lease_duration_s})")
         self.lease_duration_s = lease_duration_s
         self.heartbeat_s = heartbeat_s
+        # The slowest upload a push budgets lease time for (bytes that travel inside a commit).
+        self.min_upload_bytes_per_s = min_upload_bytes_per_s
 
     # --- reads ---------------------------------------------------------------------------------
     def read_state(self, revision: str) -> RelayState:
@@ -138,6 +132,12 @@ class Relay:
         duration + margin (wait=False raises LeaseHeld instead). Starts the heartbeat thread."""
         return claim_lease(self, wait=wait, timeout_s=timeout_s, poll_s=poll_s)
 
+    def repair(self, *, wait: bool = True, timeout_s: float | None = None) -> str | None:
+        """Claim, roll a head whose payload does not verify back to the last verified payload (one CAS
+        commit), release. Returns the repair commit, or None if the head verifies."""
+        with self.leg(wait=wait, timeout_s=timeout_s) as leg:
+            return leg.repair()
+
     def _adopt(self, state: RelayState, commit: str, sent_at: float) -> Leg:
         started = repair_after_claim(self, state)
         return Leg(self, Lease(self.store, state, commit, sent_at, started_at=started))
@@ -181,12 +181,22 @@ class Leg:
     def time_left_s(self) -> float:
         return self.lease.time_left_s()
 
-    def pull(self, dest_dir: str | Path) -> dict[str, Path]:
-        """Download the payload at our lease commit into `dest_dir` (verified; {} at leg 0)."""
+    def pull(self, dest_dir: str | Path, *, repair: bool = True) -> dict[str, Path]:
+        """Download the payload at our lease commit into `dest_dir` (verified; {} at leg 0).
+
+        A head whose tree does not hold its own manifest (a holder killed between a bad push and its
+        rollback, an older client) would stop every claimant: with `repair` (the default) the holder
+        rolls it back to the last verified payload (`Leg.repair`, one CAS commit) and pulls that.
+        A download that merely failed to verify (a damaged transfer) is re-raised, never repaired."""
         self.check()
-        # Our own last commit: its tree holds exactly the payload its RELAY.json manifest names.
-        lease = self.lease
-        return pull_payload(self.relay.store, lease.commit, lease.state.payload, Path(dest_dir))
+        lease, store = self.lease, self.relay.store
+        try:
+            return pull_payload(store, lease.commit, lease.state.payload, Path(dest_dir))
+        except (ChecksumMismatch, FileNotFoundInStore):
+            if not repair or self.repair() is None:
+                raise
+        log.warning("pulled the payload restored at %s instead", lease.commit[:12])
+        return pull_payload(store, lease.commit, lease.state.payload, Path(dest_dir))
 
     def _current_ledger(self) -> bytes:
         store, rev = self.relay.store, self.lease.commit
@@ -210,42 +220,14 @@ class Leg:
         return raw
 
     def push(self, src_dir: str | Path, summary: LegSummary | dict | None = None) -> PushResult:
-        """Publish `src_dir` as leg `number`: one CAS commit, then the tag leg-N. Raises LeaseLost."""
-        self.check()
-        lease, store = self.lease, self.relay.store
-        summary = LegSummary.model_validate(summary or {}) if not isinstance(summary, LegSummary) else summary
-        files = scan_payload(Path(src_dir))
-        manifest = build_manifest(files)
-        puts = [PutFile(rel, path) for rel, path in files.items()]
-        store.prepare(puts)  # large blobs upload here, outside the write lock: heartbeats continue
-        ledger_raw = self._current_ledger()
-        entries = parse_ledger(ledger_raw, LEDGER_JSONL)
+        """Publish `src_dir` as leg `number`: one CAS commit, verified, then the tag leg-N (push.py).
+        Raises LeaseLost, PayloadError, or PushNotVerified (payload rolled back; push again)."""
+        return push_leg(self, src_dir, summary)
 
-        def make(state: RelayState):
-            leg = state.leg + 1
-            entry = LedgerEntry(
-                **summary.model_dump(), leg=leg, holder=str(state.holder), lease_id=str(state.lease_id),
-                epoch=state.epoch, started_at=lease.started_at,
-                finished_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                hours=(time.monotonic() - lease.claimed_mono) / 3600, base_commit=lease.claim_commit,
-                payload_files=len(manifest), payload_bytes=sum(m.size for m in manifest.values()),
-            )
-            new_raw = append_entry(ledger_raw, entry)
-            stale = [DeleteFile(p) for p in state.payload if p not in manifest]
-            ops = [*puts, *stale, PutFile(LEDGER_JSONL, new_raw), PutFile(LEDGER_MD, render_ledger_md([*entries, entry]))]
-            return state.next_write(leg=leg, leg_commit=None, payload=manifest), ops
-
-        sha = lease.write(make, f"relay: push leg {self.number}")
-        leg = lease.state.leg
-        tag = f"leg-{leg}"
-        try:
-            store.create_tag(tag, sha)
-        except TagExists as exc:
-            if exc.target != sha:
-                raise RelayError(f"leg {leg} pushed twice: {tag} already points at {exc.target}, ours is {sha}") from None
-        except StoreError as exc:  # the next claimant repairs a missing tag
-            log.warning("could not create tag %s (the next claim will): %s", tag, exc)
-        return PushResult(leg, sha, tag)
+    def repair(self) -> str | None:
+        """Roll a payload that does not verify at our lease commit back to the last verified one (one
+        CAS commit; repair.py). Returns that commit, or None if the payload verifies."""
+        return repair_leg(self)
 
     def release(self) -> bool:
         """Free the baton. Returns False if we were already fenced (nothing written)."""

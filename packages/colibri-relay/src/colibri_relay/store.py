@@ -47,7 +47,16 @@ class DeleteFile:
     path: str
 
 
-Operation = PutFile | DeleteFile
+@dataclass(frozen=True)
+class CopyFile:
+    """Set `path` to the file of the same path at `src_revision` (a full sha), without re-uploading
+    large files: how a repair restores an older payload."""
+
+    path: str
+    src_revision: str
+
+
+Operation = PutFile | DeleteFile | CopyFile
 
 
 @dataclass(frozen=True)
@@ -130,7 +139,13 @@ class RelayStore(ABC):
         """Download `paths` at `revision` into `dest_dir` (verified, each file replaced atomically)."""
 
     def prepare(self, operations: list[Operation]) -> None:  # noqa: B027 - optional hook
-        """Upload large blobs ahead of the commit (no visible change). Optional."""
+        """Upload what can travel ahead of the commit (no visible change). Optional. Raises
+        PathIgnored for paths the store would silently leave out of the commit."""
+
+    def inline_bytes(self, operations: list[Operation]) -> int:
+        """Bytes of `operations` that will travel INSIDE the commit request (after `prepare`): what a
+        holder must budget lease time for, since no renewal can land while its commit is in flight."""
+        return 0
 
     @abstractmethod
     def commit(self, operations: list[Operation], *, parent: str, message: str, nonce: str) -> str:

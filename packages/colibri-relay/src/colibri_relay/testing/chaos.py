@@ -26,6 +26,16 @@ import click
 
 CONTENDER_ERRORS = "contender-errors.log"
 
+# Every fault of the fake Hub at once (faults.py), per request of its kind: before apply, after apply,
+# late apply, lock contention, rate limits, stale reads of every kind, slow replies, and commits that
+# land without a file (the holder then rolls the payload back: PushNotVerified, a repair commit).
+ALL_FAULTS = dict(
+    commit_drop_request_before_apply=0.02, commit_drop_reply_after_apply=0.03, commit_500_after_apply=0.03,
+    commit_504_after_apply=0.02, commit_late_apply=0.02, commit_409=0.03, commit_429=0.01, commit_drops_file=0.02,
+    stale_head_read=0.05, stale_tags_read=0.05, tag_409=0.05,
+    latency_s=0.005, retry_after_s=1, late_apply_s=0.3,
+)
+
 
 def contender(store_spec: str, legs: int, work: Path, name: str, lease_s: float, heartbeat_s: float, seed: int) -> int:
     from ..errors import LeaseHeld, LeaseLost, RelayError
@@ -45,7 +55,7 @@ def contender(store_spec: str, legs: int, work: Path, name: str, lease_s: float,
                 leg.pull(ck)
                 counter_path = ck / "counter.json"
                 counter = json.loads(counter_path.read_text()) if counter_path.exists() else {"leg": 0, "chain": []}
-                if counter["leg"] != leg.number - 1:
+                if counter["leg"] != leg.number - 1 and not _rolled_back(relay.store, leg.lease.commit, counter["leg"]):
                     with open(work / "violations.log", "a") as f:
                         f.write(f"{name}: pulled counter {counter['leg']} for leg {leg.number}\n")
                 for _ in range(rng.randint(1, 4)):
@@ -70,6 +80,19 @@ def contender(store_spec: str, legs: int, work: Path, name: str, lease_s: float,
             time.sleep(0.1)
 
 
+def _rolled_back(store, head: str, payload_leg: int) -> bool:
+    """Whether a repair commit restored leg `payload_leg`'s payload after a later push failed to verify."""
+    from .history_check import PUSH_TITLE
+
+    for rec in store.history(head):
+        if rec.title.startswith("relay: repair "):
+            return True
+        m = PUSH_TITLE.match(rec.title)
+        if m and int(m.group(1)) <= payload_leg:
+            return False
+    return False
+
+
 def run_chaos(store_kind: str, *, legs: int, procs: int, lease_s: float = 1.5, heartbeat_s: float = 0.25,
               seed: int = 0, work: Path | None = None, timeout_s: float = 600, faults: bool = True) -> dict:
     """Run one chaos round; return the report (legs, faults injected, violations...)."""
@@ -86,7 +109,8 @@ def run_chaos(store_kind: str, *, legs: int, procs: int, lease_s: float = 1.5, h
     env = {**os.environ, "HF_HUB_DISABLE_XET": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
     hub = None
     if store_kind == "hub":
-        hub = FakeHub(data_dir=work / "hub").start()
+        # The Hub's commit quota (128 per hour at D = 1200 s), scaled to this run's lease duration.
+        hub = FakeHub(data_dir=work / "hub", commit_rate_limit=(128, 3600.0 * lease_s / 1200.0)).start()
         env["HF_ENDPOINT"] = hub.endpoint
         from ..hub_store import HubStore
 
@@ -97,8 +121,7 @@ def run_chaos(store_kind: str, *, legs: int, procs: int, lease_s: float = 1.5, h
         spec = str(work / "store")
     Relay(store, lease_duration_s=lease_s, heartbeat_s=heartbeat_s).init()
     if hub is not None and faults:
-        hub.faults.set(commit_drop_reply_after_apply=0.03, commit_500_after_apply=0.03, commit_409=0.03,
-                       commit_429=0.01, stale_head_read=0.05, latency_s=0.005, retry_after_s=1)
+        hub.faults.set(**ALL_FAULTS)
     counter = iter(range(10**6))
     live: dict[str, subprocess.Popen] = {}
 
@@ -154,8 +177,7 @@ def run_chaos(store_kind: str, *, legs: int, procs: int, lease_s: float = 1.5, h
                     p.wait()
         injected = dict(hub.faults.injected) if hub else {}
         if hub:
-            hub.faults.set(commit_drop_reply_after_apply=0, commit_500_after_apply=0, commit_409=0, commit_429=0,
-                           stale_head_read=0, latency_s=0)
+            hub.faults.set(**{k: 0 for k in ALL_FAULTS if k not in ("retry_after_s", "late_apply_s")})
     elapsed = time.monotonic() - t0
     acks_path = work / "acks.jsonl"
     acks = [json.loads(line) for line in acks_path.read_text().splitlines()] if acks_path.exists() else []

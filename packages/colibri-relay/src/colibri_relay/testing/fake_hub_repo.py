@@ -11,6 +11,7 @@ the server, with the `X-Error-Code` values the huggingface_hub client maps to ty
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import os
 import threading
@@ -18,8 +19,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-GITATTRIBUTES = b"*.safetensors filter=lfs diff=lfs merge=lfs -text\n*.bin filter=lfs diff=lfs merge=lfs -text\n"
-LFS_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf", ".npy", ".zip", ".tar", ".gz")
+BINARY_INLINE_MAX = 1024 * 1024  # "binary files over 1MB" must be LFS (huggingface/huggingface_hub#657)
+# A new Hub model repo starts with a .gitattributes sending these to LFS (an abridged copy of the
+# Hub's default, as seen in any freshly created repo); preupload follows the repo's own file.
+LFS_PATTERNS = ("*.7z", "*.arrow", "*.bin", "*.bz2", "*.ckpt", "*.gguf", "*.gz", "*.h5", "*.joblib", "*.msgpack",
+                "*.npy", "*.npz", "*.onnx", "*.parquet", "*.pb", "*.pickle", "*.pkl", "*.pt", "*.pth", "*.rar",
+                "*.safetensors", "*.tar", "*.tflite", "*.tgz", "*.xz", "*.zip", "*.zst", "*tfevents*")
+GITATTRIBUTES = "".join(f"{p} filter=lfs diff=lfs merge=lfs -text\n" for p in LFS_PATTERNS).encode()
 
 
 class HubHTTPError(Exception):
@@ -29,6 +35,58 @@ class HubHTTPError(Exception):
         self.message = message
         self.error_code = error_code
         self.repo_commit = repo_commit
+
+
+INLINE_FILE_MAX = 10 * 1024 * 1024  # "Your push was rejected because it contains files larger than 10 MiB"
+
+
+def check_inline_limits(operations: list[dict], max_body_bytes: int | None, body_bytes: int) -> None:
+    """The Hub's limits on what travels INSIDE a commit: no regular file over 10 MiB
+    (huggingface/huggingface_hub#2666), no binary regular file over 1 MB (#657), and a bounded
+    request body ("the limit will still be 100MB commit", #920), base64 inline files included."""
+    if max_body_bytes is not None and body_bytes > max_body_bytes:
+        raise HubHTTPError(413, f"Payload Too Large: the commit body is {body_bytes} bytes (limit {max_body_bytes}); "
+                                "upload large files with LFS")
+    import base64
+
+    for op in operations:
+        if op.get("key") != "file":
+            continue
+        value = op["value"]
+        content = value.get("content", "")
+        size = len(content) * 3 // 4 if value.get("encoding") == "base64" else len(content.encode())
+        if size > INLINE_FILE_MAX:
+            raise HubHTTPError(400, "Your push was rejected because it contains files larger than 10 MiB. Please use "
+                                    f"https://git-lfs.github.com/ to store large files. Offending files: - {value['path']}")
+        if size > BINARY_INLINE_MAX:
+            data = base64.b64decode(content) if value.get("encoding") == "base64" else content.encode()
+            if b"\0" in data[:8000]:
+                raise HubHTTPError(400, f"Your push was rejected because it contains binary files over 1MB: "
+                                        f"{value['path']}; use LFS")
+
+
+def gitignore_matches(gitignore: str, path: str) -> bool:
+    """Whether `path` is ignored by a root .gitignore (the common subset: `#` comments, `!` negation,
+    a trailing `/` for directories, a `/` inside a pattern anchoring it at the root; last match wins)."""
+    parts = path.split("/")
+    ignored = False
+    for raw in gitignore.splitlines():
+        pat = raw.strip()
+        if not pat or pat.startswith("#"):
+            continue
+        negate = pat.startswith("!")
+        pat = pat[1:] if negate else pat
+        dir_only = pat.endswith("/")
+        pat = pat.strip("/") if dir_only else pat.lstrip("/")
+        if "/" in pat or raw.strip().lstrip("!").startswith("/"):
+            prefixes = ["/".join(parts[:i]) for i in range(1, len(parts) + (0 if dir_only else 1))]
+            hit = any(fnmatch.fnmatch(p, pat) for p in prefixes)
+        else:
+            names = parts[:-1] if dir_only else parts
+            hit = any(fnmatch.fnmatch(n, pat) for n in names)
+        if hit:
+            ignored = not negate
+    return ignored
 
 
 def git_blob_sha1(data: bytes) -> str:
@@ -70,6 +128,7 @@ class FakeRepo:
     head: str = ""
     previous_heads: list[str] = field(default_factory=list)
     tags: dict[str, str] = field(default_factory=dict)
+    previous_tags: list[dict[str, str]] = field(default_factory=list)
     commit_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def resolve(self, revision: str) -> str:
@@ -149,8 +208,33 @@ class FakeHubState:
         repo.head = sha
         return commit
 
-    def upload_mode(self, path: str, size: int) -> str:
-        return "lfs" if size > 0 and (path.endswith(LFS_SUFFIXES) or size >= self.lfs_threshold) else "regular"
+    def upload_mode(self, path: str, size: int, sample: bytes = b"", tree: dict | None = None) -> str:
+        """The Hub's choice, as its preupload answers: LFS for a path the repo's .gitattributes sends
+        to LFS, for a file over the size threshold (10 MiB on the Hub: "Your push was rejected because
+        it contains files larger than 10 MiB", huggingface/huggingface_hub#2666) and for binary content
+        (the client sends the first 512 bytes as `sample` for this; binary files over 1 MB must be LFS,
+        huggingface/huggingface_hub#657). Empty files stay regular (the client forces it too)."""
+        if size == 0:
+            return "regular"
+        attributes = self.gitattributes(tree)
+        if any(lfs and fnmatch.fnmatch(path.rsplit("/", 1)[-1] if "/" not in pat else path, pat)
+               for pat, lfs in attributes):
+            return "lfs"
+        if size >= self.lfs_threshold or (b"\0" in sample and size > BINARY_INLINE_MAX):
+            return "lfs"
+        return "regular"
+
+    def gitattributes(self, tree: dict | None) -> list[tuple[str, bool]]:
+        """(pattern, is_lfs) of the tree's root .gitattributes (the repo's default when unknown)."""
+        raw = GITATTRIBUTES
+        if tree is not None and ".gitattributes" in tree:
+            raw = self.blob_path(tree[".gitattributes"].sha256).read_bytes()
+        out = []
+        for line in raw.decode(errors="replace").splitlines():
+            parts = line.split()
+            if parts and not parts[0].startswith("#"):
+                out.append((parts[0], "filter=lfs" in parts[1:]))
+        return out
 
     def apply_commit(self, repo: FakeRepo, header: dict, operations: list[tuple[str, dict]]) -> Commit:
         """Validate everything first, then apply: all files land or none. Caller holds repo.commit_lock."""
@@ -194,4 +278,5 @@ class FakeHubState:
             sha = repo.resolve(revision)
             if tag in repo.tags:
                 raise HubHTTPError(409, f"Tag {tag} already exists")
+            repo.previous_tags = (repo.previous_tags + [dict(repo.tags)])[-8:]
             repo.tags[tag] = sha

@@ -6,11 +6,17 @@ fault actually injected, so a chaos run can report them.
 
 | knob                          | effect                                                        |
 |-------------------------------|---------------------------------------------------------------|
+| commit_drop_request_before_apply | the request dies after its body: nothing applied, no reply |
 | commit_drop_reply_after_apply | the commit lands, then the connection closes with no reply    |
 | commit_500_after_apply        | the commit lands, then the client gets HTTP 500               |
+| commit_504_after_apply        | the commit lands, then the client gets HTTP 504               |
+| commit_late_apply             | the client gets 504 at once; the commit applies `late_apply_s` later (lock held) |
 | commit_409                    | the commit is refused as if the repo's commit lock were busy  |
 | commit_429                    | the commit is refused with 429 and RateLimit / Retry-After    |
-| stale_head_read               | model info / refs for `main` report an older head             |
+| stale_head_read               | every read of `main` (info, refs, commits, tree, paths-info, preupload, resolve) sees an older head |
+| commit_drops_file             | the commit lands without one of its files (payload, not RELAY.json) |
+| tag_409                       | create_tag answers 409 (ref lock busy) and creates nothing    |
+| stale_tags_read               | the refs listing shows the tags as they were before the last  |
 | latency_s                     | every request sleeps uniformly in [0, latency_s]               |
 """
 
@@ -21,16 +27,25 @@ import threading
 from collections import Counter
 from dataclasses import dataclass, field
 
-KINDS = ("commit_drop_reply_after_apply", "commit_500_after_apply", "commit_409", "commit_429", "stale_head_read")
+KINDS = ("commit_drop_request_before_apply", "commit_drop_reply_after_apply", "commit_500_after_apply",
+         "commit_504_after_apply", "commit_late_apply", "commit_409", "commit_429", "stale_head_read",
+         "tag_409", "stale_tags_read", "commit_drops_file")
 
 
 @dataclass
 class FaultKnobs:
+    commit_drop_request_before_apply: float = 0.0
     commit_drop_reply_after_apply: float = 0.0
+    commit_504_after_apply: float = 0.0
+    commit_late_apply: float = 0.0
+    late_apply_s: float = 1.0
     commit_500_after_apply: float = 0.0
     commit_409: float = 0.0
     commit_429: float = 0.0
     stale_head_read: float = 0.0
+    tag_409: float = 0.0
+    commit_drops_file: float = 0.0
+    stale_tags_read: float = 0.0
     latency_s: float = 0.0
     retry_after_s: int = 1
     seed: int | None = None
@@ -45,7 +60,7 @@ class FaultKnobs:
 
     def set(self, **knobs: float) -> None:
         for name, value in knobs.items():
-            if name not in KINDS and name not in ("latency_s", "retry_after_s"):
+            if name not in KINDS and name not in ("latency_s", "retry_after_s", "late_apply_s"):
                 raise ValueError(f"unknown fault knob {name!r}; known: {', '.join(KINDS)}, latency_s")
             setattr(self, name, value)
 
@@ -74,6 +89,6 @@ class FaultKnobs:
     def as_json(self) -> dict:
         with self._lock:
             return {
-                "knobs": {k: getattr(self, k) for k in (*KINDS, "latency_s", "retry_after_s")},
+                "knobs": {k: getattr(self, k) for k in (*KINDS, "latency_s", "retry_after_s", "late_apply_s")},
                 "injected": dict(self.injected),
             }

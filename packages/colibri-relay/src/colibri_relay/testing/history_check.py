@@ -4,7 +4,8 @@ what the protocol promises. Used by the chaos test; usable on any real relay (`c
 Checks: history is one linear chain; leg numbers are pushed exactly once and in order; tags
 `leg-1..leg-M` exist and point at those push commits; RELAY.json at each push says leg N (and leg
 N-1 just before); LEDGER.jsonl at head has exactly legs 1..M and agrees with the tags; every
-payload verifies against its manifest; every acknowledged push is present. Optionally, for the
+payload verifies against its manifest, except a push that a later `relay: repair` commit rolled back
+(counted as `repaired_legs`); every acknowledged push is present. Optionally, for the
 chaos payload, `counter.json` shows each leg built on the previous one.
 """
 
@@ -23,6 +24,8 @@ from ..relay_state import RELAY_FILE, parse_relay_state
 from ..store import RelayStore
 
 PUSH_TITLE = re.compile(r"^relay: push leg (\d+) ")
+# repair.py names the commit whose payload it rolled back: "... (<sha12> did not verify)".
+REPAIR_TITLE = re.compile(r"^relay: repair .*\(([0-9a-f]{12}) did not verify\)")
 
 
 def check_history(store: RelayStore, *, min_legs: int = 0, acks: list[dict] | None = None,
@@ -43,6 +46,7 @@ def check_history(store: RelayStore, *, min_legs: int = 0, acks: list[dict] | No
         m = PUSH_TITLE.match(c.title)
         if m:
             pushes.setdefault(int(m.group(1)), []).append(c.sha)
+    repaired = {m.group(1) for c in history if (m := REPAIR_TITLE.match(c.title))}
     legs = max(pushes, default=0)
     for n in range(1, legs + 1):
         if len(pushes.get(n, [])) != 1:
@@ -80,6 +84,9 @@ def check_history(store: RelayStore, *, min_legs: int = 0, acks: list[dict] | No
                 if e.base_commit not in index or index[e.base_commit] >= index[sha] or (
                         n > 1 and index[e.base_commit] < index[pushes[n - 1][0]]):
                     violations.append(f"leg {n}: base commit {e.base_commit[:12]} not between legs {n - 1} and {n}")
+            if sha[:12] in repaired:  # its payload never verified and was rolled back: not a loss
+                prev_chain = None
+                continue
             try:
                 dest = staging / str(n)
                 pull_payload(store, sha, st.payload, dest)
@@ -88,7 +95,7 @@ def check_history(store: RelayStore, *, min_legs: int = 0, acks: list[dict] | No
                 continue
             if check_counter:
                 counter = json.loads((dest / "counter.json").read_text())
-                if counter["leg"] != n or counter["chain"][:-1] != prev_chain:
+                if counter["leg"] != n or (prev_chain is not None and counter["chain"][:-1] != prev_chain):
                     violations.append(f"leg {n}: counter {counter['leg']} / chain does not extend leg {n - 1}")
                 prev_chain = counter["chain"]
             shutil.rmtree(dest, ignore_errors=True)
@@ -99,4 +106,5 @@ def check_history(store: RelayStore, *, min_legs: int = 0, acks: list[dict] | No
             violations.append(f"acknowledged push of leg {ack['leg']} ({ack['commit'][:12]}) is not tag leg-{ack['leg']}")
     if legs < min_legs:
         violations.append(f"only {legs} legs pushed, wanted {min_legs}")
-    return {"legs": legs, "commits": len(history), "acks": len(acks or []), "violations": violations}
+    return {"legs": legs, "commits": len(history), "acks": len(acks or []), "repaired_legs": len(repaired),
+            "violations": violations}

@@ -7,17 +7,19 @@ maps to typed exceptions, and `Connection: close`, since the request body may be
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
-import os
+import math
 import re
 import socket
-import tempfile
+import threading
 import time
 from http.server import BaseHTTPRequestHandler
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from .fake_hub_repo import HubHTTPError
+from .fake_hub_repo import HubHTTPError, check_inline_limits, gitignore_matches
+from .hub_lfs import LFS_ROUTES, LfsRoutes
 
 REPO = r"(?P<repo>[^/]+/[^/]+)"
 COMMITS_PAGE = 50
@@ -27,7 +29,21 @@ class _DropConnection(Exception):
     pass
 
 
-class HubRequestHandler(BaseHTTPRequestHandler):
+def commit_quota_message(limit: tuple[int, float], wait_s: float) -> str:
+    """The Hub's words for its commit quota (braindecode/braindecode#947, huggingface/datasets#6257)."""
+    count, window = limit
+    per = "hour" if window == 3600 else f"{window:g} seconds"
+    if wait_s >= 50 * 60:
+        when = "about 1 hour"
+    elif wait_s >= 60:
+        when = f"{math.ceil(wait_s / 60)} minutes"
+    else:
+        when = f"{math.ceil(wait_s)} seconds"
+    return (f"You have exceeded the rate limit for repository commits ({count} per {per}). "
+            f"You can retry this action in {when}.")
+
+
+class HubRequestHandler(LfsRoutes, BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     hub: FakeHub  # noqa: F821 - set by FakeHub on a subclass
 
@@ -61,6 +77,14 @@ class HubRequestHandler(BaseHTTPRequestHandler):
 
     def _body(self) -> bytes:
         return b"".join(self._body_chunks())
+
+    def _slow_body(self) -> bytes:
+        out = []
+        for block in self._body_chunks():
+            if self.hub.upload_bytes_per_s:
+                time.sleep(len(block) / self.hub.upload_bytes_per_s)
+            out.append(block)
+        return b"".join(out)
 
     def _send(self, status: int, body: bytes = b"", headers: dict | None = None, ctype="application/json"):
         self.send_response(status)
@@ -124,6 +148,10 @@ class HubRequestHandler(BaseHTTPRequestHandler):
             return
         self._json(200, {"url": f"{self.hub.endpoint}/{repo_id}", "name": repo_id, "id": repo_id})
 
+    def _read_rev(self, repo, rev: str) -> str:
+        """Resolve a revision for a READ: `main` may be served stale on every read endpoint."""
+        return self._head_for_read(repo) if rev in (None, "main") else repo.resolve(rev)
+
     def _head_for_read(self, repo) -> str:
         # NOTE: stale reads model a CDN / replica lag: safety must not depend on reads being fresh.
         if repo.previous_heads and self.hub.faults.fire("stale_head_read"):
@@ -133,7 +161,7 @@ class HubRequestHandler(BaseHTTPRequestHandler):
     def model_info(self, query, repo, rev=None):
         r = self.hub.state.repo(repo)
         with self.hub.state.lock:
-            sha = self._head_for_read(r) if rev in (None, "main") else r.resolve(rev)
+            sha = self._read_rev(r, rev)
             commit = r.commits[sha]
         self._json(200, {
             "id": repo, "modelId": repo, "sha": sha, "private": False, "disabled": False, "gated": False,
@@ -145,25 +173,35 @@ class HubRequestHandler(BaseHTTPRequestHandler):
         r = self.hub.state.repo(repo)
         with self.hub.state.lock:
             head = self._head_for_read(r)
-            tags = [{"name": t, "ref": f"refs/tags/{t}", "targetCommit": s} for t, s in sorted(r.tags.items())]
+            shown = r.tags
+            if r.previous_tags and self.hub.faults.fire("stale_tags_read"):
+                shown = r.previous_tags[-1]
+            tags = [{"name": t, "ref": f"refs/tags/{t}", "targetCommit": s} for t, s in sorted(shown.items())]
         self._json(200, {"branches": [{"name": "main", "ref": "refs/heads/main", "targetCommit": head}],
                          "converts": [], "tags": tags, "pullRequests": []})
 
     def create_tag(self, query, repo, rev):
         r = self.hub.state.repo(repo)
         body = json.loads(self._body() or b"{}")
+        if self.hub.faults.fire("tag_409"):
+            # Refs share the repo's lock: under contention the Hub answers 409 and creates nothing,
+            # the same status as for an existing tag (issue 15's probes met exactly this).
+            raise HubHTTPError(409, "A ref update is already in progress on this repo; retry later.")
         self.hub.state.create_tag(r, rev, body["tag"])
         self._json(200, {})
 
     def commits(self, query, repo, rev):
         r = self.hub.state.repo(repo)
         with self.hub.state.lock:
-            history = r.history(r.resolve(rev))
+            history = r.history(self._read_rev(r, rev))
+        # `limit` sets the page size, up to 1000 (@huggingface/hub's listCommits sends ?limit=, "Defaults
+        # to 100. Can be set to 1000"); without it a page holds COMMITS_PAGE; `Link` names the next one.
         page = int(query.get("p", ["0"])[0])
-        items = history[page * COMMITS_PAGE:(page + 1) * COMMITS_PAGE]
+        size = max(1, min(int(query.get("limit", [str(COMMITS_PAGE)])[0]), 1000))
+        items = history[page * size:(page + 1) * size]
         headers = {}
-        if (page + 1) * COMMITS_PAGE < len(history):
-            headers["Link"] = f'<{self.hub.endpoint}/api/models/{repo}/commits/{rev}?p={page + 1}>; rel="next"'
+        if (page + 1) * size < len(history):
+            headers["Link"] = f'<{self.hub.endpoint}/api/models/{repo}/commits/{rev}?p={page + 1}&limit={size}>; rel="next"'
         self._json(200, [{
             "id": c.sha, "title": c.title, "message": (c.title + ("\n\n" + c.description if c.description else "")),
             "date": c.date, "authors": [{"user": "relay"}],
@@ -172,7 +210,7 @@ class HubRequestHandler(BaseHTTPRequestHandler):
     def _tree_at(self, repo, rev):
         r = self.hub.state.repo(repo)
         with self.hub.state.lock:
-            return r.commits[r.resolve(rev)].tree
+            return r.commits[self._read_rev(r, rev)].tree
 
     def paths_info(self, query, repo, rev):
         form = parse_qs(self._body().decode())
@@ -210,66 +248,28 @@ class HubRequestHandler(BaseHTTPRequestHandler):
         r = self.hub.state.repo(repo)
         body = json.loads(self._body())
         with self.hub.state.lock:
-            tree = r.commits[r.resolve(rev)].tree
+            tree = r.commits[self._read_rev(r, rev)].tree  # preupload's oids may describe an older head
+        # .gitignore: the one sent with the request, else the repo's root one (huggingface_hub's
+        # `_fetch_upload_modes` docstring; only the root file counts, huggingface/huggingface_hub#1868).
+        gitignore = body.get("gitIgnore")
+        if gitignore is None and ".gitignore" in tree:
+            gitignore = self.hub.state.blob_path(tree[".gitignore"].sha256).read_text(errors="replace")
         files = []
         for f in body["files"]:
-            mode = self.hub.state.upload_mode(f["path"], f["size"])
+            sample = base64.b64decode(f.get("sample") or "")
+            mode = self.hub.state.upload_mode(f["path"], f["size"], sample, tree)
             old = tree.get(f["path"])
             oid = None
-            if old is not None:
+            if old is not None:  # the client skips a file whose local oid equals this (huggingface_hub#2389)
                 oid = old.sha256 if old.lfs else old.git_oid
-            files.append({"path": f["path"], "uploadMode": mode, "shouldIgnore": False, "oid": oid})
+            files.append({"path": f["path"], "uploadMode": mode, "oid": oid,
+                          "shouldIgnore": bool(gitignore) and gitignore_matches(gitignore, f["path"])})
         self._json(200, {"files": files, "commitOid": r.head})
-
-    def lfs_batch(self, query, repo):
-        self.hub.state.repo(repo)
-        body = json.loads(self._body())
-        base = self.hub.endpoint
-        objects = []
-        for obj in body.get("objects", []):
-            oid, size = obj["oid"], obj["size"]
-            item = {"oid": oid, "size": size, "authenticated": True}
-            if not self.hub.state.has_blob(oid):
-                item["actions"] = {
-                    "upload": {"href": f"{base}/_lfs/{repo}/{oid}?size={size}"},
-                    "verify": {"href": f"{base}/_lfs/{repo}/{oid}/verify"},
-                }
-            objects.append(item)
-        self._json(200, {"transfer": "basic", "objects": objects, "hash_algo": "sha256"})
-
-    def lfs_upload(self, query, repo, oid):
-        size = int(query.get("size", ["-1"])[0])
-        state = self.hub.state
-        fd, tmp = tempfile.mkstemp(dir=state.blob_dir, prefix=".upload-")
-        h, n = hashlib.sha256(), 0
-        try:
-            with os.fdopen(fd, "wb") as f:
-                for block in self._body_chunks():
-                    if self.hub.upload_bytes_per_s:
-                        time.sleep(len(block) / self.hub.upload_bytes_per_s)
-                    h.update(block)
-                    f.write(block)
-                    n += len(block)
-            if h.hexdigest() != oid or (size >= 0 and n != size):
-                raise HubHTTPError(400, f"uploaded content has sha256 {h.hexdigest()} / {n} bytes, expected {oid}")
-            os.replace(tmp, state.blob_path(oid))
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-        self._send(200, b"")
-
-    def lfs_verify(self, query, repo, oid):
-        body = json.loads(self._body() or b"{}")
-        if not self.hub.state.has_blob(oid):
-            raise HubHTTPError(404, f"LFS object {oid} not found")
-        if "size" in body and self.hub.state.blob_path(oid).stat().st_size != body["size"]:
-            raise HubHTTPError(422, f"LFS object {oid} has the wrong size")
-        self._json(200, {"success": True})
 
     def commit(self, query, repo, rev):
         hub, state = self.hub, self.hub.state
         r = state.repo(repo)
-        raw = self._body()
+        raw = self._slow_body()  # inline (regular) files travel in here, base64: on a slow link, slowly
         if rev != "main":
             raise HubHTTPError(400, "the fake Hub only commits to main")
         if hub.faults.fire("commit_429"):
@@ -278,56 +278,61 @@ class HubRequestHandler(BaseHTTPRequestHandler):
                              "Retry-After": after}
             self._json(429, {"error": "You have exceeded the rate limit for repository commits."}, raise_headers)
             return
+        wait = hub.commit_quota_wait(repo)
+        if wait is not None:
+            # The Hub's per-repo commit quota names its wait in the message only, with no RateLimit
+            # header of its own (braindecode/braindecode#947 quotes the reply).
+            raise HubHTTPError(429, commit_quota_message(hub.commit_rate_limit, wait))
         if hub.faults.fire("commit_409") or not r.commit_lock.acquire(blocking=False):
             raise HubHTTPError(409, "A commit is already in progress on this repo; retry later.")
+        late = False
         try:
             lines = [json.loads(line) for line in raw.splitlines() if line.strip()]
             if not lines or lines[0].get("key") != "header":
                 raise HubHTTPError(400, "the first NDJSON line must be the header")
+            check_inline_limits(lines[1:], hub.max_commit_body_bytes, len(raw))
+            if hub.faults.fire("commit_drop_request_before_apply"):
+                raise _DropConnection()  # the request died on the way: nothing applied
+            if hub.faults.fire("commit_late_apply"):
+                # A gateway timeout while the backend keeps going: the client gets a 504 at once and
+                # the commit lands (or 412s against a moved head) a moment later, the lock held
+                # meanwhile ("even if the timeout is raised client-side, the process is still
+                # completed server-side", huggingface/huggingface_hub#1660).
+                late = True
+                threading.Thread(target=self._late_apply, args=(r, lines), daemon=True).start()
+                raise HubHTTPError(504, "Gateway Time-out (injected: the commit will land late)")
             if hub.commit_hold_s:
                 time.sleep(hub.commit_hold_s)
-            commit = state.apply_commit(r, lines[0]["value"], [(x["key"], x["value"]) for x in lines[1:]])
+            ops = [(x["key"], x["value"]) for x in lines[1:]]
+            # What a stale preupload answer or a .gitignore match make the client do: one file of
+            # the commit silently left out, the commit a success all the same.
+            droppable = [i for i, (k, v) in enumerate(ops) if k in ("file", "lfsFile")
+                         and v.get("path") not in ("RELAY.json", "LEDGER.jsonl", "LEDGER.md")]
+            if droppable and hub.faults.fire("commit_drops_file"):
+                del ops[droppable[0]]
+            commit = state.apply_commit(r, lines[0]["value"], ops)
+            hub.count_commit(repo)
         finally:
-            r.commit_lock.release()
+            if not late:
+                r.commit_lock.release()
         if hub.faults.fire("commit_drop_reply_after_apply"):
             raise _DropConnection()
         if hub.faults.fire("commit_500_after_apply"):
             raise HubHTTPError(500, "Internal Error (injected after the commit was applied)")
+        if hub.faults.fire("commit_504_after_apply"):
+            raise HubHTTPError(504, "Gateway Time-out (injected after the commit was applied)")
         self._json(200, {"success": True, "commitOid": commit.sha, "commitUrl": f"{hub.endpoint}/{repo}/commit/{commit.sha}",
                          "pullRequestUrl": None})
 
-    # --- downloads -----------------------------------------------------------------------------
-    def resolve(self, query, repo, rev, file):
-        r = self.hub.state.repo(repo)
-        with self.hub.state.lock:
-            sha = r.resolve(rev)
-            entry = r.commits[sha].tree.get(file)
-        if entry is None:
-            raise HubHTTPError(404, f"Entry {file} not found at {rev}", "EntryNotFound", repo_commit=sha)
-        blob = self.hub.state.blob_path(entry.sha256)
-        headers = {"X-Repo-Commit": sha, "ETag": f'"{entry.git_oid}"', "Accept-Ranges": "bytes"}
-        if entry.lfs:
-            headers["X-Linked-Etag"] = f'"{entry.sha256}"'
-            headers["X-Linked-Size"] = str(entry.size)
-        # NOTE: serve what is on disk (a test may have truncated it), the tree's size goes in X-Linked-Size.
-        size = blob.stat().st_size
-        start, status = 0, 200
-        m = re.fullmatch(r"bytes=(\d+)-", self.headers.get("Range", ""))
-        if m and int(m.group(1)) < size:
-            start, status = int(m.group(1)), 206
-            headers["Content-Range"] = f"bytes {start}-{size - 1}/{size}"
-        self.send_response(status)
-        self.send_header("Content-Type", "application/octet-stream")
-        self.send_header("Content-Length", str(size - start))
-        for k, v in headers.items():
-            self.send_header(k, v)
-        self.end_headers()
-        if self.command == "HEAD":
-            return
-        with open(blob, "rb") as f:
-            f.seek(start)
-            while block := f.read(1 << 20):
-                self.wfile.write(block)
+    def _late_apply(self, r, lines) -> None:
+        try:
+            time.sleep(self.hub.faults.late_apply_s)
+            self.hub.state.apply_commit(r, lines[0]["value"], [(x["key"], x["value"]) for x in lines[1:]])
+            self.hub.count_commit(r.repo_id)
+        except HubHTTPError:
+            pass  # e.g. 412: the head moved while the commit waited; nobody hears of it, like on the Hub
+        finally:
+            r.commit_lock.release()
 
     # --- admin ---------------------------------------------------------------------------------
     def faults(self, query):
@@ -353,10 +358,7 @@ _ROUTES = [
     ("POST", rf"/api/models/{REPO}/preupload/(?P<rev>[^/]+)", HubRequestHandler.preupload),
     ("POST", rf"/api/models/{REPO}/commit/(?P<rev>[^/]+)", HubRequestHandler.commit),
     ("GET", rf"/api/models/{REPO}", HubRequestHandler.model_info),
-    ("POST", rf"/{REPO}\.git/info/lfs/objects/batch", HubRequestHandler.lfs_batch),
-    ("PUT", rf"/_lfs/{REPO}/(?P<oid>[0-9a-f]{{64}})", HubRequestHandler.lfs_upload),
-    ("POST", rf"/_lfs/{REPO}/(?P<oid>[0-9a-f]{{64}})/verify", HubRequestHandler.lfs_verify),
-    ("GET", rf"/{REPO}/resolve/(?P<rev>[^/]+)/(?P<file>.+)", HubRequestHandler.resolve),
+    *LFS_ROUTES,
     ("GET", r"/_fake/faults", HubRequestHandler.faults),
     ("POST", r"/_fake/faults", HubRequestHandler.faults),
 ]
