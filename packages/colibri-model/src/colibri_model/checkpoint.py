@@ -110,7 +110,7 @@ def _resolve(path: str | os.PathLike) -> Path:
     raise CheckpointFormatError(f"{text}: no such checkpoint directory")
 
 
-def load_tensors(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+def load_tensors(path: str | os.PathLike, dtype: torch.dtype | None = None) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """(tensors, metadata) of a safetensors file, each tensor in memory that torch allocated.
 
     NOTE: safetensors maps the file and hands out views at `8 + header length + offset` bytes
@@ -120,11 +120,17 @@ def load_tensors(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict
     0 mod 16 differ in the last bit. A resumed run then drifted from the straight run by 1 ulp
     whenever the header length was unlucky (issue 18). A copy has the 64-byte alignment of
     every tensor torch allocates, so loaded weights compute with exactly the bits that freshly
-    trained ones do. One tensor is copied at a time: the peak is the model plus one tensor.
+    trained ones do. One tensor is copied at a time, and with `dtype` floating tensors are
+    converted straight from the file (no full-precision copy): the peak is the result plus one
+    tensor.
     """
     with safe_open(str(path), framework="pt") as f:
         metadata = f.metadata() or {}
-        tensors = {name: f.get_tensor(name).clone() for name in f.keys()}
+        tensors = {}
+        for name in f.keys():
+            view = f.get_tensor(name)
+            convert = dtype is not None and view.is_floating_point() and view.dtype != dtype
+            tensors[name] = view.to(dtype) if convert else view.clone()
     return tensors, metadata
 
 
@@ -138,7 +144,7 @@ def load_checkpoint(path: str | os.PathLike, dtype: torch.dtype | None = None, d
     if not weights.is_file():
         raise CheckpointFormatError(f"{weights}: missing")
     try:
-        state, _ = load_tensors(weights)
+        state, _ = load_tensors(weights, dtype)
     except (SafetensorError, OSError) as exc:
         raise CheckpointFormatError(f"{weights}: unreadable safetensors file ({exc})") from None
     with torch.device("meta"):
