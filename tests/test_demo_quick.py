@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -11,8 +12,12 @@ from colibri_relay import Relay
 
 def test_quick_demo_runs_the_whole_loop(tmp_path):
     out = tmp_path / "demo"
+    # One intra-op thread: on a shared 2-core box torch's pool spins on contended cores; under six
+    # busy processes the quick demo took 737 s with the default 2 threads (pytest's limit is 900 s)
+    # and 333 s with one. What the demo shows does not depend on the thread count.
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, "-m", "colibri.cli", "demo", "--quick", "--out", str(out)],
-                          capture_output=True, text=True, timeout=1500)
+                          capture_output=True, text=True, timeout=1500, env=env)
     assert done.returncode == 0, (done.stdout[-4000:], done.stderr[-4000:])
     summary = json.loads((out / "demo-summary.json").read_text())
 

@@ -49,7 +49,13 @@ def test_kv_cache_decoding_matches_full_forward_token_for_token():
         steps = [model(tokens[:, t : t + 1], cache=cache).logits for t in range(10, 24)]
     incremental = torch.cat([prefix] + steps, dim=1)
     torch.testing.assert_close(incremental, full, rtol=1e-4, atol=1e-5)
-    assert torch.equal(incremental.argmax(-1), full.argmax(-1))
+    # The two paths run different kernels (one-row products vs the whole sequence), so their
+    # logits agree to rounding, not bit for bit: the argmax must agree wherever the top-2 gap is
+    # wider than that rounding (a near-tie may go either way on another CPU's kernels).
+    top2 = full.topk(2, dim=-1).values
+    decisive = (top2[..., 0] - top2[..., 1]) > 1e-4
+    assert decisive.float().mean() > 0.9
+    assert torch.equal(incremental.argmax(-1)[decisive], full.argmax(-1)[decisive])
 
 
 def _router_grad_ratio(top_k: int) -> float:

@@ -100,7 +100,7 @@ def test_refuses_other_config_and_unknown_state_version(tmp_path):
     path = checkpoint / "training_state.json"
     state = json.loads(path.read_text())
     path.write_text(json.dumps({**state, "training_state_version": "2.0"}))
-    with pytest.raises(TrainingStateError, match=r"training_state_version 2.0 is not supported \(this colibri-model reads 1.0\)"):
+    with pytest.raises(TrainingStateError, match=r"training_state_version 2.0 is not supported \(this colibri-model reads 1.1\)"):
         _trainer(tmp_path / "run", steps=4)
 
 

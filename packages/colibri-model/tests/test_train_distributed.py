@@ -8,7 +8,6 @@ import socket
 import subprocess
 import sys
 
-import torch
 from colibri_model.corpus import prose_files
 from colibri_model.data import prepare
 from safetensors.torch import load_file
@@ -61,11 +60,19 @@ def test_ddp_and_fsdp_two_processes_match_single_process(tmp_path):
 def _compare(single, other):
     a, b = _metrics(single), _metrics(other)
     assert [r["step"] for r in a] == [r["step"] for r in b] == [0, 1, 2, 3, 4]  # rank 0 alone writes
+    # Routing is discrete and the two runs differ in fp32 rounding (below): a token whose top-2
+    # choice is a near-tie (gaps down to ~1e-6 in this run) may go to another expert on another
+    # CPU's kernels. Allow that one slot of the 4 x 32 x 2 per layer and step, nothing more.
+    one_slot, moved = 1 / (4 * 32 * 2), 0
     for ra, rb in zip(a, b, strict=False):
         for key in ("loss", "val_loss", "grad_norm"):
             if ra[key] is not None:
                 assert abs(ra[key] - rb[key]) <= 1e-4 * max(1.0, abs(ra[key])), (ra["step"], key, ra[key], rb[key])
-        assert ra["router"] == [] or [r["load"] for r in ra["router"]] == [r["load"] for r in rb["router"]]
+        assert len(ra["router"]) == len(rb["router"])
+        for la, lb in zip(ra["router"], rb["router"], strict=True):
+            worst = max(abs(x - y) for x, y in zip(la["load"], lb["load"], strict=True))
+            assert worst <= one_slot + 1e-6, (ra["step"], la["layer"], la["load"], lb["load"])
+            moved += worst > 0
     wa = load_file(str(single / "checkpoints/step_00000004/model.safetensors"))
     wb = load_file(str(other / "checkpoints/step_00000004/model.safetensors"))
     for key in wa:
@@ -74,5 +81,8 @@ def _compare(single, other):
         # which magnifies tiny gradient differences in rarely-hit embedding rows, so bound the
         # worst element by 5% of the largest possible move (lr x steps) and the mean tightly.
         assert diff.max() <= 0.05 * 3e-3 * 4 and diff.mean() <= 1e-6, (key, diff.max().item())
-    assert all(torch.equal(wa[k], wb[k]) for k in wa if k.endswith("expert_bias"))
+    # The balancer is deterministic given the loads: equal loads, equal biases (both runs count the
+    # whole global batch); each moved slot may change one step's sign update, by gamma = 1e-3.
+    for key in (k for k in wa if k.endswith("expert_bias")):
+        assert (wa[key] - wb[key]).abs().max() <= 1e-3 * moved + (1e-6 if moved else 0.0), key
     assert not list((other / "checkpoints").glob(".tmp-*"))

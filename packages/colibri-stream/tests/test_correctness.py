@@ -22,6 +22,15 @@ def reference_greedy(model, prompt: list[int], n: int) -> list[int]:
     return out
 
 
+def _assert_greedy_up_to(model, prompt: list[int], tokens: list[int], tolerance: float) -> None:
+    """Each of `tokens` is within `tolerance` of the best logit of `model` given what precedes it."""
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1:-1]
+    chosen = logits.gather(-1, torch.tensor(tokens)[:, None])[:, 0]
+    shortfall = logits.max(-1).values - chosen
+    assert shortfall.max().item() <= tolerance, (int(shortfall.argmax()), shortfall.max().item())
+
+
 @pytest.mark.parametrize(
     ("compute", "kernel_dtype", "tolerance"),
     [("int4", "f32", 1e-4), ("dequant", "f32", 1e-4), ("int4", "bf16", 2e-2)],
@@ -54,7 +63,7 @@ def test_asymmetric_fp16_scheme_matches_reference(tiny_asym):
 
 
 @pytest.mark.parametrize("kernel_dtype", ["f32", "bf16"])
-def test_greedy_64_tokens_token_exact_with_small_budget(tiny, reference, minimum_budget, kernel_dtype):
+def test_greedy_64_tokens_match_reference_with_small_budget(tiny, reference, minimum_budget, kernel_dtype):
     with Container.open(tiny[0]) as c:
         expert_bytes = c.expert_bytes
     options = dict(compute="int4", kernel_dtype=kernel_dtype)
@@ -70,8 +79,15 @@ def test_greedy_64_tokens_token_exact_with_small_budget(tiny, reference, minimum
         result = eng.generate(prompt, max_new_tokens=64, stop_token_ids=[])
         stats = eng.stats
         assert stats.cache_bytes <= eng.budget.cache_capacity_bytes
-    expected = reference_greedy(reference, prompt, 64)
-    assert result.token_ids == expected
+    if kernel_dtype == "f32":
+        # f32 kernels round to ~1e-6; the closest top-2 gap on this path is ~1e-3: token exact
+        assert result.token_ids == reference_greedy(reference, prompt, 64)
+    else:
+        # bf16 kernels round to ~5e-3 here, more than that closest gap, so a near-tie may go the
+        # other way on another CPU's kernels (AMX, AVX-512, AVX2): every token the engine chose
+        # must be an argmax of the reference's logits, teacher-forced on the engine's own path,
+        # up to twice the bf16 logit tolerance of test_logits_match_reference_forward.
+        _assert_greedy_up_to(reference, prompt, result.token_ids, 2 * 2e-2)
     assert result.finish_reason == "length"
     assert stats.misses > 48 and stats.evictions > 0  # the cache really streamed
     assert stats.bytes_read == stats.misses * eng.container.blob_length

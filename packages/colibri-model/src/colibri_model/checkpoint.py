@@ -15,8 +15,8 @@ import os
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
 
 from .config import ColibriConfig
 
@@ -111,6 +111,30 @@ def _resolve(path: str | os.PathLike) -> Path:
     raise CheckpointFormatError(f"{text}: no such checkpoint directory")
 
 
+def load_tensors(path: str | os.PathLike, dtype: torch.dtype | None = None) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """(tensors, metadata) of a safetensors file, each tensor in memory that torch allocated.
+
+    NOTE: safetensors maps the file and hands out views at `8 + header length + offset` bytes
+    past a page boundary, so a view's address mod 64 follows the length of the JSON header.
+    MKL's sgemm takes an alignment-dependent path for a product with one row (an expert that
+    got exactly one token in `_grouped_mm`): the same values at an address 8 mod 16 and at one
+    0 mod 16 differ in the last bit. A resumed run then drifted from the straight run by 1 ulp
+    whenever the header length was unlucky (issue 18). A copy has the 64-byte alignment of
+    every tensor torch allocates, so loaded weights compute with exactly the bits that freshly
+    trained ones do. One tensor is copied at a time, and with `dtype` floating tensors are
+    converted straight from the file (no full-precision copy): the peak is the result plus one
+    tensor.
+    """
+    with safe_open(str(path), framework="pt") as f:
+        metadata = f.metadata() or {}
+        tensors = {}
+        for name in f.keys():
+            view = f.get_tensor(name)
+            convert = dtype is not None and view.is_floating_point() and view.dtype != dtype
+            tensors[name] = view.to(dtype) if convert else view.clone()
+    return tensors, metadata
+
+
 def load_checkpoint(path: str | os.PathLike, dtype: torch.dtype | None = None, device=None):
     """Build a ColibriForCausalLM from a checkpoint directory (or Hub repo id)."""
     from .model import ColibriForCausalLM
@@ -121,7 +145,7 @@ def load_checkpoint(path: str | os.PathLike, dtype: torch.dtype | None = None, d
     if not weights.is_file():
         raise CheckpointFormatError(f"{weights}: missing")
     try:
-        state = load_file(str(weights))
+        state, _ = load_tensors(weights, dtype)
     except (SafetensorError, OSError) as exc:
         raise CheckpointFormatError(f"{weights}: unreadable safetensors file ({exc})") from None
     with torch.device("meta"):

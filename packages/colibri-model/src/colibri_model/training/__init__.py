@@ -3,7 +3,8 @@
 - config.py        TrainConfig (global batch, schedule, eval/save cadence, precision)
 - schedules.py     WSD (1-sqrt decay, on command) and cosine learning rates
 - trainer.py       the loop: accumulation, clipping, skip of non-finite steps, metrics, checkpoints
-- state.py         training_state.json (step, loader, RNG, schedule, config hash, parent id)
+- state.py         training_state.json (step, loader, RNG, schedule, config hash, parent id,
+                   compute environment)
 - optimizer_io.py  AdamW and its state in safetensors
 - checkpointing.py atomic checkpoint directories under RUN/checkpoints/
 - metrics.py       metrics.jsonl schema (metrics_version) and MFU
@@ -17,7 +18,7 @@ from .config import TrainConfig, TrainConfigError
 from .metrics import METRICS_VERSION, MetricsRecord, read_metrics
 from .optimizer_io import OptimizerStateError
 from .schedules import ScheduleError, lr_at
-from .state import TrainingState, TrainingStateError, read_training_state
+from .state import ResumeNotBitIdenticalWarning, TrainingState, TrainingStateError, read_training_state
 from .trainer import CheckpointMismatchError, Trainer, TrainingDivergedError, TrainResult
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "CheckpointMismatchError",
     "MetricsRecord",
     "OptimizerStateError",
+    "ResumeNotBitIdenticalWarning",
     "ScheduleError",
     "TrainConfig",
     "TrainConfigError",

@@ -18,8 +18,9 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
+from ..checkpoint import load_tensors
 from .config import TrainConfig
 
 OPTIMIZER_FILE = "optimizer.safetensors"
@@ -84,11 +85,7 @@ def read_optimizer_file(path: str | os.PathLike, model: torch.nn.Module,
     if not path.is_file():
         raise OptimizerStateError(f"{path}: missing")
     try:
-        from safetensors import safe_open
-
-        with safe_open(str(path), framework="pt") as f:
-            metadata = f.metadata() or {}
-        tensors = load_file(str(path))
+        tensors, metadata = load_tensors(path)  # owned, aligned copies (see load_tensors)
     except (SafetensorError, OSError) as exc:
         raise OptimizerStateError(f"{path}: unreadable safetensors file ({exc})") from None
     version = metadata.get("optimizer_state_version", "")

@@ -3,8 +3,10 @@
 Step and tokens seen, the schedule phase, the loader position, the RNG states (base64 of torch's
 byte states; numpy's and Python's as JSON), the hash of the model config (a checkpoint of
 another model is refused), the full TrainConfig, and the checkpoint's id and its parent's id
-(legs of one run form a chain; a WSD decay branch names the stable checkpoint it left from).
-JSON, never pickle; spec in TRAINING.md.
+(legs of one run form a chain; a WSD decay branch names the stable checkpoint it left from),
+and the compute environment that decides the bits of a step (torch build, CPU capability,
+intra-op threads, device), so a resume that cannot be bit-identical says so (TRAINING.md,
+"Exact resume"). JSON, never pickle; spec in TRAINING.md.
 """
 
 from __future__ import annotations
@@ -25,11 +27,58 @@ from ..data.loader import LoaderPosition
 from .schedules import ScheduleState
 
 TRAINING_STATE_FILE = "training_state.json"
-TRAINING_STATE_VERSION = "1.0"
+TRAINING_STATE_VERSION = "1.1"  # 1.1: `environment` (absent in 1.0 files, which still load)
 
 
 class TrainingStateError(ValueError):
     """A training_state.json that is missing, corrupt, or of an unknown version."""
+
+
+class ResumeNotBitIdenticalWarning(UserWarning):
+    """A resume whose compute environment differs from the one that wrote the checkpoint.
+
+    The state is restored exactly, but the next steps run other kernels (another torch build or
+    CPU capability) or another reduction order (another thread count or world size), so they
+    match a straight run only to rounding, not bit for bit.
+    """
+
+
+class ComputeEnvironment(BaseModel):
+    """What, besides the state, decides the bits of a training step on this process.
+
+    Measured on CPU (tests/test_train_resume.py, issue 18): a resume with another intra-op
+    thread count (1 vs 2) or another ATen CPU capability (avx2 vs avx512) drifts by 1 ulp
+    within two steps; system load, scheduling and the checkpoint's file layout do not matter.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    torch_version: str  # includes the build tag (e.g. 2.13.0+cpu)
+    torch_git_version: str  # the exact source commit of the build, whose MKL/oneDNN come with it
+    cpu_capability: str  # the kernels ATen dispatches to (ATEN_CPU_CAPABILITY overrides the probe)
+    intra_op_threads: int  # torch.get_num_threads(): MKL and ATen split reductions by it
+    device: str  # "cpu" or "cuda:<device name>"
+    world_size: int
+
+
+def current_environment(device: torch.device, world_size: int) -> ComputeEnvironment:
+    name = "cpu"
+    if device.type == "cuda":
+        name = f"cuda:{torch.cuda.get_device_name(device)}"
+    elif device.type != "cpu":
+        name = device.type
+    return ComputeEnvironment(
+        torch_version=torch.__version__, torch_git_version=str(torch.version.git_version),
+        cpu_capability=torch.backends.cpu.get_cpu_capability(), intra_op_threads=torch.get_num_threads(),
+        device=name, world_size=world_size,
+    )
+
+
+def environment_differences(saved: ComputeEnvironment | None, current: ComputeEnvironment) -> list[str]:
+    """`field: saved -> current` for every field that differs (none for a 1.0 file without a record)."""
+    if saved is None:
+        return []
+    a, b = saved.model_dump(), current.model_dump()
+    return [f"{key}: {a[key]} -> {b[key]}" for key in a if a[key] != b[key]]
 
 
 class RngState(BaseModel):
@@ -58,6 +107,7 @@ class TrainingState(BaseModel):
     data_fingerprint: str
     world_size: int
     created_at: float
+    environment: ComputeEnvironment | None = None  # since 1.1
 
 
 def config_hash(config: ColibriConfig) -> str:

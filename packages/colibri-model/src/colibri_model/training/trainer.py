@@ -15,7 +15,9 @@ Per optimizer step:
 
 Only rank 0 writes checkpoints and metrics. Resume restores weights, AdamW moments, loader
 position, RNG and schedule, so on CPU N straight steps and N/2 + resume + N/2 give bit-identical
-weights (tests/test_train_resume.py).
+weights, given the same torch build, CPU capability, intra-op thread count and world size
+(recorded in training_state.json; a resume under others warns with
+`ResumeNotBitIdenticalWarning`). TRAINING.md, "Exact resume"; tests/test_train_resume.py.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import os
 import shutil
 import time
 import uuid
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,7 +48,16 @@ from .distributed import DistributedContext, init_distributed
 from .metrics import MetricsRecord, MetricsWriter, RouterLayerMetrics, flops_per_token, peak_flops
 from .optimizer_io import OPTIMIZER_FILE, build_optimizer, load_optimizer, optimizer_payload
 from .schedules import ScheduleState, check_resume, decay_start_of, lr_at
-from .state import TrainingState, capture_rng, config_hash, read_training_state, restore_rng
+from .state import (
+    ResumeNotBitIdenticalWarning,
+    TrainingState,
+    capture_rng,
+    config_hash,
+    current_environment,
+    environment_differences,
+    read_training_state,
+    restore_rng,
+)
 from .validation import build_val_batches, validation_loss
 
 
@@ -148,6 +160,12 @@ class Trainer:
             else:
                 load_optimizer(source / OPTIMIZER_FILE, self.model, self.optimizer)
             restore_rng(state.rng)
+            changed = environment_differences(state.environment, current_environment(self.device, self.ctx.world_size))
+            if changed and self.ctx.is_main:
+                warnings.warn(ResumeNotBitIdenticalWarning(
+                    f"{source}: resuming in another compute environment ({'; '.join(changed)}); the state is "
+                    f"restored exactly, but the next steps match an uninterrupted run only to rounding"),
+                    stacklevel=2)
 
         self.forward_model: torch.nn.Module = self.model
         if self.ctx.enabled and not self.sharded:
@@ -311,6 +329,7 @@ class Trainer:
             loader=self.loader.position, rng=capture_rng(), config_hash=config_hash(self.config),
             train_config=self.cfg.model_dump(), data_fingerprint=self.data_fingerprint,
             world_size=self.ctx.world_size, created_at=time.time(),
+            environment=current_environment(self.device, self.ctx.world_size),
         )
 
     def save_checkpoint(self) -> Path | None:
