@@ -223,6 +223,8 @@ def inspect_dists(dist: Dist, dist_dir: Path, built: dict[str, str]) -> list[str
     for line in meta.get_all("Requires-Dist") or []:
         req = Requirement(line)
         name = canonicalize_name(req.name)
+        if name == canonicalize_name(dist.name):  # an extra that includes others (`dev = ["colibri[test]"]`)
+            continue
         if name.startswith("colibri") or name == "torch":
             ops = {s.operator for s in req.specifier}
             if not ({">=", ">", "~=", "=="} & ops and ({"<", "<=", "~=", "=="} & ops)):
@@ -296,7 +298,10 @@ def install(dist: Dist, extras: list[str], torch: bool, py: Path, dist_dir: Path
             w = wheel_path(dist_dir, sib)
             targets.append(f"{w}[{','.join(sorted(sib_extras))}]" if sib_extras else str(w))
     # NOTE: torch stays at the pin: it satisfies every torch requirement, so pip keeps it.
-    run([py, "-m", "pip", "install", "-q", "--report", report, *targets], log=log, timeout=1800)
+    # --find-links too: pip 23.0 does not match `colibri-model; extra == "colibri"` to a wheel passed
+    # as a file with other extras (`...whl[data]`); the report check below still proves the origin.
+    links = [] if siblings_from_index else ["--find-links", dist_dir]
+    run([py, "-m", "pip", "install", "-q", *links, "--report", report, *targets], log=log, timeout=1800)
     run([py, "-m", "pip", "check"], log=log)
 
     versions = json.loads(run([py, "-c", "import importlib.metadata as m, json; print(json.dumps("
