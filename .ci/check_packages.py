@@ -57,7 +57,6 @@ class Dist:
     extras: list[str]  # installed for the tests
     torch: bool  # install TORCH_PIN first (its test extras need torch); otherwise torch must not appear
     bare_torch: bool | None = None  # the same for a bare `pip install NAME` (default: as `torch`)
-    run_tests: bool = True
     tests_dir: str = "tests"
     extra_checks: list[str] = field(default_factory=list)  # python snippets run in its venv
 
@@ -78,8 +77,8 @@ DISTS = [
              "cls = eps['colibri'].load(); assert cls.__name__ == 'ColibriLM', cls;"
              "from lm_eval.api.registry import MODEL_REGISTRY; assert 'colibri' in MODEL_REGISTRY",
          ]),
-    # The app: its tests are the cross-package tests that `make test` runs (--app-tests to run them here).
-    Dist("colibri", ".", "colibri", ["test"], torch=True, run_tests=False),
+    # The app: its tests are the cross-package tests (a quick demo, relay legs), here against the wheels.
+    Dist("colibri", ".", "colibri", ["test"], torch=True),
 ]
 
 
@@ -452,8 +451,8 @@ def check_one(dist: Dist, args, work: Path, dist_dir: Path, built: dict[str, str
         result.problems += smoke(dist, venv, version, torch, log, scratch, core_only=bare)
         if bare and dist.name == "colibri-eval":
             eval_core_smoke(venv, log, scratch)
-        if bare or args.no_tests or not (dist.run_tests or args.app_tests):
-            result.tests = "not run" if bare or args.no_tests else "in make test"
+        if bare or args.no_tests:
+            result.tests = "not run"
         else:
             run_tests(dist, venv, sdist_path(dist_dir, dist.name), work, slug, log, result)
     except (CheckFailed, subprocess.TimeoutExpired) as exc:
@@ -478,7 +477,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-tests", action="store_true", help="install and smoke-test only")
     parser.add_argument("--skip-torch", action="store_true",
                         help="skip the checks that need torch (e.g. a Python with no local CPU torch wheel)")
-    parser.add_argument("--app-tests", action="store_true", help="also run the app's (cross-package) tests")
     parser.add_argument("--keep-venvs", action="store_true", help="keep the venvs of passing checks too")
     args = parser.parse_args(argv)
 
