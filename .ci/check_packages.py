@@ -289,7 +289,8 @@ def install_torch(py: Path, torch_index_url: str | None, log: Path) -> None:
 def install(dist: Dist, extras: list[str], torch: bool, py: Path, dist_dir: Path, built: dict[str, str],
             siblings_from_index: bool, log: Path, report: Path) -> None:
     """The wheel and its declared dependencies. Siblings come from the just-built wheels (passed as
-    files, so no index can supply them), or with `siblings_from_index` from the index (release)."""
+    files; pip's install report must show that each did), or with `siblings_from_index` from the
+    index (release)."""
     wheel = wheel_path(dist_dir, dist.name)
     targets = [f"{wheel}[{','.join(extras)}]" if extras else str(wheel)]
     if not siblings_from_index:
