@@ -497,6 +497,7 @@ def main(argv: list[str] | None = None) -> int:
         if not (args.no_build or args.dist_dir):
             print("  building every sdist and wheel (wheel from sdist), twine check --strict", flush=True)
             build(DISTS, dist_dir, work / "logs" / "build.log")  # all: siblings come from here
+            print(f"  built in {time.monotonic() - wall:.0f} s", flush=True)
     except CheckFailed as exc:
         results.append(Result("build", problems=[str(exc)]))
     else:
