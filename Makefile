@@ -1,5 +1,5 @@
 # The README's two commands are `make demo` and `make test`; both set up .venv first.
-# torch is pinned here for setup (a CPU build on these machines); packages declare torch>=2.13,<2.15.
+# torch is pinned here for setup (a CPU build on these machines); packages declare torch>=2.13,<2.14.
 # `make check-packages`: each package built, installed alone in a fresh venv, and tested from its sdist.
 PYTHON ?= python3
 VENV := .venv
