@@ -113,3 +113,19 @@ def test_odd_shapes_take_the_converter():
 def test_timings_report():
     t = repack_timings(64, 128, repeats=1)
     assert t["matches"] and t["converter_ms"] > 0 and t["shuffle_ms"] > 0 and t["block_rows"]
+
+
+def test_unevenly_spaced_row_pairs_are_gathered():
+    """Row pairs that are no strided slice (a future layout) take the gather route, same bytes."""
+    from colibri_stream.int4_repack import RowBlocks
+
+    rows, cols = 32, 6
+    order = np.random.default_rng(5).permutation(rows)
+    run = RowBlocks(0, 1, rows, tuple(order[:16].tolist()), tuple(order[16:].tolist()))
+    packed = _random_packed(rows, cols, seed=4)
+    nibbles = np.empty((rows, cols), dtype=np.uint8)
+    nibbles[:, 0::2], nibbles[:, 1::2] = packed & 0xF, packed >> 4
+    k = np.repeat(np.arange(cols), 16)
+    expected = nibbles[np.tile(order[:16], cols), k] | (nibbles[np.tile(order[16:], cols), k] << 4)
+    got = shuffle_pack(packed, PackLayout(rows, cols, (run,))).reshape(-1).numpy()
+    np.testing.assert_array_equal(got, expected)
