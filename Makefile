@@ -50,7 +50,8 @@ test: setup
 	$(MAKE) --no-print-directory test-cpu-capabilities
 
 test-cpu-capabilities: setup
-	@for cap in $$($(PY) -m colibri_stream.cpu_capability --besides-native); do \
+	@caps=$$($(PY) -m colibri_stream.cpu_capability --besides-native) || exit 1; \
+	for cap in $$caps; do \
 		echo "== CPU-kernel tests with ATEN_CPU_CAPABILITY=$$cap"; \
 		ATEN_CPU_CAPABILITY=$$cap $(PY) -m pytest -q $(CPU_KERNEL_TESTS) || exit 1; \
 	done
