@@ -26,14 +26,9 @@ import subprocess
 import sys
 import tempfile
 import time
+import zlib
 
 SHAPES = {"nano": (1024, 512), "micro": (1536, 768)}  # d_model, expert_dim
-
-
-def supported_capabilities() -> list[str]:
-    from colibri_stream.cpu_capability import supported_capabilities as probe
-
-    return probe()
 
 
 def _measure(capability: str, repeats: int, directory: str, threads: int) -> dict:
@@ -56,8 +51,6 @@ def _measure(capability: str, repeats: int, directory: str, threads: int) -> dic
         gate, up = (rng.standard_normal((expert_dim, d_model), dtype=np.float32) for _ in range(2))
         down = rng.standard_normal((d_model, expert_dim), dtype=np.float32)
         blob_bytes = encode_expert_blob(gate, up, down, layout, QuantScheme(group_size=64))
-        import zlib
-
         crc = f"{zlib.crc32(blob_bytes):08x}"
         with tempfile.NamedTemporaryFile(dir=directory, suffix=".blob", delete=False) as f:
             f.write(blob_bytes)
@@ -107,6 +100,8 @@ def main() -> None:
     if args.capability:
         print(json.dumps(_measure(args.capability, args.repeats, args.dir, args.threads)))
         return
+    from colibri_stream.cpu_capability import supported_capabilities
+
     for capability in supported_capabilities():
         env = {**os.environ, "ATEN_CPU_CAPABILITY": capability}
         cmd = [sys.executable, __file__, "--capability", capability, "--repeats", str(args.repeats),
