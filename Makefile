@@ -50,7 +50,7 @@ test: setup
 	$(MAKE) --no-print-directory test-cpu-capabilities
 
 test-cpu-capabilities: setup
-	@caps=$$($(PY) -m colibri_stream.cpu_capability --besides-native) || exit 1; \
+	@caps=$$($(PY) -m colibri_stream.compute.cpu_capability --besides-native) || exit 1; \
 	for cap in $$caps; do \
 		echo "== CPU-kernel tests with ATEN_CPU_CAPABILITY=$$cap"; \
 		ATEN_CPU_CAPABILITY=$$cap $(PY) -m pytest -q $(CPU_KERNEL_TESTS) || exit 1; \

@@ -38,9 +38,9 @@ def _measure(capability: str, repeats: int, directory: str, threads: int) -> dic
     from colibri_int4.header import model_shape
     from colibri_model import get_preset
     from colibri_model.checkpoint import config_to_checkpoint_json
-    from colibri_stream import int4_repack
-    from colibri_stream.direct_io import AlignedBuffer, BlobReader
-    from colibri_stream.expert_compute import Int4Expert
+    from colibri_stream.compute import int4_repack
+    from colibri_stream.compute.expert_compute import Int4Expert
+    from colibri_stream.io.direct_io import AlignedBuffer, BlobReader
 
     torch.set_num_threads(threads)
     out = {"capability": torch.backends.cpu.get_cpu_capability(), "threads": threads, "repeats": repeats}
@@ -100,7 +100,7 @@ def main() -> None:
     if args.capability:
         print(json.dumps(_measure(args.capability, args.repeats, args.dir, args.threads)))
         return
-    from colibri_stream.cpu_capability import supported_capabilities
+    from colibri_stream.compute.cpu_capability import supported_capabilities
 
     for capability in supported_capabilities():
         env = {**os.environ, "ATEN_CPU_CAPABILITY": capability}

@@ -133,7 +133,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from colibri_stream import TraceEvent, write_trace
-    from colibri_stream.trained_workload import heldout_prompts, tuning_prompts
+    from colibri_stream.studies.trained_workload import heldout_prompts, tuning_prompts
 
     torch.set_num_threads(2)
     started = time.perf_counter()

@@ -102,7 +102,7 @@ def main() -> None:
         return
 
     from colibri_stream import BudgetError, Engine
-    from colibri_stream.synthetic_container import synthetic_container
+    from colibri_stream.studies.synthetic_container import synthetic_container
 
     Path(args.workdir).mkdir(parents=True, exist_ok=True)
     with synthetic_container(args.workdir, args.preset) as path:

@@ -278,8 +278,8 @@ def _bigger_than_ram(out: Path, new_tokens: int) -> dict:
     written through colibri-int4's writer, then generated from under a RAM budget well below the
     file's size: every miss is an O_DIRECT read, checked against the kernel's read_bytes."""
     from colibri_stream import BudgetError, Engine
-    from colibri_stream.io_accounting import IOWindow, read_proc_io
-    from colibri_stream.synthetic_container import write_synthetic_container
+    from colibri_stream.io.accounting import IOWindow, read_proc_io
+    from colibri_stream.studies.synthetic_container import write_synthetic_container
 
     path = out / "nano-shaped-random.coli"
     began = time.monotonic()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from colibri_stream.int4_repack import (
+from colibri_stream.compute.int4_repack import (
     PackLayout,
     _fit_runs,
     fast_path_taken,
@@ -117,7 +117,7 @@ def test_timings_report():
 
 def test_unevenly_spaced_row_pairs_are_gathered():
     """Row pairs that are no strided slice (a future layout) take the gather route, same bytes."""
-    from colibri_stream.int4_repack import RowBlocks
+    from colibri_stream.compute.int4_repack import RowBlocks
 
     rows, cols = 32, 6
     order = np.random.default_rng(5).permutation(rows)

@@ -7,8 +7,9 @@ import pytest
 from click.testing import CliRunner
 from colibri_int4 import Container
 from colibri_stream import Engine, TraceEvent
-from colibri_stream.bench_cli import bench_suite, goals
-from colibri_stream.bench_studies import (
+from colibri_stream.cli.bench import bench_suite, goals
+from colibri_stream.io.accounting import IOMeter, IOWindow, ProcIOUnavailable, read_proc_io
+from colibri_stream.studies.cache_studies import (
     policy_study,
     prefetch_study,
     random_trace_like,
@@ -16,10 +17,9 @@ from colibri_stream.bench_studies import (
     text_trace,
     warm_run,
 )
-from colibri_stream.disk_bandwidth import measure_read_bandwidth
-from colibri_stream.io_accounting import IOMeter, IOWindow, ProcIOUnavailable, read_proc_io
-from colibri_stream.synthetic_container import synthetic_container
-from colibri_stream.trained_workload import heldout_prompts, tuning_prompts
+from colibri_stream.studies.disk_bandwidth import measure_read_bandwidth
+from colibri_stream.studies.synthetic_container import synthetic_container
+from colibri_stream.studies.trained_workload import heldout_prompts, tuning_prompts
 
 
 def test_io_window_flags_contamination_both_ways():
@@ -114,8 +114,8 @@ def test_studies_on_a_tiny_container(tiny):
 def test_shuffled_steps_keep_each_pass_and_break_locality():
     import random
 
-    from colibri_stream.bench_studies import shuffled_steps
-    from colibri_stream.cache_replay import belady
+    from colibri_stream.cache.replay import belady
+    from colibri_stream.studies.cache_studies import shuffled_steps
 
     rng = random.Random(0)
     sticky, expert = [], 0
@@ -166,8 +166,8 @@ def test_suite_trained_workload_end_to_end(tmp_path):
     prose, export, sweep, policy study (traces kept for policy-study), prefetch study, warm run."""
     import json
 
-    from colibri_stream.direct_io import RAM_FILESYSTEMS, filesystem_type
-    from colibri_stream.routing_trace import read_trace
+    from colibri_stream.io.direct_io import RAM_FILESYSTEMS, filesystem_type
+    from colibri_stream.traces.routing_trace import read_trace
 
     if filesystem_type(tmp_path) in RAM_FILESYSTEMS:
         pytest.skip("the suite refuses a workdir on tmpfs")

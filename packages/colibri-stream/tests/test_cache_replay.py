@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 from colibri_stream import Engine, LRUPolicy
-from colibri_stream.cache_replay import access_sequence, belady, replay, static_oracle
-from colibri_stream.stats import TraceEvent
+from colibri_stream.cache.replay import access_sequence, belady, replay, static_oracle
+from colibri_stream.traces.events import TraceEvent
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -56,7 +56,7 @@ def test_replay_reproduces_the_live_engine(tiny, minimum_budget):
 
 
 def test_bench_sweep_is_honest_and_bounded_by_belady(tiny):
-    from colibri_stream.bench import format_table, run_bench
+    from colibri_stream.studies.bench import format_table, run_bench
 
     report = run_bench(
         tiny[0],

@@ -154,7 +154,7 @@ def test_a_file_that_is_no_container_is_bad_input(tmp_path):
 
 
 def test_bench_exits_1_when_the_disk_honesty_check_fails(tiny, monkeypatch):
-    import colibri_stream.bench as bench
+    import colibri_stream.studies.bench as bench
 
     monkeypatch.setattr(bench, "run_bench", lambda *a, **k: {"points": [{"contaminated": True}]})
     result = CliRunner().invoke(main, ["bench", str(tiny[0]), "--budgets", "50%", "--json"])

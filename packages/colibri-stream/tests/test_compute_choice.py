@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 from colibri_int4 import Container
-from colibri_stream import Engine, compute_choice
-from colibri_stream.compute_choice import DEQUANT_MARGIN, MIN_SHAPE, ComputeTiming, time_compute
+from colibri_stream import Engine
+from colibri_stream.compute import choice as compute_choice
+from colibri_stream.compute.choice import DEQUANT_MARGIN, MIN_SHAPE, ComputeTiming, time_compute
 
 needs_kernel = pytest.mark.skipif(
     not hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu"), reason="no CPU int4 kernels"

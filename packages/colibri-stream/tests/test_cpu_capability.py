@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from colibri_stream.cpu_capability import cpu_flags, supported_capabilities
+from colibri_stream.compute.cpu_capability import cpu_flags, supported_capabilities
 
 ZEN5 = "processor\t: 0\nflags\t\t: fpu sse2 avx fma avx2 avx512f avx512dq avx512bw avx512vl avx512_bf16\n"
 ZEN3 = "processor\t: 0\nflags\t\t: fpu sse2 avx fma avx2\n"
@@ -25,7 +25,7 @@ def test_this_machine_lists_default_first():
 
 
 def test_besides_native_leaves_out_what_torch_picked(capsys, monkeypatch):
-    from colibri_stream import cpu_capability
+    from colibri_stream.compute import cpu_capability
 
     monkeypatch.setattr(cpu_capability, "native_capability", lambda: "avx2")
     monkeypatch.setattr(cpu_capability, "supported_capabilities", lambda: ["default", "avx2"])

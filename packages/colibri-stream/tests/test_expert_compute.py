@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 from colibri_int4 import ExpertBlob, ExpertBlobLayout, ModelShape, QuantScheme, encode_expert_blob
-from colibri_stream.expert_compute import DequantExpert, Int4Expert, int4_supported, prepared_nbytes
+from colibri_stream.compute.expert_compute import DequantExpert, Int4Expert, int4_supported, prepared_nbytes
 
 
 def make_blob(

@@ -6,8 +6,8 @@ import pytest
 import torch
 from colibri_int4 import QuantScheme
 from colibri_stream import Engine
-from colibri_stream.expert_compute import Int4Expert, prepared_nbytes
-from colibri_stream.expert_slab import ALIGN, ExpertSlab, place
+from colibri_stream.cache.slab import ALIGN, ExpertSlab, place
+from colibri_stream.compute.expert_compute import Int4Expert, prepared_nbytes
 
 from .test_expert_compute import make_blob
 

@@ -12,8 +12,8 @@ transformers = pytest.importorskip("transformers", minversion="5")
 import torch  # noqa: E402
 from click.testing import CliRunner  # noqa: E402
 from colibri_stream.cli import main  # noqa: E402
-from colibri_stream.hf_routing import NoRouterError, find_routers, record_routing, token_windows  # noqa: E402
-from colibri_stream.routing_trace import read_trace  # noqa: E402
+from colibri_stream.traces.hf_routing import NoRouterError, find_routers, record_routing, token_windows  # noqa: E402
+from colibri_stream.traces.routing_trace import read_trace  # noqa: E402
 
 SMALL = dict(vocab_size=256, hidden_size=64, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=128)

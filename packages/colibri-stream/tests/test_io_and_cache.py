@@ -12,7 +12,7 @@ import pytest
 import torch
 from colibri_int4 import Container
 from colibri_stream import BlobReader, CachePolicy, Engine, IOFallbackWarning, LRUPolicy
-from colibri_stream.direct_io import AlignedBuffer
+from colibri_stream.io.direct_io import AlignedBuffer
 
 TMPFS = Path("/dev/shm")
 

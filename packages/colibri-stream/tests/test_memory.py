@@ -9,7 +9,8 @@ import tracemalloc
 import numpy as np
 import pytest
 from colibri_int4 import Container
-from colibri_stream import Engine, heap, resident
+from colibri_stream import Engine, resident
+from colibri_stream.io import heap
 
 
 def test_opening_never_holds_a_whole_tensor_in_fp32(tiny, monkeypatch):

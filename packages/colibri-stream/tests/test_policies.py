@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 from colibri_stream import Engine, belady, replay
-from colibri_stream.policies import BENCH_POLICIES, LayerLRUPolicy, LFUPolicy, PinnedLRUPolicy
-from colibri_stream.stats import TraceEvent
+from colibri_stream.cache.policies import POLICIES, LayerLRUPolicy, LFUPolicy, PinnedLRUPolicy
+from colibri_stream.traces.events import TraceEvent
 
 
 def events(*steps):
@@ -66,8 +66,8 @@ def test_every_policy_is_bounded_by_belady():
              for s in range(300) for layer in (1, 2, 3)]
     for capacity in (3, 8, 20):
         ceiling = belady(trace, capacity)
-        for name, factory in BENCH_POLICIES.items():
-            got = replay(factory(trace[:150], capacity), trace, capacity)
+        for name, spec in POLICIES.items():
+            got = replay(spec.factory(trace[:150], capacity), trace, capacity)
             assert got.hits + got.misses == ceiling.hits + ceiling.misses
             assert got.hits <= ceiling.hits, (name, capacity)
 
@@ -81,12 +81,12 @@ def test_live_engine_matches_offline_replay(tiny, minimum_budget, name):
     base = minimum_budget(tiny[0])
     with Engine.open(tiny[0], ram_budget=base) as probe:
         budget, capacity = base + 9 * probe.budget.slot_bytes, probe.budget.slots + 9
-    policy = BENCH_POLICIES[name](warmup, capacity)
+    policy = POLICIES[name].factory(warmup, capacity)
     with Engine.open(tiny[0], ram_budget=budget, cache_policy=policy, record_trace=True) as eng:
         assert eng.budget.slots == capacity
         eng.generate(prompt[::-1], 12, stop_token_ids=[])
         live, trace = eng.stats, list(eng.stats.trace)
-    offline = replay(BENCH_POLICIES[name](warmup, capacity), trace, capacity)
+    offline = replay(POLICIES[name].factory(warmup, capacity), trace, capacity)
     assert (offline.hits, offline.misses) == (live.hits, live.misses)
     assert live.misses > capacity  # the budget really forced evictions
 
@@ -99,3 +99,17 @@ def test_policies_are_available_by_name(tiny):
     with Engine.open(tiny[0], ram_budget="200MB", cache_policy="lru-layer") as eng:
         assert eng.stats.policy == "lru-layer"
         eng.generate("hello", 2, stop_token_ids=[])
+
+
+def test_one_registry_feeds_engine_cli_and_studies():
+    from colibri_stream import make_policy, serving_policy_names
+    from colibri_stream.cli import main
+
+    # the engine's names are the registry's minus those that need a warm-up trace
+    assert set(serving_policy_names()) == {n for n, s in POLICIES.items() if not s.needs_warmup_trace}
+    assert "pinned" in POLICIES and "pinned" not in serving_policy_names()
+    with pytest.raises(ValueError, match="choose one of"):
+        make_policy("pinned")
+    # the CLI offers exactly the serving names
+    option = next(p for p in main.commands["generate"].params if p.name == "cache_policy")
+    assert list(option.type.choices) == serving_policy_names()

@@ -44,7 +44,7 @@ def test_predictor_guesses_from_residual_plus_shared_with_next_layers_norm():
     """The hooks hand the predictor this layer's residual h and shared output; the guess is the
     next layer's router on the next layer's norm of h + shared(x), not on this layer's input."""
     from colibri_model import ColibriConfig, ColibriForCausalLM
-    from colibri_stream.prefetch import RoutingPredictor
+    from colibri_stream.cache.prefetch import RoutingPredictor
     from colibri_stream.stats import StreamStats
 
     from .conftest import TINY

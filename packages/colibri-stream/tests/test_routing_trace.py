@@ -9,11 +9,11 @@ import json
 import pytest
 from click.testing import CliRunner
 from colibri_stream import Engine, TraceEvent
-from colibri_stream.bench_studies import policy_study
-from colibri_stream.cache_policy import LRUPolicy
-from colibri_stream.cache_replay import belady, replay
+from colibri_stream.cache.policies import LRUPolicy
+from colibri_stream.cache.replay import belady, replay
 from colibri_stream.cli import main
-from colibri_stream.routing_trace import TraceFormatError, read_trace, write_trace
+from colibri_stream.studies.cache_studies import policy_study
+from colibri_stream.traces.routing_trace import TraceFormatError, read_trace, write_trace
 
 EVENTS = [TraceEvent(0, 1, (3,)), TraceEvent(0, 2, (0, 5)), TraceEvent(1, 1, (3,)), TraceEvent(1, 2, (7,))]
 SHAPE = dict(n_moe_layers=2, n_experts=8, top_k=2)
@@ -33,7 +33,7 @@ def test_round_trip(tmp_path, name):
 
 
 def test_split_cuts_at_a_step_boundary():
-    from colibri_stream.routing_trace import RoutingTrace, TraceHeader
+    from colibri_stream.traces.routing_trace import RoutingTrace, TraceHeader
 
     events = [TraceEvent(s, layer, (s % 4,)) for s in range(10) for layer in (1, 2)]
     first, rest = RoutingTrace(TraceHeader(2, 4, 1), events).split(0.5)

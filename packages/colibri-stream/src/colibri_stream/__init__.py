@@ -8,21 +8,31 @@ RAM-budgeted cache with a pluggable eviction policy and run on torch's CPU int4 
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as _metadata_version
 
-from .budget import Budget
-from .cache_policy import POLICIES, CachePolicy, LRUPolicy, make_policy
-from .cache_replay import ReplayResult, access_sequence, belady, replay
-from .direct_io import AlignedBuffer, BlobReader, IOFallbackWarning
+from .cache.expert_cache import ExpertCache
+from .cache.policies import (
+    POLICIES,
+    CachePolicy,
+    LayerLRUPolicy,
+    LFUPolicy,
+    LRUPolicy,
+    PinnedLRUPolicy,
+    PolicySpec,
+    make_policy,
+    serving_policy_names,
+)
+from .cache.replay import ReplayResult, access_sequence, belady, replay
+from .compute.expert_compute import DequantExpert, Int4Expert
+from .compute.streamed_experts import StreamedExperts
 from .engine import Engine
 from .errors import BudgetError, ContainerConfigError, ExpertCorruptError, SizeFormatError, StreamError
-from .expert_cache import ExpertCache
-from .expert_compute import DequantExpert, Int4Expert
 from .generation import GenerationResult, SamplingConfig
-from .policies import LayerLRUPolicy, LFUPolicy, PinnedLRUPolicy  # registers lfu, lru-layer
+from .io.direct_io import AlignedBuffer, BlobReader, IOFallbackWarning
+from .plan import Budget
 from .report import GenerateReport, ReportVersionError, StatsReport, read_generate_report
-from .routing_trace import RoutingTrace, TraceFormatError, TraceHeader, read_trace, write_trace
 from .sizes import format_size, parse_size
-from .stats import LayerCounters, StreamStats, TraceEvent
-from .streamed_experts import StreamedExperts
+from .stats import LayerCounters, StreamStats
+from .traces.events import TraceEvent
+from .traces.routing_trace import RoutingTrace, TraceFormatError, TraceHeader, read_trace, write_trace
 
 try:  # the installed metadata is the one source of the version (pyproject.toml sets it)
     __version__ = _metadata_version("colibri-stream")
@@ -49,6 +59,7 @@ __all__ = [
     "LFUPolicy",
     "LayerLRUPolicy",
     "PinnedLRUPolicy",
+    "PolicySpec",
     "LayerCounters",
     "ReportVersionError",
     "SamplingConfig",
@@ -60,6 +71,7 @@ __all__ = [
     "TraceEvent",
     "format_size",
     "make_policy",
+    "serving_policy_names",
     "parse_size",
     "read_generate_report",
     "replay",

@@ -29,24 +29,24 @@ from colibri_model.chat import encode_chat
 from colibri_model.tokenizer import EOS_TOKEN, IM_END
 from tokenizers import Tokenizer
 
-from .budget import Budget, kv_cache_bytes, plan_budget, workspace_bytes
-from .cache_policy import make_policy
-from .compute_choice import time_compute
-from .direct_io import BlobReader
+from .cache.expert_cache import ExpertCache
+from .cache.policies import make_policy
+from .cache.prefetch import Prefetcher, RoutingPredictor
+from .cache.slab import ExpertSlab
+from .compute.choice import time_compute
+from .compute.expert_compute import DequantExpert, Int4Expert, int4_supported, prepared_nbytes
+from .compute.streamed_experts import StreamedExperts
 from .errors import BudgetError
-from .expert_cache import ExpertCache
-from .expert_compute import DequantExpert, Int4Expert, int4_supported, prepared_nbytes
-from .expert_slab import ExpertSlab
 from .generation import GenerationResult, SamplingConfig, decode_loop
-from .heap import HeapTrimmer
-from .heap import slack_bytes as heap_slack_bytes
+from .io.direct_io import BlobReader
+from .io.heap import HeapTrimmer
+from .io.heap import slack_bytes as heap_slack_bytes
 from .options import EngineOptions
-from .prefetch import Prefetcher, RoutingPredictor
+from .plan import Budget, kv_cache_bytes, plan_budget, workspace_bytes
 from .resident import build_model, model_config, module_bytes
-from .routing_trace import write_trace
 from .sizes import parse_size
 from .stats import StreamStats
-from .streamed_experts import StreamedExperts
+from .traces.routing_trace import write_trace
 
 
 class Engine:

@@ -13,7 +13,7 @@ from typing import Literal
 import torch
 from tokenizers import Tokenizer
 
-from .cache_policy import CachePolicy
+from .cache.policies import CachePolicy
 
 DTYPES = {
     "f32": torch.float32,

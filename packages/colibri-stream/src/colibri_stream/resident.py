@@ -19,7 +19,7 @@ from colibri_model import ColibriConfig, ColibriForCausalLM, ExpertBackend
 from colibri_model.checkpoint import CheckpointFormatError, parse_checkpoint_config
 
 from .errors import ContainerConfigError
-from .heap import release_free_heap
+from .io.heap import release_free_heap
 
 
 def model_config(container: Container) -> ColibriConfig:

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .traces.events import TraceEvent
+
 STATS_VERSION = "1.0"  # of `to_dict()`; see STATS.md
 
 
@@ -34,15 +36,6 @@ class LayerCounters:
     @property
     def prefetch_accuracy(self) -> float:
         return self.prefetch_correct / self.prefetch_actual if self.prefetch_actual else 0.0
-
-
-@dataclass
-class TraceEvent:
-    """The distinct experts one forward pass (`step`) requested in one MoE layer, in order."""
-
-    step: int
-    layer: int
-    experts: tuple[int, ...]
 
 
 @dataclass

@@ -36,8 +36,8 @@ import torch
 import torch.nn.functional as F
 from colibri_int4 import ExpertBlob, ExpertBlobLayout
 
-from .expert_slab import aligned, place
-from .int4_repack import pack_for_cpu_kernel
+from ..cache.slab import aligned, place
+from ..compute.int4_repack import pack_for_cpu_kernel
 
 INT4_GROUPS = (32, 64, 128, 256)
 

@@ -18,8 +18,8 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from .cache_policy import CachePolicy, ExpertKey
-from .stats import TraceEvent
+from ..cache.policies import CachePolicy, ExpertKey
+from ..traces.events import TraceEvent
 
 _NEVER = float("inf")
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .stats import TraceEvent
+from .events import TraceEvent
 
 _LAYER_INDEX = re.compile(r"(?:^|\.)layers?\.(\d+)\.")
 

@@ -22,11 +22,12 @@ from pathlib import Path
 import click
 from colibri_int4 import Int4Error
 
-from . import __version__
-from .errors import BudgetError, SizeFormatError, StreamError
-from .exit_status import EXIT_CHECK_FAILED, InputError, click_error
-from .report import REPORT_VERSION
-from .sizes import format_size, parse_size
+from .. import __version__
+from ..cache.policies import serving_policy_names
+from ..errors import BudgetError, SizeFormatError, StreamError
+from ..exit_status import EXIT_CHECK_FAILED, InputError, click_error
+from ..report import REPORT_VERSION
+from ..sizes import format_size, parse_size
 
 
 class SizeType(click.ParamType):
@@ -86,7 +87,7 @@ def _engine_options(f):
         click.option("--no-direct-io", is_flag=True, help="Buffered reads instead of O_DIRECT."),
         click.option(
             "--cache-policy",
-            type=click.Choice(["lfu", "lru", "lru-layer"]),
+            type=click.Choice(serving_policy_names()),
             default=None,
             help="Expert-cache eviction policy (default: lfu, chosen by measurement; see bench/RESULTS.md).",
         ),
@@ -136,7 +137,7 @@ def _open_engine(container, options: dict, **extra):
     """Engine.open with the CLI's engine options; errors become one-line click errors."""
     import torch
 
-    from .engine import Engine  # torch import is slow; keep --help fast
+    from ..engine import Engine  # torch import is slow; keep --help fast
 
     options = dict(options)
     threads = options.pop("threads")
@@ -298,7 +299,7 @@ def plan(container, as_json, **options):
 @click.option("--compute", type=click.Choice(["auto", "int4", "dequant"]), default="auto", show_default=True)
 @click.option("--kernel-dtype", type=click.Choice(["bf16", "f32"]), default="bf16", show_default=True)
 @click.option("--prefetch", type=click.Choice(["off", "predict", "on"]), default="predict", show_default=True)
-@click.option("--cache-policy", type=click.Choice(["lfu", "lru", "lru-layer"]), default=None,
+@click.option("--cache-policy", type=click.Choice(serving_policy_names()), default=None,
               help="Eviction policy measured live (default: the engine's, lfu); the hit/Belady column follows it.")
 @click.option("--max-context", type=click.IntRange(min=1), default=None)
 @click.option("--threads", type=click.IntRange(min=1), default=None)
@@ -325,7 +326,7 @@ def bench(
     """
     import torch
 
-    from .bench import format_table, run_bench
+    from ..studies.bench import format_table, run_bench
 
     if threads:
         torch.set_num_threads(threads)
@@ -410,8 +411,8 @@ def _print_summary(engine, result) -> None:
     )
 
 
-from .bench_cli import bench_suite  # noqa: E402 - issue 9's full study lives in its own module
-from .trace_cli import policy_study_command, trace_hf  # noqa: E402
+from ..cli.bench import bench_suite  # noqa: E402 - issue 9's full study lives in its own module
+from ..cli.traces import policy_study_command, trace_hf  # noqa: E402
 
 main.add_command(bench_suite)
 main.add_command(policy_study_command)

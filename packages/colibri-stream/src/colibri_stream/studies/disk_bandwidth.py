@@ -15,7 +15,7 @@ import random
 import time
 from dataclasses import dataclass
 
-from .direct_io import AlignedBuffer, BlobReader
+from ..io.direct_io import AlignedBuffer, BlobReader
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The studies of issue 9 on top of the budget sweep (bench.py): policies, prefetch, warm runs.
 
-- `policy_study`: every policy of policies.BENCH_POLICIES replayed offline on two routing traces
+- `policy_study`: every policy of cache.policies.POLICIES replayed offline on two routing traces
   of the same model, one from *tuning* text (which also warms up the pinning policy) and one from
   *held-out* text, plus a uniformly random trace of the same shape (the worst case), each against
   Belady's MIN at the same number of slots. Replay is exact: routing does not depend on what the
@@ -23,11 +23,11 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from .cache_replay import belady, replay, static_oracle
-from .engine import Engine
-from .io_accounting import IOMeter
-from .policies import BENCH_POLICIES
-from .stats import TraceEvent
+from ..cache.policies import POLICIES
+from ..cache.replay import belady, replay, static_oracle
+from ..engine import Engine
+from ..io.accounting import IOMeter
+from ..traces.events import TraceEvent
 
 
 def routing_trace(container: str | Path, prompts: Sequence[str], max_new_tokens: int,
@@ -92,9 +92,9 @@ def policy_study(tuning: Sequence[TraceEvent], heldout: Sequence[TraceEvent], to
             ceiling = belady(trace, capacity).hit_rate
             row[name] = {"belady_hit_rate": round(ceiling, 6),
                          "static_oracle_hit_rate": round(static_oracle(trace, capacity).hit_rate, 6)}
-            for policy_name, factory in BENCH_POLICIES.items():
+            for policy_name, spec in POLICIES.items():
                 # the warm-up trace is always the tuning trace: pinning never sees held-out text
-                hit = replay(factory(tuning, capacity), trace, capacity).hit_rate
+                hit = replay(spec.factory(tuning, capacity), trace, capacity).hit_rate
                 row[name][policy_name] = {"hit_rate": round(hit, 6),
                                           "vs_belady": round(hit / ceiling, 4) if ceiling else None}
         rows.append(row)
@@ -102,7 +102,7 @@ def policy_study(tuning: Sequence[TraceEvent], heldout: Sequence[TraceEvent], to
     def mean_heldout(policy_name: str) -> float:
         return statistics.fmean(r["heldout"][policy_name]["hit_rate"] for r in rows)
 
-    scores = {name: round(mean_heldout(name), 6) for name in BENCH_POLICIES}
+    scores = {name: round(mean_heldout(name), 6) for name in POLICIES}
     best = max(scores, key=scores.get)
     default = best if scores[best] > scores["lru"] + margin else "lru"
     return {"points": rows, "heldout_mean_hit_rate": scores, "default_policy": default,
@@ -115,7 +115,7 @@ def format_policy_study(study: dict, heldout_name: str = "held-out trace") -> li
     lines = [f"policies on the {heldout_name} (hit rate, vs Belady in brackets):"]
     for p in study["points"]:
         held = p["heldout"]
-        cells = [f"{name} {held[name]['hit_rate']:.3f} ({held[name]['vs_belady'] or 0:.2f})" for name in BENCH_POLICIES]
+        cells = [f"{name} {held[name]['hit_rate']:.3f} ({held[name]['vs_belady'] or 0:.2f})" for name in POLICIES]
         lines.append(f"  {p['budget_fraction']:>5.0%} slots {p['cache_slots']:>5}: belady "
                      f"{held['belady_hit_rate']:.3f}, static oracle {held['static_oracle_hit_rate']:.3f} | "
                      + " | ".join(cells))

@@ -39,10 +39,10 @@ from queue import SimpleQueue
 
 import torch
 
-from .cache_policy import ExpertKey
-from .direct_io import AlignedBuffer
-from .expert_cache import ExpertCache, fetch_expert
-from .stats import StreamStats
+from ..cache.expert_cache import ExpertCache, fetch_expert
+from ..cache.policies import ExpertKey
+from ..io.direct_io import AlignedBuffer
+from ..stats import StreamStats
 
 
 class Prefetcher:

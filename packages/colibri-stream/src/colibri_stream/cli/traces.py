@@ -18,10 +18,10 @@ from pathlib import Path
 
 import click
 
-from .bench_cli import percentages
-from .bench_studies import format_policy_study, policy_study
-from .exit_status import InputError
-from .routing_trace import TraceFormatError, read_trace, write_trace
+from ..cli.bench import percentages
+from ..exit_status import InputError
+from ..studies.cache_studies import format_policy_study, policy_study
+from ..traces.routing_trace import TraceFormatError, read_trace, write_trace
 
 _DTYPES = {"auto": "auto", "bf16": "bfloat16", "f32": "float32"}
 
@@ -46,7 +46,7 @@ def trace_hf(model: str, texts: tuple[Path, ...], out: Path, max_tokens: int, dt
         import transformers
     except ImportError:
         raise InputError("trace-hf needs transformers >= 5: pip install 'colibri-stream[hf]'") from None
-    from .hf_routing import NoRouterError, record_routing, token_windows
+    from ..traces.hf_routing import NoRouterError, record_routing, token_windows
 
     try:
         tokenizer = transformers.AutoTokenizer.from_pretrained(model)

@@ -24,10 +24,10 @@ import statistics
 import time
 from dataclasses import asdict, dataclass, field
 
-from .cache_replay import belady
-from .disk_bandwidth import measure_read_bandwidth
-from .engine import Engine
-from .io_accounting import IOWindow, ProcIOUnavailable, read_proc_io
+from ..cache.replay import belady
+from ..engine import Engine
+from ..io.accounting import IOWindow, ProcIOUnavailable, read_proc_io
+from ..studies.disk_bandwidth import measure_read_bandwidth
 
 # 2.0: `lru_vs_belady` became `hit_vs_belady` (the engine's policy, LFU by default, is not
 # always LRU), None when prefetch is on; each point names its `policy` and `prefetch` mode.

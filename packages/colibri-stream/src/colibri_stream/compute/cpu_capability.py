@@ -8,8 +8,8 @@ benchmarks report per capability. torch accepts a request above what the CPU has
 kernels then die on an illegal instruction, so the list comes from the CPU's own flags with the
 feature sets torch requires for each level.
 
-    python -m colibri_stream.cpu_capability                   # e.g. "default avx2 avx512"
-    python -m colibri_stream.cpu_capability --besides-native  # those torch did not pick here
+    python -m colibri_stream.compute.cpu_capability                   # e.g. "default avx2 avx512"
+    python -m colibri_stream.compute.cpu_capability --besides-native  # those torch did not pick here
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def native_capability() -> str:
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     if args not in ([], ["--besides-native"]):
-        print("usage: python -m colibri_stream.cpu_capability [--besides-native]", file=sys.stderr)
+        print("usage: python -m colibri_stream.compute.cpu_capability [--besides-native]", file=sys.stderr)
         sys.exit(2)
     levels = supported_capabilities()
     if args:

@@ -29,8 +29,8 @@ from pathlib import Path
 
 import click
 
-from .direct_io import RAM_FILESYSTEMS, filesystem_type
-from .exit_status import EXIT_CHECK_FAILED
+from ..exit_status import EXIT_CHECK_FAILED
+from ..io.direct_io import RAM_FILESYSTEMS, filesystem_type
 
 WORKLOADS = ("trained", "random", "nano", "micro")
 SUITE_VERSION = "1.0"
@@ -56,7 +56,7 @@ def _log(message: str) -> None:
 
 
 def _sweep(container, budgets, prompt, max_new_tokens, repeats, bandwidth_bytes, **options) -> dict:
-    from .bench import run_bench
+    from ..studies.bench import run_bench
 
     report = run_bench(container, budgets, prompt, max_new_tokens, repeats, bandwidth_bytes, **options)
     bandwidth = report["disk_bandwidth"]["bytes_per_s"]
@@ -73,9 +73,9 @@ def _sweep(container, budgets, prompt, max_new_tokens, repeats, bandwidth_bytes,
 
 def run_suite(workdir: Path, workloads: tuple[str, ...], budgets: list[str], repeats: int,
               max_new_tokens: int, train_steps: int, bandwidth_mb: int) -> dict:
-    from .bench_studies import policy_study, prefetch_study, text_trace, warm_run
-    from .synthetic_container import synthetic_container
-    from .trained_workload import ROUTING_MODEL, heldout_prompts, train_routing_model, tuning_prompts
+    from ..studies.cache_studies import policy_study, prefetch_study, text_trace, warm_run
+    from ..studies.synthetic_container import synthetic_container
+    from ..studies.trained_workload import ROUTING_MODEL, heldout_prompts, train_routing_model, tuning_prompts
 
     fractions = [float(b[:-1]) / 100 for b in budgets if b.endswith("%")]
     text_tokens = 256  # tokens of each passage read one per forward pass (policy, prefetch studies)
@@ -131,7 +131,7 @@ def run_suite(workdir: Path, workloads: tuple[str, ...], budgets: list[str], rep
 
 def _save_traces(directory: Path, traces: dict, shape: dict, container: Path, tokens: int) -> dict[str, str]:
     """Keep the policy study's traces, so `colibri-stream policy-study` can replay them later."""
-    from .routing_trace import write_trace
+    from ..traces.routing_trace import write_trace
 
     directory.mkdir(parents=True, exist_ok=True)
     out = {}
@@ -183,8 +183,8 @@ def goals(report: dict) -> dict:
 
 
 def format_suite(report: dict) -> str:
-    from .bench import format_table
-    from .bench_studies import format_policy_study
+    from ..studies.bench import format_table
+    from ..studies.cache_studies import format_policy_study
 
     lines = [f"colibri-stream bench-suite {report['date_utc']} (workdir on {report['filesystem']})"]
     for name, w in report["workloads"].items():

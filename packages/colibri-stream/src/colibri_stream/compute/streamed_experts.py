@@ -18,8 +18,9 @@ import time
 import torch
 from colibri_model import ExpertBackend
 
-from .expert_cache import ExpertCache
-from .stats import StreamStats, TraceEvent
+from ..cache.expert_cache import ExpertCache
+from ..stats import StreamStats
+from ..traces.events import TraceEvent
 
 
 class StreamedExperts(ExpertBackend):

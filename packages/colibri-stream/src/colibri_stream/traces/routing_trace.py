@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from .errors import StreamError
-from .stats import TraceEvent
+from ..errors import StreamError
+from .events import TraceEvent
 
 TRACE_FORMAT = "colibri-routing-trace"
 TRACE_VERSION = "1.0"

@@ -23,11 +23,11 @@ from collections.abc import Callable, Collection, Iterable
 
 from colibri_int4 import ContainerError, ExpertBlob, ExpertBlobLayout, ExpertEntry
 
-from .cache_policy import CachePolicy, ExpertKey
-from .direct_io import AlignedBuffer, BlobReader
-from .errors import ExpertCorruptError
-from .expert_slab import ExpertSlab
-from .stats import StreamStats
+from ..cache.policies import CachePolicy, ExpertKey
+from ..cache.slab import ExpertSlab
+from ..errors import ExpertCorruptError
+from ..io.direct_io import AlignedBuffer, BlobReader
+from ..stats import StreamStats
 
 PrepareFn = Callable[[ExpertBlob], object]  # blob -> object with .forward(x) and .nbytes
 
