@@ -1,0 +1,1 @@
+"""Routing traces: the event, the trace file format (ROUTING_TRACE.md), capture from transformers MoE models."""
