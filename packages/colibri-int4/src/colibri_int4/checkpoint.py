@@ -108,7 +108,13 @@ class SafetensorsFile:
 
 
 def load_config(checkpoint_dir: Path) -> tuple[dict, ModelShape]:
-    """config.json as a dict (kept verbatim for the container) and its validated shape fields."""
+    """config.json as a dict (kept verbatim for the container) and its validated shape fields.
+
+    The config belongs to colibri-model (CHECKPOINT.md), which this package may not import, so it
+    is carried opaquely: checked here are only what the export itself depends on, the
+    `format_version` major (our tensor table, layout.py, is that of CHECKPOINT.md 1.x) and the
+    shape fields the layout is computed from. `model_type` and the other fields are colibri-model's
+    to validate (`colibri_model.parse_checkpoint_config`, which colibri-stream calls at open)."""
     path = Path(checkpoint_dir) / "config.json"
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
@@ -123,8 +129,6 @@ def load_config(checkpoint_dir: Path) -> tuple[dict, ModelShape]:
         raise CheckpointError(
             f"{path}: checkpoint format_version {version or '(missing)'} is not supported (knows {CHECKPOINT_FORMAT_MAJOR}.x)"
         )
-    if config.get("model_type") != "colibri":
-        raise CheckpointError(f"{path}: model_type {config.get('model_type')!r}, expected 'colibri'")
     try:
         shape = ModelShape.model_validate(config)
     except ValueError as exc:

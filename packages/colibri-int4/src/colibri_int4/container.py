@@ -14,6 +14,7 @@ aligned buffers and pass to `ExpertBlob.parse`, or read through `read_expert_int
 
 from __future__ import annotations
 
+import copy
 import os
 import zlib
 from collections.abc import Iterator
@@ -90,7 +91,9 @@ class Container:
     # --- sizes -------------------------------------------------------------------------
     @property
     def config(self) -> dict:
-        return self.header.config
+        """The checkpoint's config.json object as stored (a copy). colibri-int4 checks only the
+        shape fields (`shape`); `colibri_model.parse_checkpoint_config` reads the rest."""
+        return copy.deepcopy(self.header.config)
 
     @property
     def scheme(self):
