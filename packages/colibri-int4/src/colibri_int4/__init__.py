@@ -16,6 +16,7 @@ from .header import ContainerHeader, ExpertEntry, TensorEntry
 from .layout import ExpertBlobLayout, ModelShape
 from .quantize import dequantize_q4, quantize_q4, unpack_nibbles
 from .scheme import QuantScheme
+from .synthetic import SYNTHETIC_SCHEME, write_synthetic_container
 from .tensor_codec import RawTensor
 
 try:  # the installed metadata is the one source of the version (pyproject.toml sets it)
@@ -38,6 +39,7 @@ __all__ = [
     "ModelShape",
     "QuantScheme",
     "RawTensor",
+    "SYNTHETIC_SCHEME",
     "SizeEstimate",
     "TensorEntry",
     "VerifyReport",
@@ -49,4 +51,5 @@ __all__ = [
     "export_checkpoint",
     "quantize_q4",
     "unpack_nibbles",
+    "write_synthetic_container",
 ]
