@@ -14,6 +14,7 @@ from .expert_blob import ExpertBlob, decode_expert_blob, encode_expert_blob
 from .export import ContainerFileWriter, ExportReport, export_checkpoint
 from .header import ContainerHeader, ExpertEntry, TensorEntry
 from .layout import ExpertBlobLayout, ModelShape
+from .positional_read import read_exact, read_into
 from .quantize import dequantize_q4, quantize_q4, unpack_nibbles
 from .scheme import QuantScheme
 from .synthetic import SYNTHETIC_SCHEME, write_synthetic_container
@@ -50,6 +51,8 @@ __all__ = [
     "estimate_container_size",
     "export_checkpoint",
     "quantize_q4",
+    "read_exact",
+    "read_into",
     "unpack_nibbles",
     "write_synthetic_container",
 ]
