@@ -34,10 +34,8 @@ SHAPES = {"nano": (1024, 512), "micro": (1536, 768)}  # d_model, expert_dim
 def _measure(capability: str, repeats: int, directory: str, threads: int) -> dict:
     import numpy as np
     import torch
-    from colibri_int4 import ExpertBlob, ExpertBlobLayout, QuantScheme, encode_expert_blob
-    from colibri_int4.header import model_shape
-    from colibri_model import get_preset
-    from colibri_model.checkpoint import config_to_checkpoint_json
+    from colibri_int4 import ExpertBlob, ExpertBlobLayout, ModelShape, QuantScheme, encode_expert_blob
+    from colibri_model import checkpoint_config_dict, get_preset
     from colibri_stream.compute import int4_repack
     from colibri_stream.compute.expert_compute import Int4Expert
     from colibri_stream.io.direct_io import AlignedBuffer, BlobReader
@@ -45,8 +43,8 @@ def _measure(capability: str, repeats: int, directory: str, threads: int) -> dic
     torch.set_num_threads(threads)
     out = {"capability": torch.backends.cpu.get_cpu_capability(), "threads": threads, "repeats": repeats}
     for name, (d_model, expert_dim) in SHAPES.items():
-        config = json.loads(config_to_checkpoint_json(get_preset(name)))
-        layout = ExpertBlobLayout.build(model_shape(config), QuantScheme(group_size=64))
+        config = checkpoint_config_dict(get_preset(name))
+        layout = ExpertBlobLayout.build(ModelShape.model_validate(config), QuantScheme(group_size=64))
         rng = np.random.default_rng(0)
         gate, up = (rng.standard_normal((expert_dim, d_model), dtype=np.float32) for _ in range(2))
         down = rng.standard_normal((d_model, expert_dim), dtype=np.float32)

@@ -279,11 +279,11 @@ def _bigger_than_ram(out: Path, new_tokens: int) -> dict:
     file's size: every miss is an O_DIRECT read, checked against the kernel's read_bytes."""
     from colibri_stream import BudgetError, Engine
     from colibri_stream.io.accounting import IOWindow, read_proc_io
-    from colibri_stream.studies.synthetic_container import write_synthetic_container
+    from colibri_stream.studies.synthetic_container import write_preset_container
 
     path = out / "nano-shaped-random.coli"
     began = time.monotonic()
-    write_synthetic_container(path, "nano", seed=0)
+    write_preset_container(path, "nano", seed=0)
     size = path.stat().st_size
     print(f"    wrote {path.name}: {size / 1e9:.2f} GB in {time.monotonic() - began:.0f}s "
           "(random weights: the text will be noise; the point is the I/O)", flush=True)

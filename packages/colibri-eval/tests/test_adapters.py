@@ -103,3 +103,30 @@ def test_int4_adapter_scores_like_the_engine(tmp_path):
         logp = torch.log_softmax(logits.float(), -1)[-len(request.continuation):]
         want = float(logp.gather(1, torch.tensor(request.continuation)[:, None]).sum())
         assert ll == pytest.approx(want, rel=1e-5, abs=1e-3)
+
+
+@pytest.mark.skipif(not (_has("colibri_stream", "Engine") and _has("colibri_int4", "export_checkpoint")),
+                    reason="colibri-stream / colibri-int4 not installed")
+def test_colibri_and_int4_models_hold_tensors_in_the_same_dtypes_in_bf16(tmp_path):
+    """One rule (colibri_model.held_dtype): 1-D tensors fp32, matrices bf16, on both paths."""
+    import torch
+    from colibri_eval import load_model
+    from colibri_int4 import export_checkpoint
+    from colibri_model import ColibriForCausalLM, get_preset, held_dtype
+
+    torch.manual_seed(0)
+    ColibriForCausalLM(get_preset("tiny")).save_pretrained(tmp_path / "ckpt")
+    export_checkpoint(tmp_path / "ckpt", tmp_path / "model.coli")
+    dense = load_model(f"colibri:{tmp_path / 'ckpt'}", dtype="bfloat16").model.model
+    int4 = load_model(f"int4:{tmp_path / 'model.coli'}", dtype="bfloat16", ram_budget="2GB")
+    streamed = int4.model.engine.model
+    assert int4.info["dtype"] == "bfloat16"
+
+    def dtypes(model):  # the routed experts are stacked in one and streamed in the other
+        return {n: t.dtype for n, t in model.state_dict().items() if ".moe.experts." not in n}
+
+    assert dtypes(dense) == dtypes(streamed)
+    norms = {n: d for n, d in dtypes(dense).items() if n.endswith("norm.weight")}
+    assert norms and set(norms.values()) == {torch.float32}
+    assert dtypes(dense)["layers.0.attn.q_proj.weight"] == torch.bfloat16
+    assert all(d == held_dtype(dense.state_dict()[n].shape, torch.bfloat16) for n, d in dtypes(dense).items())

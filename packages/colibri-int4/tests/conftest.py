@@ -51,6 +51,12 @@ def write_checkpoint(directory: Path, config: dict, tensors: dict[str, np.ndarra
 
 
 @pytest.fixture
+def make_config():
+    """`make_config(**overrides)`: a tiny config.json dict (test modules cannot import conftest)."""
+    return tiny_config
+
+
+@pytest.fixture
 def make_checkpoint(tmp_path):
     """`make_checkpoint(name="ckpt", seed=0, tokenizer=None, **config_overrides)` -> (dir, config, tensors)."""
 

@@ -161,6 +161,23 @@ def test_checkpoint_errors(make_checkpoint, tmp_path):
     assert not out.exists() and not os.path.exists(str(out) + ".tmp")
 
 
+def test_config_is_carried_opaquely_beyond_the_shape_fields(make_checkpoint, tmp_path):
+    """model_type and the schema are colibri-model's to validate (FORMAT.md): the export keeps
+    whatever config.json holds, and the reader hands it back as stored."""
+    ckpt, config, _ = make_checkpoint()
+    del config["model_type"]
+    config["a_future_field"] = {"nested": [1, 2]}
+    (ckpt / "config.json").write_text(json.dumps(config))
+    export_checkpoint(ckpt, tmp_path / "x.coli")
+    with Container.open(tmp_path / "x.coli") as c:
+        assert c.config == config
+        c.config["d_model"] = 1  # a copy: the header is not changed through it
+        assert c.config == config and c.shape.d_model == config["d_model"]
+    (ckpt / "config.json").write_text(json.dumps({**config, "d_model": 0}))
+    with pytest.raises(CheckpointError, match="d_model"):  # a shape field is this package's business
+        export_checkpoint(ckpt, tmp_path / "y.coli")
+
+
 @pytest.mark.parametrize(
     "edit, message",
     [

@@ -8,6 +8,7 @@ import pytest
 from click.testing import CliRunner
 from colibri_stream import ReportVersionError, read_generate_report
 from colibri_stream.cli import main
+from colibri_stream.stats import STATS_VERSION
 
 
 def run(*args, input=None):
@@ -46,7 +47,7 @@ def test_generate_json_has_text_and_stats(tiny):
         "trace",
     ):
         assert key in stats
-    assert stats["stats_version"] == "1.0" and stats["misses"] > 0
+    assert stats["stats_version"] == STATS_VERSION and stats["misses"] > 0
     assert out["budget"]["ram_budget"] == 200_000_000
     report = read_generate_report(result.output)  # the versioned schema others read
     assert report.stats.misses == stats["misses"] and report.stats.trace is not None

@@ -58,6 +58,36 @@ def test_refused_o_direct_falls_back_to_buffered_and_says_so_once(tiny, monkeypa
     assert len(fallbacks) == 1 and "O_DIRECT unavailable" in str(fallbacks[0].message)
 
 
+def test_blob_reader_finishes_short_reads_and_names_the_file_at_eof(tiny, monkeypatch):
+    """BlobReader uses colibri-int4's read_into: a preadv that returns 1000 bytes at a time
+    still fills the blob, counted once; a range past the end is an EOFError naming the file."""
+    with Container.open(tiny[0]) as c:
+        entry = c.expert_entry(2, 5)
+    expected = Path(tiny[0]).read_bytes()[entry.offset : entry.offset + entry.length]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", IOFallbackWarning)
+        reader = BlobReader(tiny[0], direct=False)  # buffered: a short O_DIRECT read must stay aligned
+    buffer = AlignedBuffer(entry.length + 8192)
+    real, calls = os.preadv, []
+
+    def short_preadv(fd, buffers, offset):
+        calls.append(offset)
+        return real(fd, [memoryview(buffers[0])[:1000]], offset)
+
+    monkeypatch.setattr(os, "preadv", short_preadv)
+    try:
+        reader.read_into(buffer.view, entry.offset, entry.length)
+        assert bytes(buffer.view[: entry.length]) == expected
+        assert len(calls) == -(-entry.length // 1000) and (reader.reads, reader.bytes_read) == (1, entry.length)
+        end = os.path.getsize(tiny[0])
+        with pytest.raises(EOFError, match=rf"tiny\.coli: file ends at byte {end}"):
+            reader.read_into(buffer.view, end - 4096, 8192)
+        assert reader.reads == 1  # a failed read is not counted
+    finally:
+        reader.close()
+        buffer.close()
+
+
 def test_buffered_mode_on_request_gives_the_same_logits(tiny):
     ids = torch.arange(300, 340)
     with warnings.catch_warnings():

@@ -137,3 +137,6 @@ def test_per_layer_prefetch_accuracy_adds_up(tiny):
         assert sum(c.prefetch_actual for c in layers) == stats.prefetch_actual > 0
         assert sum(c.prefetch_correct for c in layers) == stats.prefetch_correct
         assert all(0 <= c.prefetch_accuracy <= 1 for c in layers)
+        out = stats.to_dict()  # and the per-layer figures reach the JSON (they did not in stats 1.0)
+        assert sum(c["prefetch_actual"] for c in out["per_layer"].values()) == out["prefetch_actual"]
+        assert sum(c["prefetch_correct"] for c in out["per_layer"].values()) == out["prefetch_correct"]

@@ -14,8 +14,10 @@ from .expert_blob import ExpertBlob, decode_expert_blob, encode_expert_blob
 from .export import ContainerFileWriter, ExportReport, export_checkpoint
 from .header import ContainerHeader, ExpertEntry, TensorEntry
 from .layout import ExpertBlobLayout, ModelShape
+from .positional_read import read_exact, read_into
 from .quantize import dequantize_q4, quantize_q4, unpack_nibbles
 from .scheme import QuantScheme
+from .synthetic import SYNTHETIC_SCHEME, write_synthetic_container
 from .tensor_codec import RawTensor
 
 try:  # the installed metadata is the one source of the version (pyproject.toml sets it)
@@ -38,6 +40,7 @@ __all__ = [
     "ModelShape",
     "QuantScheme",
     "RawTensor",
+    "SYNTHETIC_SCHEME",
     "SizeEstimate",
     "TensorEntry",
     "VerifyReport",
@@ -48,5 +51,8 @@ __all__ = [
     "estimate_container_size",
     "export_checkpoint",
     "quantize_q4",
+    "read_exact",
+    "read_into",
     "unpack_nibbles",
+    "write_synthetic_container",
 ]

@@ -18,24 +18,12 @@ import numpy as np
 
 from .errors import CheckpointError
 from .layout import ModelShape, checkpoint_tensor_shapes
+from .positional_read import read_exact
 from .quantize import bf16_bits_to_f32, f32_to_bf16_bits
 
 CHECKPOINT_FORMAT_MAJOR = 1
 _ITEMSIZE = {"F32": 4, "BF16": 2, "F16": 2}
 _MAX_ST_HEADER = 100 << 20
-
-
-def read_exact(fd: int, length: int, offset: int) -> bytearray:
-    """`length` bytes at `offset`, looping over short reads; raises EOFError at end of file."""
-    buf = bytearray(length)
-    view = memoryview(buf)
-    done = 0
-    while done < length:
-        n = os.preadv(fd, [view[done:]], offset + done)
-        if n == 0:
-            raise EOFError(f"end of file at byte {offset + done}, wanted {length} bytes at {offset}")
-        done += n
-    return buf
 
 
 class SafetensorsFile:
@@ -56,11 +44,11 @@ class SafetensorsFile:
     def _parse(self) -> None:
         size = os.fstat(self._fd).st_size
         try:
-            (n,) = np.frombuffer(read_exact(self._fd, 8, 0), dtype="<u8")
+            (n,) = np.frombuffer(read_exact(self._fd, 8, 0, "header length"), dtype="<u8")
             n = int(n)
             if n > min(_MAX_ST_HEADER, size - 8):
                 raise CheckpointError(f"{self.path}: header length {n} exceeds the file")
-            meta = json.loads(read_exact(self._fd, n, 8).decode("utf-8"))
+            meta = json.loads(read_exact(self._fd, n, 8, "header").decode("utf-8"))
         except (EOFError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise CheckpointError(f"{self.path}: not a safetensors file ({exc})") from None
         self._data_start = 8 + n
@@ -99,7 +87,7 @@ class SafetensorsFile:
         if index is not None:
             step = (end - begin) // shape[0]
             begin, end, shape = begin + index * step, begin + (index + 1) * step, shape[1:]
-        raw = read_exact(self._fd, end - begin, self._data_start + begin)
+        raw = read_exact(self._fd, end - begin, self._data_start + begin, f"{self.path}: tensor '{name}'")
         if dtype == "BF16":
             return bf16_bits_to_f32(np.frombuffer(raw, dtype="<u2")).reshape(shape)
         if dtype == "F16":
@@ -108,7 +96,13 @@ class SafetensorsFile:
 
 
 def load_config(checkpoint_dir: Path) -> tuple[dict, ModelShape]:
-    """config.json as a dict (kept verbatim for the container) and its validated shape fields."""
+    """config.json as a dict (kept verbatim for the container) and its validated shape fields.
+
+    The config belongs to colibri-model (CHECKPOINT.md), which this package may not import, so it
+    is carried opaquely: checked here are only what the export itself depends on, the
+    `format_version` major (our tensor table, layout.py, is that of CHECKPOINT.md 1.x) and the
+    shape fields the layout is computed from. `model_type` and the other fields are colibri-model's
+    to validate (`colibri_model.parse_checkpoint_config`, which colibri-stream calls at open)."""
     path = Path(checkpoint_dir) / "config.json"
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
@@ -123,8 +117,6 @@ def load_config(checkpoint_dir: Path) -> tuple[dict, ModelShape]:
         raise CheckpointError(
             f"{path}: checkpoint format_version {version or '(missing)'} is not supported (knows {CHECKPOINT_FORMAT_MAJOR}.x)"
         )
-    if config.get("model_type") != "colibri":
-        raise CheckpointError(f"{path}: model_type {config.get('model_type')!r}, expected 'colibri'")
     try:
         shape = ModelShape.model_validate(config)
     except ValueError as exc:

@@ -14,6 +14,7 @@ aligned buffers and pass to `ExpertBlob.parse`, or read through `read_expert_int
 
 from __future__ import annotations
 
+import copy
 import os
 import zlib
 from collections.abc import Iterator
@@ -22,7 +23,6 @@ from pathlib import Path
 
 import numpy as np
 
-from .checkpoint import read_exact
 from .errors import ChecksumError, ContainerError
 from .expert_blob import ExpertBlob
 from .header import (
@@ -34,6 +34,7 @@ from .header import (
     validate_ranges,
 )
 from .layout import ExpertBlobLayout, ModelShape, checkpoint_tensor_shapes
+from .positional_read import read_exact, read_into
 from .tensor_codec import RawTensor, decode_tensor
 
 
@@ -90,7 +91,9 @@ class Container:
     # --- sizes -------------------------------------------------------------------------
     @property
     def config(self) -> dict:
-        return self.header.config
+        """The checkpoint's config.json object as stored (a copy). colibri-int4 checks only the
+        shape fields (`shape`); `colibri_model.parse_checkpoint_config` reads the rest."""
+        return copy.deepcopy(self.header.config)
 
     @property
     def scheme(self):
@@ -140,12 +143,11 @@ class Container:
         if len(view) < entry.length:
             raise ValueError(f"buffer has {len(view)} bytes, expert blobs need {entry.length}")
         view = view[: entry.length]
-        done = 0
-        while done < entry.length:
-            n = os.preadv(self._fd, [view[done:]], entry.offset + done)
-            if n == 0:
-                raise ContainerError(f"expert (layer {layer}, expert {expert}): file ends at byte {entry.offset + done}")
-            done += n
+        where = f"expert (layer {layer}, expert {expert})"
+        try:
+            read_into(self._fd, view, entry.offset, where)
+        except EOFError as exc:
+            raise ContainerError(str(exc)) from None
         return ExpertBlob.parse(view, self.blob_layout, entry.crc32 if verify else None,
                                 where=f"expert (layer {layer}, expert {expert}) at byte {entry.offset}")
 
@@ -233,6 +235,6 @@ class Container:
 
 def _read(fd: int, length: int, offset: int, what: str) -> bytearray:
     try:
-        return read_exact(fd, length, offset)
+        return read_exact(fd, length, offset, what)
     except EOFError:
         raise ContainerError(f"truncated: {what} needs bytes [{offset}, {offset + length})") from None

@@ -4,13 +4,22 @@ from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as _metadata_version
 
 from .balancing import ExpertBiasBalancer
-from .checkpoint import FORMAT_VERSION, CheckpointFormatError, load_checkpoint, read_config, save_checkpoint
+from .checkpoint import (
+    FORMAT_VERSION,
+    CheckpointFormatError,
+    checkpoint_config_dict,
+    load_checkpoint,
+    parse_checkpoint_config,
+    read_config,
+    save_checkpoint,
+)
 from .config import PRESETS, ColibriConfig, ConfigError, count_params, get_preset
 from .experts import ExpertBackend, GroupedExperts
 from .layers import KVCache
 from .model import CausalLMOutput, ColibriForCausalLM
 from .moe import MoELayer
 from .router import RouterStats
+from .tensor_names import checkpoint_tensor_shapes, held_dtype
 from .tokenizer import load_tokenizer
 
 try:  # the installed metadata is the one source of the version (pyproject.toml sets it)
@@ -32,10 +41,14 @@ __all__ = [
     "KVCache",
     "MoELayer",
     "RouterStats",
+    "checkpoint_config_dict",
+    "checkpoint_tensor_shapes",
     "count_params",
     "get_preset",
+    "held_dtype",
     "load_checkpoint",
     "load_tokenizer",
+    "parse_checkpoint_config",
     "read_config",
     "save_checkpoint",
 ]

@@ -19,6 +19,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from .config import ColibriConfig
+from .tensor_names import held_dtype
 
 FORMAT_VERSION = "1.0"
 CONFIG_FILE = "config.json"
@@ -34,9 +35,17 @@ def _major(version: str) -> str:
     return str(version).split(".")[0]
 
 
+MODEL_TYPE = "colibri"
+
+
+def checkpoint_config_dict(config: ColibriConfig) -> dict:
+    """The config.json object of a checkpoint of `config` (CHECKPOINT.md): the config's fields
+    plus `format_version` and `model_type`. `parse_checkpoint_config` reads it back."""
+    return {"format_version": FORMAT_VERSION, "model_type": MODEL_TYPE, **config.model_dump()}
+
+
 def config_to_checkpoint_json(config: ColibriConfig) -> str:
-    payload = {"format_version": FORMAT_VERSION, "model_type": "colibri", **config.model_dump()}
-    return json.dumps(payload, indent=2) + "\n"
+    return json.dumps(checkpoint_config_dict(config), indent=2) + "\n"
 
 
 def read_config(directory: str | os.PathLike) -> ColibriConfig:
@@ -54,7 +63,15 @@ def read_config(directory: str | os.PathLike) -> ColibriConfig:
 
 
 def parse_checkpoint_config(data: dict, where: str) -> ColibriConfig:
-    """Validate a checkpoint's config.json object (`where` names it in errors)."""
+    """The validated `ColibriConfig` of a checkpoint's config.json object: the one reader of
+    that format, for checkpoint directories and for the copy an int4 container carries.
+    `where` names the source in errors (every error is a `CheckpointFormatError`).
+
+    `model_type` is required, like `format_version`: every writer has always written it, and it
+    is what tells a Colibri config.json from another model's config.json of the same shape.
+    """
+    if not isinstance(data, dict):
+        raise CheckpointFormatError(f"{where}: expected a JSON object, got {type(data).__name__}")
     data = dict(data)
     version = data.pop("format_version", None)
     if version is None:
@@ -64,9 +81,11 @@ def parse_checkpoint_config(data: dict, where: str) -> ColibriConfig:
             f"{where}: checkpoint format_version {version} is not supported "
             f"(this colibri-model reads {FORMAT_VERSION})"
         )
-    model_type = data.pop("model_type", "colibri")
-    if model_type != "colibri":
-        raise CheckpointFormatError(f"{where}: model_type {model_type!r} is not 'colibri'")
+    if "model_type" not in data:
+        raise CheckpointFormatError(f"{where}: no model_type field (expected {MODEL_TYPE!r})")
+    model_type = data.pop("model_type")
+    if model_type != MODEL_TYPE:
+        raise CheckpointFormatError(f"{where}: model_type {model_type!r} is not {MODEL_TYPE!r}")
     try:
         return ColibriConfig.model_validate(data)
     except ValueError as exc:
@@ -122,21 +141,23 @@ def load_tensors(path: str | os.PathLike, dtype: torch.dtype | None = None) -> t
     whenever the header length was unlucky (issue 18). A copy has the 64-byte alignment of
     every tensor torch allocates, so loaded weights compute with exactly the bits that freshly
     trained ones do. One tensor is copied at a time, and with `dtype` floating tensors are
-    converted straight from the file (no full-precision copy): the peak is the result plus one
-    tensor.
+    converted straight from the file (no full-precision copy) to the dtype `held_dtype` gives
+    (1-D tensors stay fp32): the peak is the result plus one tensor.
     """
     with safe_open(str(path), framework="pt") as f:
         metadata = f.metadata() or {}
         tensors = {}
         for name in f.keys():
             view = f.get_tensor(name)
-            convert = dtype is not None and view.is_floating_point() and view.dtype != dtype
-            tensors[name] = view.to(dtype) if convert else view.clone()
+            target = held_dtype(view.shape, dtype) if dtype is not None and view.is_floating_point() else view.dtype
+            tensors[name] = view.to(target) if view.dtype != target else view.clone()
     return tensors, metadata
 
 
 def load_checkpoint(path: str | os.PathLike, dtype: torch.dtype | None = None, device=None):
-    """Build a ColibriForCausalLM from a checkpoint directory (or Hub repo id)."""
+    """Build a ColibriForCausalLM from a checkpoint directory (or Hub repo id). With `dtype`,
+    tensors are held as `held_dtype` says (1-D tensors fp32, the rest `dtype`); without, as
+    stored (`expert_bias` always fp32)."""
     from .model import ColibriForCausalLM
 
     directory = _resolve(path)
@@ -169,10 +190,6 @@ def load_checkpoint(path: str | os.PathLike, dtype: torch.dtype | None = None, d
     for layer in model.moe_layers():
         layer.router.tokens_per_expert = torch.zeros(config.n_experts, dtype=torch.float32)
         layer.router.expert_bias = layer.router.expert_bias.float()
-    if dtype is not None:
-        model.to(dtype)
-        for layer in model.moe_layers():
-            layer.router.expert_bias = layer.router.expert_bias.float()
     if device is not None:
         model.to(device)
     return model

@@ -24,7 +24,7 @@ from typing import Literal
 
 import torch
 from colibri_int4 import Container
-from colibri_model import load_tokenizer
+from colibri_model import held_dtype, load_tokenizer
 from colibri_model.chat import encode_chat
 from colibri_model.tokenizer import EOS_TOKEN, IM_END
 from tokenizers import Tokenizer
@@ -123,7 +123,7 @@ class Engine:
         # The resident size is known before materialising it: every resident tensor's element count.
         resident_bytes = (
             sum(
-                (4 if len(t.shape) == 1 or t.name.endswith("expert_bias") else elem) * _numel(t.shape)
+                held_dtype(t.shape, dtype).itemsize * _numel(t.shape)
                 for t in container.header.tensors
             )
             + 4 * config.n_moe_layers * config.n_experts

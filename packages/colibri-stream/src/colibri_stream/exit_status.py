@@ -1,4 +1,4 @@
-"""The exit status of every `colibri-stream` command (cli.py, bench_cli.py, trace_cli.py).
+"""The exit status of every `colibri-stream` command (cli/: __init__.py, bench.py, traces.py).
 
     0  ok
     1  a check failed: a routed-expert blob or a resident tensor failed its CRC-32 (or could not

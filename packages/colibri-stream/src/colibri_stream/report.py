@@ -1,18 +1,19 @@
 """The versioned JSON that crosses the package boundary: `colibri-stream generate --json`.
 
 `GenerateReport` (pydantic) is what the CLI prints and what benchmarks and other packages read
-back; `StatsReport` is its `stats` member (the engine's `StreamStats.to_dict()`). Both carry a
-version; `read_generate_report` refuses an unknown major version naming both. STATS.md beside
-this file specifies every field.
+back; `StatsReport` is its `stats` member (the engine's `StreamStats.to_dict()`), built from
+the declaration in stats.py rather than written out again. Both carry a version;
+`read_generate_report` refuses an unknown major version naming both. STATS.md beside this file
+specifies every field.
 """
 
 from __future__ import annotations
 
 import json
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict, create_model, model_validator
 
-from .stats import STATS_VERSION
+from .stats import STATS_VERSION, StreamStats, report_fields
 
 REPORT_VERSION = "1.0"
 
@@ -26,52 +27,32 @@ def _check_major(kind: str, found: str, known: str) -> None:
         raise ReportVersionError(f"{kind} version {found} is not supported by this reader (knows {known})")
 
 
-class StatsReport(BaseModel):
-    model_config = ConfigDict(extra="allow")  # minor versions may add fields
+def _stats_fields() -> dict:
+    """The reader's fields, from the writer's declaration (stats.py `report_fields`): a key
+    the first stats version had is required; one a later minor added defaults to empty, so an
+    older report still reads."""
+    spec = {"stats_version": (str, ...)}
+    for f in report_fields(StreamStats):
+        default = None if f.optional else ... if f.since == "1.0" else f.kind()
+        spec[f.key] = (f.kind, default)
+    return spec
 
-    stats_version: str
-    hits: int
-    misses: int
-    hit_rate: float
-    bytes_read: int
-    evictions: int
-    prefetch_issued: int
-    prefetch_used: int
-    prefetch_wasted: int
-    prefetch_accuracy: float
-    prefetch_actual: int
-    prefetch_correct: int
-    io_seconds: float
-    verify_seconds: float
-    compute_seconds: float
-    forward_seconds: float
-    prefill_tokens: int
-    decode_tokens: int
-    steps: int
-    per_layer_hit_rate: dict[str, float]
-    per_layer: dict[str, dict[str, int]]
-    ram_budget_mb: float
-    resident_mb: float
-    kv_cache_mb: float
-    staging_mb: float
-    workspace_mb: float
-    cache_capacity_mb: float
-    cache_mb: float
-    cache_slots: int
-    cached_experts: int
-    io_mode: str
-    filesystem: str
-    compute_mode: str
-    policy: str
-    prefetch: str
-    trace: list[tuple[int, int, list[int]]] | None = None
 
-    @model_validator(mode="before")
-    @classmethod
-    def _version(cls, data):
-        if isinstance(data, dict):
-            _check_major("stats", data.get("stats_version", "?"), STATS_VERSION)
-        return data
+def _check_stats_version(cls, data):
+    if isinstance(data, dict):
+        _check_major("stats", data.get("stats_version", "?"), STATS_VERSION)
+    return data
+
+
+# `per_layer` entries read back as `LayerCounters` (pydantic validates the dataclass's fields
+# and recomputes its reported properties), so they carry the same names as the live counters.
+StatsReport = create_model(
+    "StatsReport",
+    __config__=ConfigDict(extra="allow"),  # minor versions may add fields
+    __doc__="`StreamStats.to_dict()` read back (fields: STATS.md).",
+    __validators__={"_version": model_validator(mode="before")(classmethod(_check_stats_version))},
+    **_stats_fields(),
+)
 
 
 class BudgetReport(BaseModel):
@@ -83,7 +64,7 @@ class BudgetReport(BaseModel):
     workspace_bytes: int
     staging_bytes: int
     tokenizer_bytes: int = 0  # absent from reports written before it was reported
-    heap_slack_bytes: int = 0  # likewise; freed C heap held between trims (heap.py)
+    heap_slack_bytes: int = 0  # likewise; freed C heap held between trims (io/heap.py)
     slot_bytes: int
     cache_slots: int
     total_experts: int

@@ -7,16 +7,23 @@ one at a time from the container's encoding (q8/q4/bf16/f32) to the engine dtype
 at a time, so the peak while opening is the materialised tensors plus one tensor's stored bytes
 plus one block: the budget, which counts the materialised model, holds during the open too.
 
-The container carries the checkpoint's `config.json` verbatim (FORMAT.md), so the config is
-checked like colibri-model's reader does: `format_version` major 1, `model_type` "colibri".
+The container carries the checkpoint's `config.json` verbatim (FORMAT.md); colibri-model's
+public reader (`parse_checkpoint_config`) turns it into the `ColibriConfig`, and colibri-model's
+`held_dtype` decides each tensor's dtype (1-D tensors fp32), exactly as `load_checkpoint` does.
 """
 
 from __future__ import annotations
 
 import torch
 from colibri_int4 import Container
-from colibri_model import ColibriConfig, ColibriForCausalLM, ExpertBackend
-from colibri_model.checkpoint import CheckpointFormatError, parse_checkpoint_config
+from colibri_model import (
+    CheckpointFormatError,
+    ColibriConfig,
+    ColibriForCausalLM,
+    ExpertBackend,
+    held_dtype,
+    parse_checkpoint_config,
+)
 
 from .errors import ContainerConfigError
 from .io.heap import release_free_heap
@@ -44,9 +51,7 @@ def build_model(
         model = ColibriForCausalLM(config, expert_backends=backends)
     state = {}
     for raw in container.iter_resident():
-        # 1-D tensors (norms, expert_bias) stay fp32 like colibri-model keeps them.
-        target = torch.float32 if (len(raw.shape) == 1 or raw.name.endswith("expert_bias")) else dtype
-        state[raw.name] = _materialise(raw, target, device)
+        state[raw.name] = _materialise(raw, held_dtype(raw.shape, dtype), device)
     expected = set(model.state_dict())
     missing, unexpected = expected - set(state), set(state) - expected
     if missing or unexpected:

@@ -53,6 +53,6 @@ def load_model(spec: str, dtype: str = "float32", ram_budget: str | None = None)
             from colibri_eval.adapters.colibri_checkpoint import load_colibri
             return load_colibri(spec, path, dtype)
         from colibri_eval.adapters.int4_stream import load_int4
-        return load_int4(spec, path, ram_budget)
+        return load_int4(spec, path, ram_budget, dtype)
     except ImportError as exc:
         raise _missing(kind, exc) from None

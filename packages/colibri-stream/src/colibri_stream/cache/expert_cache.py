@@ -1,6 +1,6 @@
 """The expert cache: a fixed number of slots holding prepared routed experts, under a budget.
 
-The budget decides the number of slots up front (`Budget`, budget.py), so the cache never
+The budget decides the number of slots up front (`Budget`, plan.py), so the cache never
 allocates beyond it: on a miss it first evicts (the policy picks the victim), then reads the
 blob into a page-aligned staging buffer (direct_io.py), verifies its CRC-32, repacks it into
 the compute layout (expert_compute.py) and stores it. Peak RAM is therefore
@@ -80,7 +80,7 @@ class ExpertCache:
             raise ValueError(f"a slab of {slab.slots} slots cannot back a cache of {capacity}")
         self.reader, self.entries, self.layout, self.prepare = reader, entries, layout, prepare
         self.capacity, self.policy, self.stats = capacity, policy, stats
-        # with a slab, prepared experts (those with move_into) live in its slots (expert_slab.py)
+        # with a slab, prepared experts (those with move_into) live in its slots (slab.py)
         self.slab = slab
         self._slab_index: dict[ExpertKey, int] = {}
         self._slots: dict[ExpertKey, object] = {}

@@ -15,7 +15,7 @@ Workloads:
 
 Each workload runs the budget sweep of bench.py (`run_bench`: interleaved runs, Belady on the
 same trace, O_DIRECT bandwidth, /proc/self/io check); `trained` adds the policy study (tuning
-vs held-out text), the prefetch study and a warm run (bench_studies.py). WORKDIR must be on a
+vs held-out text), the prefetch study and a warm run (studies/cache_studies.py). WORKDIR must be on a
 real disk: on tmpfs no read reaches storage and the command refuses.
 """
 

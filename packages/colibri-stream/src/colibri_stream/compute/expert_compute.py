@@ -85,12 +85,12 @@ class Int4Expert:
         self.group_gate_up, self.group_down = blob.groups["gate"], blob.groups["down"]
         self.gate_up, self.gate_up_sz = self._pack(blob, ("gate", "up"), dtype)
         self.down, self.down_sz = self._pack(blob, ("down",), dtype)
-        # what a slab slot holds: each part starts on a cache line (expert_slab.place)
+        # what a slab slot holds: each part starts on a cache line (cache/slab.py, place)
         self.nbytes = sum(aligned(t.nbytes) for t in (self.gate_up, self.gate_up_sz, self.down, self.down_sz))
 
     def move_into(self, slot: torch.Tensor) -> None:
         """Copy the prepared tensors into `slot` (uint8, >= nbytes) and use them from there; the
-        heap copies are freed (expert_slab.py says why)."""
+        heap copies are freed (cache/slab.py says why)."""
         parts = place({name: getattr(self, name) for name in _INT4_PARTS}, slot)
         for name, view in parts.items():
             setattr(self, name, view)

@@ -2,7 +2,7 @@
 
 A cache miss is one `os.preadv` of one blob (offset and length are multiples of 4096 by the
 container format) into an anonymous `mmap` buffer, which the kernel hands out page-aligned, as
-O_DIRECT requires. O_DIRECT makes every miss a real storage read, so the runtime's bytes-read
+O_DIRECT requires; colibri-int4's `read_into` is the loop that finishes a short read. O_DIRECT makes every miss a real storage read, so the runtime's bytes-read
 counter and the OS's `/proc/self/io` `read_bytes` agree and a benchmark cannot be flattered by
 the page cache (the seed project's mistake).
 
@@ -26,6 +26,8 @@ import mmap
 import os
 import threading
 import warnings
+
+from colibri_int4 import read_into
 
 PAGE = 4096
 
@@ -139,13 +141,7 @@ class BlobReader:
     def read_into(self, buffer: memoryview, offset: int, length: int) -> None:
         """Fill `buffer[:length]` from file bytes [offset, offset + length); raises EOFError
         if the file ends first. With O_DIRECT, offset, length and buffer must be 4096-aligned."""
-        view = buffer[:length]
-        done = 0
-        while done < length:
-            n = os.preadv(self._fd, [view[done:]], offset + done)
-            if n == 0:
-                raise EOFError(f"{self.path}: file ends at byte {offset + done}, expected {offset + length}")
-            done += n
+        read_into(self._fd, buffer[:length], offset, self.path)  # colibri-int4's one preadv loop
         if self.mode == "buffered":
             self._drop_cached_pages(offset, length)
         with self._lock:

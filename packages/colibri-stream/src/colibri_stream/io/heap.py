@@ -10,7 +10,7 @@ past the budget's heap slack since the last trim (`HeapTrimmer`; asking `mallinf
 free lists, 2 us on a fresh heap but 2 ms on a fragmented one, so it is asked only after a
 slack's worth of reads). Both are no-ops where glibc is not the allocator. The slack scales with
 the expert blob, whose temporaries fill the heap: 32 blobs, at least 4 MiB (27 MB for
-NanoColibri). With the cache's experts in a slab (expert_slab.py) the peak anonymous RSS stays
+NanoColibri). With the cache's experts in a slab (cache/slab.py) the peak anonymous RSS stays
 at or below 0.98 of the budget (bench/RESULTS.md).
 """
 

@@ -1,0 +1,38 @@
+"""The tensors of a checkpoint (CHECKPOINT.md): their names and shapes, and the dtype each is held in.
+
+colibri-model owns these rules; other packages call them instead of matching names themselves.
+`checkpoint_tensor_shapes(config)` builds the model on the meta device (no memory) and reads its
+state dict, so the names can never drift from the modules that define them. `held_dtype` is the
+one rule for the dtype a loaded tensor lives in: `load_checkpoint` applies it, and so does
+colibri-stream when it builds the same model from an int4 container, so both hold the same
+tensors in the same dtypes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from .config import ColibriConfig
+
+
+def checkpoint_tensor_shapes(config: ColibriConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor name of `model.safetensors` for `config`, with its shape, in the order the
+    checkpoint writes them (routed experts stacked `[n_experts, out, in]`)."""
+    from .model import ColibriForCausalLM  # model.py imports the modules this file serves
+
+    with torch.device("meta"):
+        model = ColibriForCausalLM(config)
+    return {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
+
+
+def held_dtype(shape: Sequence[int], dtype: torch.dtype) -> torch.dtype:
+    """The dtype a checkpoint tensor of `shape` is held in by a model that runs in `dtype`.
+
+    1-D tensors (the RMSNorm weights and `moe.router.expert_bias`) stay fp32: they are a few
+    kilobytes, RMSNorm computes in fp32 anyway (so an fp32 weight costs no time and loses no
+    bits), and the bias decides top-k ties, which bf16 rounding would change. Everything else is
+    held in `dtype`.
+    """
+    return torch.float32 if len(shape) == 1 else dtype

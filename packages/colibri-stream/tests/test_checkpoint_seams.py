@@ -1,0 +1,52 @@
+"""The checkpoint format is read through colibri-model's public functions: config, tensor names,
+and the dtype each tensor is held in agree between `load_checkpoint` and the engine."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from colibri_int4 import Container, ModelShape, QuantScheme, export_checkpoint
+from colibri_int4.layout import checkpoint_tensor_shapes as container_tensor_shapes
+from colibri_model import PRESETS, checkpoint_tensor_shapes, get_preset, held_dtype, load_checkpoint
+from colibri_stream import ContainerConfigError, Engine
+
+
+def test_config_without_model_type_is_refused_at_open_by_colibri_models_rule(tiny, tmp_path):
+    checkpoint = tmp_path / "ckpt"
+    shutil.copytree(tiny[0].parent / "ckpt", checkpoint)
+    config = json.loads((checkpoint / "config.json").read_text())
+    del config["model_type"]
+    (checkpoint / "config.json").write_text(json.dumps(config))
+    out = tmp_path / "no-type.coli"
+    export_checkpoint(checkpoint, out, QuantScheme(group_size=32))  # colibri-int4 carries it opaquely
+    with Container.open(out) as container:
+        assert container.config == config
+    with pytest.raises(ContainerConfigError, match=r"no-type\.coli: model config: no model_type field"):
+        Engine.open(out, ram_budget="200MB")
+
+
+def test_engine_holds_every_tensor_in_the_dtype_load_checkpoint_does(tiny):
+    dense = load_checkpoint(tiny[1], dtype=torch.bfloat16)
+    with Engine.open(tiny[0], ram_budget="200MB", dtype="bf16") as eng:
+        streamed = {n: t.dtype for n, t in eng.model.state_dict().items()}
+    expected = {n: t.dtype for n, t in dense.state_dict().items() if ".moe.experts." not in n}
+    assert streamed == expected
+    assert streamed["layers.1.ffn_norm.weight"] == torch.float32 == held_dtype((64,), torch.bfloat16)
+    assert streamed["layers.1.attn.q_proj.weight"] == torch.bfloat16
+
+
+VARIANTS = [dict(name=name) for name in PRESETS] + [
+    dict(name="tiny", qk_norm=False, tie_embeddings=False, shared_expert_dim=0, n_dense_layers=0),
+]
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: "-".join(f"{k}={v[k]}" for k in v))
+def test_container_layout_names_every_checkpoint_tensor_of_colibri_model(variant):
+    """colibri-int4 may not import colibri-model, so its layout keeps the CHECKPOINT.md table;
+    this holds it to colibri-model's own names and shapes (meta device: no memory)."""
+    config = get_preset(**variant)
+    shape = ModelShape.model_validate(config.model_dump())
+    assert container_tensor_shapes(shape) == checkpoint_tensor_shapes(config)

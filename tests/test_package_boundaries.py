@@ -1,0 +1,274 @@
+"""Who may import whom (shared/ARCHITECTURE.md), checked on every package's source with `ast`.
+
+Every `import` counts, wherever it is: at module level, inside a function (lazy), under
+`try`/`if TYPE_CHECKING`, or as `importlib.import_module("...")` with a literal name. Relative
+imports are resolved to absolute names. The rules, one per row of the table:
+
+| package | may import | never |
+|---|---|---|
+| colibri-relay | huggingface_hub, pydantic, click, filelock, stdlib | torch, any other colibri package |
+| colibri-int4 | numpy, pydantic, safetensors; torch only inside export | colibri-model, colibri-stream |
+| colibri-model | torch, safetensors, pydantic, numpy, tokenizers | relay, int4, stream, eval |
+| colibri-stream | colibri-int4, colibri-model, torch, numpy | relay, eval |
+| colibri-eval | lm-eval, numpy, click; adapters import colibri-model / colibri-stream / transformers lazily | relay |
+| colibri (app) | all of the above | - |
+
+A third-party import must also be a dependency the package declares (pyproject.toml, extras
+included), so a package installed alone can import it; the table's "may import" lists name the
+main ones (it omits e.g. click and tqdm, which several packages declare).
+
+And inside colibri-stream: the runtime (everything but studies/ and the CLI modules that run
+studies) never imports `colibri_stream.studies` nor `colibri_model.training` (the trainer is
+only needed to train the routing model of a study workload).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+try:
+    import tomllib
+except ImportError:  # Python 3.10: `build` (a dev dependency) brings tomli
+    import tomli as tomllib
+
+ROOT = Path(__file__).resolve().parents[1]
+COLIBRI = {"colibri_relay", "colibri_int4", "colibri_model", "colibri_stream", "colibri_eval", "colibri"}
+
+
+@dataclass(frozen=True)
+class Rule:
+    source: Path  # the import package's directory
+    pyproject: Path
+    colibri: frozenset[str] = frozenset()  # other colibri packages it may import
+    third_party: frozenset[str] = frozenset()  # the table's "may import" (import names)
+    never: frozenset[str] = frozenset()
+    only_in: dict[str, tuple[str, ...]] = field(default_factory=dict)  # name -> the files that may import it
+    only_lazily: frozenset[str] = frozenset()  # names imported only inside functions
+
+
+def _package(name: str) -> tuple[Path, Path]:
+    directory = ROOT / "packages" / name.replace("_", "-")
+    return directory / "src" / name, directory / "pyproject.toml"
+
+
+RULES = {
+    "colibri_relay": Rule(
+        *_package("colibri_relay"),
+        third_party=frozenset({"huggingface_hub", "pydantic", "click", "filelock"}),
+        never=frozenset({"torch"} | COLIBRI - {"colibri_relay"}),
+    ),
+    "colibri_int4": Rule(
+        *_package("colibri_int4"),
+        third_party=frozenset({"numpy", "pydantic", "safetensors", "torch"}),
+        never=frozenset({"colibri_model", "colibri_stream", "colibri_relay", "colibri_eval", "colibri"}),
+        only_in={"torch": ("export.py",)},
+    ),
+    "colibri_model": Rule(
+        *_package("colibri_model"),
+        third_party=frozenset({"torch", "safetensors", "pydantic", "numpy", "tokenizers"}),
+        never=frozenset({"colibri_relay", "colibri_int4", "colibri_stream", "colibri_eval", "colibri"}),
+    ),
+    "colibri_stream": Rule(
+        *_package("colibri_stream"),
+        colibri=frozenset({"colibri_int4", "colibri_model"}),
+        third_party=frozenset({"torch", "numpy"}),
+        never=frozenset({"colibri_relay", "colibri_eval", "colibri"}),
+    ),
+    "colibri_eval": Rule(
+        *_package("colibri_eval"),
+        colibri=frozenset({"colibri_model", "colibri_stream"}),
+        # `evaluate` is lm-eval's own dependency, imported first only to fix lm-eval's import order
+        third_party=frozenset({"lm_eval", "numpy", "click", "transformers", "evaluate"}),
+        never=frozenset({"colibri_relay", "colibri_int4", "colibri"}),
+        only_in={"colibri_model": ("adapters/",), "colibri_stream": ("adapters/",)},
+        only_lazily=frozenset({"colibri_model", "colibri_stream", "transformers"}),
+    ),
+    "colibri": Rule(ROOT / "src" / "colibri", ROOT / "pyproject.toml", colibri=frozenset(COLIBRI - {"colibri"})),
+}
+
+# colibri-stream modules that are not its runtime: the studies and the CLI modules that run them
+# (`bench`, `bench-suite`, `policy-study` live in cli/__init__.py, cli/bench.py, cli/traces.py).
+STREAM_NOT_RUNTIME = ("studies/", "cli/__init__.py", "cli/bench.py", "cli/traces.py")
+STREAM_RUNTIME_NEVER = ("colibri_stream.studies", "colibri_model.training")
+
+# distribution name -> import name, where they differ beyond "-" -> "_"
+IMPORT_NAMES = {"pyyaml": "yaml", "lm_eval": "lm_eval", "pillow": "PIL"}
+
+
+@dataclass(frozen=True)
+class Import:
+    file: str  # relative to the package directory
+    line: int
+    module: str  # absolute dotted name
+    lazy: bool  # inside a function body
+
+    @property
+    def top(self) -> str:
+        return self.module.split(".")[0]
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line} {self.module}{' (lazy)' if self.lazy else ''}"
+
+
+def imports_of(source: Path) -> list[Import]:
+    """Every import in the package at `source`, relative ones resolved."""
+    out = []
+    for path in sorted(source.rglob("*.py")):
+        rel = path.relative_to(source)
+        # the package a relative import starts from: the file's folder (for __init__.py too)
+        package = (source.name, *rel.parent.parts)
+        tree = ast.parse(path.read_text(), str(path))
+        _walk(tree, False, str(rel), package, out)
+    return out
+
+
+def _walk(node: ast.AST, lazy: bool, file: str, package: tuple[str, ...], out: list[Import]) -> None:
+    for child in ast.iter_child_nodes(node):
+        inner = lazy or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+        if isinstance(child, ast.Import):
+            out += [Import(file, child.lineno, alias.name, lazy) for alias in child.names]
+        elif isinstance(child, ast.ImportFrom):
+            if child.level:
+                base = package[: len(package) - child.level + 1]
+                module = ".".join(base + ((child.module,) if child.module else ()))
+            else:
+                module = child.module or ""
+            out.append(Import(file, child.lineno, module, lazy))
+            # `from . import studies` imports a submodule by name
+            out += [Import(file, child.lineno, f"{module}.{a.name}", lazy) for a in child.names if a.name != "*"]
+        elif isinstance(child, ast.Call) and _is_dynamic_import(child):
+            out.append(Import(file, child.lineno, child.args[0].value, lazy))
+        _walk(child, inner, file, package, out)
+
+
+def _is_dynamic_import(call: ast.Call) -> bool:
+    name = call.func.attr if isinstance(call.func, ast.Attribute) else getattr(call.func, "id", "")
+    literal = call.args and isinstance(call.args[0], ast.Constant) and isinstance(call.args[0].value, str)
+    return name in ("import_module", "__import__") and bool(literal)
+
+
+def declared_imports(pyproject: Path) -> set[str]:
+    """Import names of the dependencies `pyproject` declares, optional extras included."""
+    project = tomllib.loads(pyproject.read_text())["project"]
+    requirements = list(project.get("dependencies", []))
+    for extra in project.get("optional-dependencies", {}).values():
+        requirements += extra
+    names = set()
+    for requirement in requirements:
+        name = re.match(r"[A-Za-z0-9_.\-]+", requirement).group(0).lower().replace("-", "_")
+        names.add(IMPORT_NAMES.get(name, name))
+    return names
+
+
+def violations(name: str, rule: Rule) -> list[str]:
+    stdlib = set(sys.stdlib_module_names)
+    allowed = rule.third_party | declared_imports(rule.pyproject) | rule.colibri | {name}
+    if name == "colibri":  # the app composes everything: all of the above
+        allowed |= {n for other in RULES.values() for n in other.third_party | declared_imports(other.pyproject)}
+    bad = []
+    for imp in imports_of(rule.source):
+        top = imp.top
+        if top in stdlib or top == "__future__":
+            continue
+        if top in rule.never:
+            bad.append(f"{imp}: {name} never imports {top}")
+        elif top in COLIBRI and top not in rule.colibri | {name}:
+            bad.append(f"{imp}: {name} may not import {top}")
+        elif top not in allowed:
+            bad.append(f"{imp}: {top} is neither in the table nor a declared dependency of {name}")
+        if top in rule.only_in and not imp.file.startswith(rule.only_in[top]):
+            bad.append(f"{imp}: {top} may be imported only in {', '.join(rule.only_in[top])}")
+        if top in rule.only_lazily and not imp.lazy:
+            bad.append(f"{imp}: {top} must be imported lazily (inside a function)")
+    return bad
+
+
+@pytest.mark.parametrize("name", list(RULES))
+def test_each_package_imports_only_what_the_table_allows(name):
+    rule = RULES[name]
+    assert rule.source.is_dir(), rule.source
+    assert violations(name, rule) == []
+
+
+def stream_runtime_imports() -> list[Import]:
+    source = RULES["colibri_stream"].source
+    return [imp for imp in imports_of(source) if not imp.file.startswith(STREAM_NOT_RUNTIME)]
+
+
+def _within(module: str, packages: tuple[str, ...]) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in packages)
+
+
+def test_stream_runtime_never_imports_studies_or_the_trainer():
+    bad = [str(imp) for imp in stream_runtime_imports() if _within(imp.module, STREAM_RUNTIME_NEVER)]
+    assert bad == []
+
+
+def test_stream_runtime_loads_no_studies_or_trainer_module_transitively():
+    """The static check sees direct imports; importing every runtime module in a fresh
+    interpreter also catches a runtime module reaching studies through another module."""
+    source = RULES["colibri_stream"].source
+    modules = []
+    for path in sorted(source.rglob("*.py")):
+        rel = path.relative_to(source)
+        if str(rel).startswith(STREAM_NOT_RUNTIME) or rel.name == "__main__.py":
+            continue
+        parts = ("colibri_stream", *rel.with_suffix("").parts)
+        modules.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    code = (
+        "import importlib, sys\n"
+        f"for m in {modules!r}: importlib.import_module(m)\n"
+        f"bad = sorted(m for m in sys.modules if any(m == p or m.startswith(p + '.') for p in {STREAM_RUNTIME_NEVER!r}))\n"
+        "print(bad); sys.exit(1 if bad else 0)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert len(modules) > 20  # engine, plan, compute/, cache/, io/, traces/ ...
+
+
+# --- the checker itself: each rule fires on a planted import -------------------------------------
+def test_checker_resolves_relative_lazy_and_dynamic_imports(tmp_path):
+    pkg = tmp_path / "colibri_stream"
+    (pkg / "cache").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "cache" / "__init__.py").write_text("from .. import studies\n")
+    (pkg / "cache" / "lazy.py").write_text(
+        "def f():\n    from ..studies.bench import run\n    import importlib\n"
+        "    importlib.import_module('colibri_model.training')\n"
+    )
+    found = {(imp.file, imp.module, imp.lazy) for imp in imports_of(pkg)}
+    assert ("cache/__init__.py", "colibri_stream.studies", False) in found
+    assert ("cache/lazy.py", "colibri_stream.studies.bench", True) in found
+    assert ("cache/lazy.py", "colibri_model.training", True) in found
+    assert _within("colibri_model.training.trainer", STREAM_RUNTIME_NEVER)
+    assert not _within("colibri_model.training_cli", STREAM_RUNTIME_NEVER)
+
+
+def test_checker_reports_each_kind_of_violation(tmp_path):
+    pkg = tmp_path / "colibri_eval"
+    (pkg / "adapters").mkdir(parents=True)
+    (pkg / "scoring.py").write_text("import colibri_relay\nimport transformers\nimport colibri_model\nimport leftpad\n")
+    (pkg / "adapters" / "x.py").write_text("import colibri_stream\n")
+    rule = Rule(pkg, RULES["colibri_eval"].pyproject, **{
+        k: getattr(RULES["colibri_eval"], k) for k in ("colibri", "third_party", "never", "only_in", "only_lazily")
+    })
+    found = "\n".join(violations("colibri_eval", rule))
+    assert "never imports colibri_relay" in found
+    assert "scoring.py:2 transformers: transformers must be imported lazily" in found
+    assert "colibri_model may be imported only in adapters/" in found
+    assert "leftpad is neither in the table nor a declared dependency" in found
+    assert "adapters/x.py:1 colibri_stream: colibri_stream must be imported lazily" in found
+    int4 = tmp_path / "colibri_int4"
+    int4.mkdir()
+    (int4 / "reader.py").write_text("import torch\nfrom colibri_model import x\n")
+    rule = Rule(int4, RULES["colibri_int4"].pyproject, third_party=RULES["colibri_int4"].third_party,
+                never=RULES["colibri_int4"].never, only_in=RULES["colibri_int4"].only_in)
+    found = "\n".join(violations("colibri_int4", rule))
+    assert "torch may be imported only in export.py" in found and "never imports colibri_model" in found
