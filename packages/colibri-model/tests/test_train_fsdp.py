@@ -173,6 +173,12 @@ def test_dcp_conversion_refuses_bad_input_with_one_clear_error(tmp_path):
     dcp = safetensors_to_dcp(checkpoint, tmp_path / "dcp")
     with pytest.raises(CheckpointFormatError, match="exists and is not an empty directory"):
         safetensors_to_dcp(checkpoint, tmp_path / "dcp")
+    truncated = tmp_path / "truncated"
+    shutil.copytree(dcp, truncated)
+    shard = next((truncated / "model").glob("*.safetensors"))
+    shard.write_bytes(shard.read_bytes()[:100])
+    with pytest.raises(CheckpointFormatError, match=r"truncated/model: unreadable tensor files"):
+        dcp_to_safetensors(truncated, tmp_path / "out")
     manifest = json.loads((dcp / "dcp.json").read_text())
     (dcp / "dcp.json").write_text(json.dumps({**manifest, "dcp_checkpoint_version": "2.0"}))
     with pytest.raises(CheckpointFormatError, match=r"dcp_checkpoint_version 2.0 is not supported "

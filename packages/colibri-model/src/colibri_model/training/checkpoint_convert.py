@@ -18,7 +18,6 @@ import uuid
 from pathlib import Path
 
 import torch
-from torch.distributed.checkpoint import HuggingFaceStorageReader, load, save
 
 from ..checkpoint import (
     CONFIG_FILE,
@@ -35,9 +34,10 @@ from .dcp_checkpoint import (
     OPTIMIZER_DIR,
     DcpManifest,
     check_shapes,
+    dcp_load,
+    dcp_save,
     read_dcp_manifest,
     stored_tensors,
-    writer,
 )
 from .model_init import meta_model
 from .optimizer_io import OPTIMIZER_FILE, OPTIMIZER_STATE_VERSION, OptimizerStateError, write_optimizer
@@ -47,7 +47,7 @@ from .state import TRAINING_STATE_FILE, read_training_state
 def _read_full(checkpoint: Path, part: str) -> dict[str, torch.Tensor]:
     tensor_dir, stored = stored_tensors(checkpoint, part)
     full = {name: torch.empty(meta.size, dtype=meta.properties.dtype) for name, meta in stored.items()}
-    load(full, storage_reader=HuggingFaceStorageReader(str(tensor_dir)), no_dist=True)
+    dcp_load(full, tensor_dir, one_process=True)
     return full
 
 
@@ -126,14 +126,14 @@ def safetensors_to_dcp(source: str | os.PathLike, out: str | os.PathLike) -> Pat
     try:
         model_tensors, _ = load_tensors(weights)
         check_shapes({n: tuple(t.shape) for n, t in model_tensors.items()}, _model_shapes(config), weights)
-        save(model_tensors, storage_writer=writer(tmp / MODEL_DIR), no_dist=True)
+        dcp_save(model_tensors, tmp / MODEL_DIR, one_process=True)
         del model_tensors
         optimizer, metadata = load_tensors(optimizer_path)
         version = metadata.get("optimizer_state_version", "")
         if version.split(".")[0] != OPTIMIZER_STATE_VERSION.split(".")[0]:
             raise OptimizerStateError(f"{optimizer_path}: optimizer_state_version {version or '(missing)'} is not "
                                       f"supported (this colibri-model reads {OPTIMIZER_STATE_VERSION})")
-        save(optimizer, storage_writer=writer(tmp / OPTIMIZER_DIR), no_dist=True)
+        dcp_save(optimizer, tmp / OPTIMIZER_DIR, one_process=True)
         del optimizer
         _copy(source, tmp, CONFIG_FILE, TOKENIZER_FILE, TRAINING_STATE_FILE)
         manifest = DcpManifest(world_size=1, torch_version=torch.__version__, optimizer=metadata)

@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -95,9 +96,20 @@ def read_dcp_manifest(directory: str | os.PathLike) -> DcpManifest:
         raise CheckpointFormatError(f"{path}: invalid manifest: {' '.join(str(exc).splitlines()[:3])}") from None
 
 
-def _one_process() -> bool:
-    """No process group: DCP then plans alone (saying so explicitly keeps it from warning)."""
-    return not (dist.is_available() and dist.is_initialized())
+def dcp_save(state: dict, directory: Path, *, one_process: bool = False) -> None:
+    """`dcp.save` of `state` into `directory`: collective under a process group, unless `one_process`."""
+    one_process = one_process or not (dist.is_available() and dist.is_initialized())
+    with warnings.catch_warnings():  # DCP warns on every save without a process group, even when asked
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        save(state, storage_writer=writer(directory), no_dist=one_process)
+
+
+def dcp_load(state: dict, tensor_dir: Path, *, one_process: bool = False) -> None:
+    """`dcp.load` into `state` (in place) from the safetensors files in `tensor_dir`."""
+    one_process = one_process or not (dist.is_available() and dist.is_initialized())
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        load(state, storage_reader=HuggingFaceStorageReader(str(tensor_dir)), no_dist=one_process)
 
 
 def _sharded(model: torch.nn.Module) -> bool:
@@ -114,8 +126,8 @@ def writer(directory: Path) -> HuggingFaceStorageWriter:
 
 def save_sharded(directory: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
     """Every rank writes its own rows of the weights and the AdamW state (a collective)."""
-    save(_model_state(model), storage_writer=writer(directory / MODEL_DIR))
-    save(flat_optimizer_state(model, optimizer), storage_writer=writer(directory / OPTIMIZER_DIR))
+    dcp_save(_model_state(model), directory / MODEL_DIR)
+    dcp_save(flat_optimizer_state(model, optimizer), directory / OPTIMIZER_DIR)
 
 
 def stored_tensors(checkpoint: Path, part: str) -> tuple[Path, dict]:
@@ -168,7 +180,7 @@ def load_model_state(model: torch.nn.Module, directory: str | os.PathLike) -> No
     tensor_dir, stored = stored_tensors(Path(directory), MODEL_DIR)
     targets = _model_state(model)
     check_shapes(_shapes(stored), _shapes(targets), tensor_dir)
-    load(targets, storage_reader=HuggingFaceStorageReader(str(tensor_dir)), no_dist=_one_process())
+    dcp_load(targets, tensor_dir)
     if _sharded(model):
         set_model_state_dict(model, targets)
     else:
@@ -206,7 +218,7 @@ def load_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimize
         # A moment takes its parameter's layout (a DTensor shard under FSDP2); `step` is a scalar.
         targets[key] = torch.zeros(meta.size, dtype=dtype) if entry == "step" else torch.zeros_like(
             params[name], dtype=dtype)
-    load(targets, storage_reader=HuggingFaceStorageReader(str(tensor_dir)), no_dist=_one_process())
+    dcp_load(targets, tensor_dir)
     named: dict[str, dict[str, torch.Tensor]] = {}
     for key, tensor in targets.items():
         name, entry = key.split("::", 1)
