@@ -21,8 +21,11 @@ import torch.distributed as dist
 from colibri_model import get_preset
 from colibri_model.data import TokenSource
 from colibri_model.training import TrainConfig, Trainer
+from colibri_model.training.model_init import meta_model
+from colibri_model.training.sharding import shard_model
 from safetensors.torch import save_file
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 CFG = dict(steps=4, seq_len=16, batch_size=4, micro_batch=2, lr=3e-3, warmup_steps=2, eval_every=0,
@@ -72,8 +75,12 @@ def mixed_precision(out: Path) -> None:
         lambda opt, args, kwargs: grads.update(str(p.grad.dtype) for p in trainer.model.parameters()))
     record = trainer.train_step()
     masters = {str(p.dtype) for p in trainer.model.parameters()}  # the sharded parameters AdamW steps
+    units = {"default": isinstance(moe.router, FSDPModule)}
+    probe = meta_model(get_preset("tiny"))  # what a compiled run shards (no storage needed on meta)
+    shard_model(probe, bf16=True, fp32_routers=False)
+    units["compiled"] = isinstance(probe.moe_layers()[0].router, FSDPModule)
     if trainer.ctx.is_main:
-        (out / "mixed.json").write_text(json.dumps({"compute": seen, "masters": sorted(masters),
+        (out / "mixed.json").write_text(json.dumps({"compute": seen, "masters": sorted(masters), "router_unit": units,
                                                     "grads": sorted(grads), "loss": record.loss}))
     trainer.close()
 

@@ -110,6 +110,7 @@ def test_fsdp_init_eval_mixed_precision_and_dcp_resume_across_world_sizes(tmp_pa
     mixed = json.loads((tmp_path / "mixed.json").read_text())
     assert mixed["compute"] == {"experts": "torch.bfloat16", "attention": "torch.bfloat16", "router": "torch.float32"}
     assert mixed["masters"] == mixed["grads"] == ["torch.float32"] and np.isfinite(mixed["loss"])
+    assert mixed["router_unit"] == {"default": True, "compiled": False}  # see sharding.py's NOTE
 
     # the DCP layout: JSON + one safetensors file per rank and part, each with half the rows
     dcp2 = tmp_path / "fsdp/checkpoints/step_00000002"

@@ -19,6 +19,13 @@ parameters are all-gathered and computed in bf16 (so the grouped expert matmuls 
 weights), gradients reduce-scattered in fp32 into fp32 shards, and AdamW updates fp32 master
 weights. fp32 runs use fp32 throughout.
 
+NOTE: a router unit is an FSDP module nested inside its block, and its hooks run in the middle
+of the block's forward: `torch.compile(block, fullgraph=True)` then fails ("Attempted to call
+function marked as skipped", measured with torch 2.13 on gloo; torchtitan weaves its compile
+around FSDP(GroupedExperts) for the same reason). So `fp32_routers=False` (the trainer passes it
+when compiling) leaves the routers in their block's unit: their weights are then all-gathered in
+bf16 like the rest of the block, while the master weights and the router's arithmetic stay fp32.
+
 NOTE: norms are not given fp32 units. Each would add an all-gather and a reduce-scatter per norm
 (four per block) for d numbers, and little would be won: RMSNorm normalises in fp32 and its
 output is rounded to the bf16 activation dtype anyway, so a bf16 copy of the weight adds at most
@@ -46,10 +53,10 @@ def precision_policy(bf16: bool) -> MixedPrecisionPolicy:
     return MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32)
 
 
-def shard_model(model: torch.nn.Module, bf16: bool = False) -> None:
+def shard_model(model: torch.nn.Module, bf16: bool = False, fp32_routers: bool = True) -> None:
     """Shard `model` in place (on the meta device or materialised): routers, blocks, root."""
     policy = precision_policy(bf16)
-    for layer in model.moe_layers():
+    for layer in model.moe_layers() if fp32_routers else []:
         fully_shard(layer.router, reshard_after_forward=False, mp_policy=ROUTER_POLICY)
     for block in model.layers:
         fully_shard(block, mp_policy=policy)

@@ -16,8 +16,8 @@ Per optimizer step:
 Only rank 0 writes metrics and single-file checkpoints; under FSDP2 every rank writes its own
 DCP shards (dcp_checkpoint.py) and rank 0 the JSON beside them. Resume restores weights, AdamW
 moments, loader position, RNG and schedule, so on CPU N straight steps and N/2 + resume + N/2
-give bit-identical weights, given the same torch build, CPU capability, intra-op thread count and world size
-(recorded in training_state.json; a resume under others warns with
+give bit-identical weights, given the same torch build, CPU capability, intra-op thread count and
+world size (recorded in training_state.json; a resume under others warns with
 `ResumeNotBitIdenticalWarning`). TRAINING.md, "Exact resume"; tests/test_train_resume.py.
 """
 
@@ -200,7 +200,8 @@ class Trainer:
         if self.sharded:
             from .sharding import shard_model
 
-            shard_model(model, bf16=self.autocast)  # before AdamW sees the parameters
+            # before AdamW sees the parameters; fp32 router units break a fullgraph block compile
+            shard_model(model, bf16=self.autocast, fp32_routers=not self.cfg.compile)
         materialise(model, self.device)
         if weights is None:
             initialise(model, self.cfg.seed)
@@ -384,7 +385,10 @@ class Trainer:
         return path
 
     def export_weights(self, directory: str | os.PathLike) -> Path:
-        """Copy only the model files (config, weights, tokenizer) of the latest checkpoint (rank 0)."""
+        """Copy only the model files (config, weights, tokenizer) of the latest checkpoint (rank 0).
+
+        From a DCP checkpoint (FSDP2) they are converted, and `directory` must be new or empty.
+        """
         source = self.last_checkpoint or self.save_checkpoint()
         directory = Path(directory)
         if is_dcp_checkpoint(source):
