@@ -148,22 +148,29 @@ def test_torchrun_leg_only_rank0_talks_to_the_relay_and_all_ranks_stop_together(
     Relay(str(store), lease_duration_s=4.0, heartbeat_s=0.4).init()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
 
-    def torchrun(work, steps):
+    def torchrun(work, steps, parallelism):
         return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
                 "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), "-m", "colibri.cli", "train",
                 "--relay", str(store), "--preset", "tiny", "--data", str(shards), "--leg-steps", str(steps),
-                "--work-dir", str(work), "--holder", "ddp", "--lease-duration", "4", "--heartbeat", "0.4",
-                "--seq-len", "32", "--batch-size", "4", "--micro-batch", "2", "--eval-every", "0", "--no-progress"]
+                "--work-dir", str(work), "--holder", parallelism, "--lease-duration", "4", "--heartbeat", "0.4",
+                "--seq-len", "32", "--batch-size", "4", "--micro-batch", "2", "--eval-every", "0", "--no-progress",
+                "--parallelism", parallelism]
 
-    done = subprocess.run(torchrun(tmp_path / "w1", 2), env=env, capture_output=True, text=True, timeout=600)
+    # First leg under FSDP2: it checkpoints in DCP shards and pushes the single-file payload.
+    done = subprocess.run(torchrun(tmp_path / "w1", 2, "fsdp"), env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("claimed the baton") == 1  # rank 0 alone claimed and pushed
     ledger = Relay(str(store)).ledger()
     assert len(ledger) == 1 and ledger[0].hardware.startswith("2x") and ledger[0].steps == 2
+    assert (tmp_path / "w1/leg/run/checkpoints/step_00000002/dcp.json").is_file()
+    _, state = Relay(str(store)).status()
+    assert {"model.safetensors", "optimizer.safetensors", "training_state.json"} <= set(state.payload)
+    assert not any(name.startswith(("model/", "optimizer/")) or name == "dcp.json" for name in state.payload)
 
-    # Second leg: the baton is force-released mid-leg; both ranks must stop, nobody pushes.
+    # Second leg, DDP, resumes that payload; the baton is force-released mid-leg: both ranks stop,
+    # nobody pushes.
     metrics = tmp_path / "w2" / "leg" / "run" / "metrics.jsonl"
-    proc = subprocess.Popen(torchrun(tmp_path / "w2", 500), env=env, stdout=subprocess.PIPE,
+    proc = subprocess.Popen(torchrun(tmp_path / "w2", 500, "ddp"), env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and proc.poll() is None:

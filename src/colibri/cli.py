@@ -60,6 +60,8 @@ def main() -> None:
 @click.option("--leg-steps", type=click.IntRange(min=1), help="Optimizer steps in this leg.")
 @click.option("--leg-hours", type=click.FloatRange(min=0, min_open=True), help="Wall-clock length of this leg.")
 @click.option("--decay", is_flag=True, help="This leg is the WSD decay (1-sqrt over --leg-steps).")
+@click.option("--parallelism", type=click.Choice(["ddp", "fsdp"]),
+              help="Under torchrun: replicate (DDP) or shard (FSDP2) on this machine [default: the run's].")
 @click.option("--work-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("colibri-work"),
               show_default=True, help="Local scratch: pulled payload, the leg's run, the push staging.")
 @click.option("--holder", help="Name shown in RELAY.json and the ledger (default user@host:pid).")
@@ -76,7 +78,7 @@ def main() -> None:
 @click.option("--eval-every", type=click.IntRange(min=0), help="New runs only: validation cadence in steps.")
 @click.option("--progress/--no-progress", default=None, callback=_resolve_progress,
               help="Progress bar on stderr [default: only when stderr is a terminal].")
-def train(relay_spec, preset, data_dir, sft, chat_files, leg_steps, leg_hours, decay, work_dir, holder,
+def train(relay_spec, preset, data_dir, sft, chat_files, leg_steps, leg_hours, decay, parallelism, work_dir, holder,
           lease_duration, heartbeat, claim_timeout, seq_len, batch_size, micro_batch, lr, warmup_steps,
           eval_every, progress):
     """Train one leg: claim the baton, pull, train, push, release.
@@ -100,7 +102,8 @@ def train(relay_spec, preset, data_dir, sft, chat_files, leg_steps, leg_hours, d
     if "batch_size" in overrides and "micro_batch" not in overrides:
         overrides["micro_batch"] = overrides["batch_size"]
     opts = LegOptions(relay=relay_spec, work_dir=work_dir, data_dir=data_dir, chat_files=list(chat_files), sft=sft,
-                      preset=preset, leg_steps=leg_steps, leg_hours=leg_hours, decay=decay, holder=holder,
+                      preset=preset, leg_steps=leg_steps, leg_hours=leg_hours, decay=decay,
+                      parallelism=parallelism, holder=holder,
                       lease_duration_s=lease_duration, heartbeat_s=heartbeat, claim_timeout_s=claim_timeout,
                       train_overrides=overrides, progress=progress,
                       log=lambda msg: click.echo(msg, err=False))

@@ -6,7 +6,10 @@
         ──> push {checkpoint files + metrics.jsonl} + ledger entry in ONE commit ──> release
 
 The payload of a Colibri relay is one training checkpoint (CHECKPOINT.md + optimizer.safetensors
-+ training_state.json + tokenizer.json) and the run's whole `metrics.jsonl`. Hyper-parameters
++ training_state.json + tokenizer.json) and the run's whole `metrics.jsonl`, always in that
+single-file format: an FSDP2 leg (`parallelism="fsdp"`) checkpoints in DCP shards, converted at
+push (`dcp_to_safetensors`); at pull nothing is converted, since the FSDP2 trainer reads each
+rank's rows straight out of the payload's safetensors files. Hyper-parameters
 travel in training_state.json, so every leg continues the same run whoever trains it; a leg
 only chooses how far to go (`leg_steps` / `leg_hours`) and whether to start the WSD decay.
 
@@ -28,7 +31,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from colibri_model import get_preset
-from colibri_model.training import TrainConfig, Trainer, read_training_state
+from colibri_model.training import TrainConfig, Trainer, is_dcp_checkpoint, read_training_state
 from colibri_model.training.distributed import init_distributed
 from colibri_relay import LeaseLost, Relay, RelayError
 from colibri_relay.ledger import LegSummary
@@ -52,6 +55,7 @@ class LegOptions:
     leg_steps: int | None = None
     leg_hours: float | None = None
     decay: bool = False  # this leg is the WSD decay (over leg_steps)
+    parallelism: str | None = None  # "ddp" or "fsdp" under torchrun: this leg's machine, not the run's
     holder: str | None = None
     lease_duration_s: float = 1200.0
     heartbeat_s: float = 300.0
@@ -102,6 +106,8 @@ def _train_config(opts: LegOptions, state) -> TrainConfig:
         base, start = dict(opts.train_overrides), 0
         base.setdefault("schedule", "wsd")
     base.update(progress=opts.progress, steps=start + span, save_every=0)
+    if opts.parallelism is not None:  # a choice of this leg's machine, like its GPU count
+        base["parallelism"] = opts.parallelism
     if opts.decay:
         if base.get("schedule", "wsd") != "wsd":
             raise LegError("--decay applies to the WSD schedule only")
@@ -148,11 +154,20 @@ def _carry_metrics(payload: Path, run_dir: Path, state, sft: bool) -> None:
 
 
 def _stage_push(checkpoint: Path, run_dir: Path, push_dir: Path) -> Path:
-    """The payload: the checkpoint's files + the run's metrics files, hard-linked if possible."""
+    """The payload: the checkpoint's files + the run's metrics files, hard-linked if possible.
+
+    A DCP checkpoint (an FSDP2 leg) is first converted to the single-file format the relay carries.
+    """
     if push_dir.exists():
         shutil.rmtree(push_dir)
-    push_dir.mkdir(parents=True)
-    sources = [p for p in checkpoint.iterdir() if p.is_file()] + sorted(run_dir.glob("metrics*.jsonl"))
+    if is_dcp_checkpoint(checkpoint):
+        from colibri_model.training import dcp_to_safetensors  # imports torch's DCP: only when used
+
+        dcp_to_safetensors(checkpoint, push_dir)
+        sources = sorted(run_dir.glob("metrics*.jsonl"))
+    else:
+        push_dir.mkdir(parents=True)
+        sources = [p for p in checkpoint.iterdir() if p.is_file()] + sorted(run_dir.glob("metrics*.jsonl"))
     for src in sources:
         if src.is_file():
             try:

@@ -10,6 +10,7 @@ import sys
 
 from colibri_model.corpus import prose_files
 from colibri_model.data import prepare
+from colibri_model.training import dcp_to_safetensors, is_dcp_checkpoint
 from safetensors.torch import load_file
 
 ARGS = ["--preset", "tiny", "--seq-len", "32", "--batch-size", "4", "--lr", "3e-3", "--warmup", "2",
@@ -47,17 +48,21 @@ def test_ddp_and_fsdp_two_processes_match_single_process(tmp_path):
           "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
           "-m", "colibri_model.cli", "train", "--data", str(data), "--out", str(ddp), "--steps", "4", *ARGS])
 
-    # FSDP2: 2 steps, save (gathered to rank 0), a NEW torchrun resumes the sharded state, 2 more
+    # FSDP2: 2 steps, save (a DCP checkpoint: each rank its shards), a NEW torchrun resumes it, 2 more
     fsdp = tmp_path / "fsdp"
     for steps in ("2", "4"):
         _run([sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
               "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), "-m", "colibri_model.cli", "train",
               "--data", str(data), "--out", str(fsdp), "--steps", steps, "--parallelism", "fsdp", *ARGS])
     _compare(single, ddp)
-    _compare(single, fsdp)
+    # NOTE: FSDP2's gradients are the one-process ones bit for bit (measured over 4 steps, issue
+    # 19), but clip_grad_norm_ sums squares in fp32, per shard under FSDP2 and per whole tensor in
+    # one process; both were off the fp64 norm by 4e-6 to 6e-5 relative here, so the logged
+    # grad_norm of the two agrees only to ~1e-4 (and moves the clip factor by as much).
+    _compare(single, fsdp, grad_norm_tolerance=1e-3)
 
 
-def _compare(single, other):
+def _compare(single, other, grad_norm_tolerance=1e-4):
     a, b = _metrics(single), _metrics(other)
     assert [r["step"] for r in a] == [r["step"] for r in b] == [0, 1, 2, 3, 4]  # rank 0 alone writes
     # Routing is discrete and the two runs differ in fp32 rounding (below): a token whose top-2
@@ -66,15 +71,19 @@ def _compare(single, other):
     one_slot, moved = 1 / (4 * 32 * 2), 0
     for ra, rb in zip(a, b, strict=False):
         for key in ("loss", "val_loss", "grad_norm"):
+            tolerance = grad_norm_tolerance if key == "grad_norm" else 1e-4
             if ra[key] is not None:
-                assert abs(ra[key] - rb[key]) <= 1e-4 * max(1.0, abs(ra[key])), (ra["step"], key, ra[key], rb[key])
+                assert abs(ra[key] - rb[key]) <= tolerance * max(1.0, abs(ra[key])), (ra["step"], key, ra[key], rb[key])
         assert len(ra["router"]) == len(rb["router"])
         for la, lb in zip(ra["router"], rb["router"], strict=True):
             worst = max(abs(x - y) for x, y in zip(la["load"], lb["load"], strict=True))
             assert worst <= one_slot + 1e-6, (ra["step"], la["layer"], la["load"], lb["load"])
             moved += worst > 0
     wa = load_file(str(single / "checkpoints/step_00000004/model.safetensors"))
-    wb = load_file(str(other / "checkpoints/step_00000004/model.safetensors"))
+    last = other / "checkpoints/step_00000004"
+    if is_dcp_checkpoint(last):  # FSDP2 writes DCP; the relay's single file is one conversion away
+        last = dcp_to_safetensors(last, other.parent / f"{other.name}-step4", weights_only=True)
+    wb = load_file(str(last / "model.safetensors"))
     for key in wa:
         diff = (wa[key] - wb[key]).abs()
         # fp32 reduction order differs (gloo all-reduce vs one batch); Adam divides by sqrt(v),

@@ -8,13 +8,13 @@ import click
 
 from . import __version__
 from .config import PRESETS, count_params, get_preset
-from .training_cli import prepare, sft, train
+from .training_cli import convert_checkpoint, prepare, sft, train
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "--version", prog_name="colibri-model")
 def main() -> None:
-    """Colibri MoE models: presets, data preparation, training and SFT.
+    """Colibri MoE models: presets, data preparation, training, SFT and checkpoint conversion.
 
     Exit status: 0 ok, 1 a check failed (e.g. training diverged), 2 bad usage or bad input.
     """
@@ -47,6 +47,7 @@ def presets(as_json: bool) -> None:
 main.add_command(prepare)
 main.add_command(train)
 main.add_command(sft)
+main.add_command(convert_checkpoint)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""The `prepare`, `train` and `sft` commands of `colibri-model` (registered in cli.py).
+"""The `prepare`, `train`, `sft` and `convert-checkpoint` commands of `colibri-model` (registered in cli.py).
 
 User mistakes (a bad flag value, missing data, a checkpoint of another config or an unknown
 format version) end with ONE line on stderr and exit code 2; a diverged run (a failed check)
@@ -262,3 +262,30 @@ def sft(init_from, chat_files, val_fraction, **options):
     finally:
         trainer.close()
     _report(result, run_dir)
+
+
+@click.command("convert-checkpoint")
+@click.argument("source", type=click.Path(exists=True, file_okay=False))
+@click.argument("out", type=click.Path())
+@click.option("--weights-only", is_flag=True,
+              help="DCP -> single file: only config.json, model.safetensors, tokenizer.json.")
+@_user_errors
+def convert_checkpoint(source, out, weights_only):
+    """Convert a training checkpoint between the DCP layout (FSDP2 runs) and the single file.
+
+    A DCP SOURCE (it holds dcp.json) becomes model.safetensors + optimizer.safetensors +
+    training_state.json (what the relay carries); a single-file SOURCE becomes the DCP layout.
+    OUT must be new or empty. Exact: the result resumes bit for bit like SOURCE (TRAINING.md).
+
+    Example: colibri-model convert-checkpoint runs/micro/checkpoints/step_00001000 push/
+    """
+    from .training import dcp_to_safetensors, is_dcp_checkpoint, safetensors_to_dcp
+
+    if is_dcp_checkpoint(source):
+        written = dcp_to_safetensors(source, out, weights_only=weights_only)
+        click.echo(f"{source}: DCP -> single-file checkpoint {written}")
+    else:
+        if weights_only:
+            raise UserError(f"{source}: --weights-only applies to a DCP source; this one is a single-file checkpoint")
+        written = safetensors_to_dcp(source, out)
+        click.echo(f"{source}: single-file -> DCP checkpoint {written}")

@@ -1,4 +1,4 @@
-"""Training: the Trainer (pretraining and SFT, single process or torchrun DDP) and its parts.
+"""Training: the Trainer (pretraining and SFT, single process or torchrun DDP/FSDP2) and its parts.
 
 - config.py        TrainConfig (global batch, schedule, eval/save cadence, precision)
 - schedules.py     WSD (1-sqrt decay, on command) and cosine learning rates
@@ -10,10 +10,13 @@
 - metrics.py       metrics.jsonl schema (metrics_version) and MFU
 - validation.py    the fixed validation set and its loss at either top_k
 - distributed.py   torchrun environment, gloo/NCCL process group
-- sharding.py      FSDP2 (`parallelism="fsdp"`) and gathering its state for checkpoints
+- model_init.py    meta-device build, materialisation, the seeded init (same weights sharded or not)
+- sharding.py      FSDP2 (`parallelism="fsdp"`): units, MixedPrecisionPolicy, fp32 routers
+- dcp_checkpoint.py  DCP checkpoints of sharded runs: every rank saves/loads only its rows
+- checkpoint_convert.py  DCP <-> single-file conversion (the relay carries the single file)
 """
 
-from .checkpointing import latest_checkpoint, list_checkpoints
+from .checkpointing import is_dcp_checkpoint, latest_checkpoint, list_checkpoints
 from .config import TrainConfig, TrainConfigError
 from .metrics import METRICS_VERSION, MetricsRecord, read_metrics
 from .optimizer_io import OptimizerStateError
@@ -35,9 +38,21 @@ __all__ = [
     "TrainingDivergedError",
     "TrainingState",
     "TrainingStateError",
+    "dcp_to_safetensors",
+    "is_dcp_checkpoint",
     "latest_checkpoint",
     "list_checkpoints",
     "lr_at",
     "read_metrics",
     "read_training_state",
+    "safetensors_to_dcp",
 ]
+
+
+def __getattr__(name: str):
+    # NOTE: the converters need torch.distributed.checkpoint, ~0.5 s to import; only when used.
+    if name in ("dcp_to_safetensors", "safetensors_to_dcp"):
+        from . import checkpoint_convert
+
+        return getattr(checkpoint_convert, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -23,11 +23,17 @@ from .optimizer_io import OPTIMIZER_FILE, write_optimizer
 from .state import TRAINING_STATE_FILE, TrainingState, write_training_state
 
 CHECKPOINTS_DIR = "checkpoints"
+DCP_FILE = "dcp.json"  # marks a DCP checkpoint (dcp_checkpoint.py); its absence, the single-file format
 _NAME = re.compile(r"^step_(\d{8,})$")
 
 
 def checkpoint_name(step: int) -> str:
     return f"step_{step:08d}"
+
+
+def is_dcp_checkpoint(directory: str | os.PathLike) -> bool:
+    """A checkpoint in the DCP layout of sharded runs (dcp_checkpoint.py), not the single file."""
+    return (Path(directory) / DCP_FILE).is_file()
 
 
 def list_checkpoints(run_dir: str | os.PathLike) -> list[Path]:
@@ -64,7 +70,18 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-class _StateView:
+def fsync_tree(directory: Path, files: bool = True) -> None:
+    """Flush every file under `directory` (subdirectories too) and the directories themselves."""
+    for path in sorted(directory.rglob("*"), reverse=True) if files else []:
+        if path.is_file():
+            with open(path, "rb") as handle:
+                os.fsync(handle.fileno())
+        elif path.is_dir():
+            _fsync_dir(path)
+    _fsync_dir(directory)
+
+
+class StateView:
     """What checkpoint.save_checkpoint needs of a model: its config and a state dict.
 
     NOTE: lets a rank-0 copy gathered from an FSDP2-sharded model be written by the one
@@ -90,13 +107,10 @@ def write_checkpoint(run_dir: str | os.PathLike, config, model_state: dict, opti
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
-    save_checkpoint(_StateView(config, model_state), tmp, tokenizer_json=tokenizer_json)
+    save_checkpoint(StateView(config, model_state), tmp, tokenizer_json=tokenizer_json)
     write_optimizer(tmp / OPTIMIZER_FILE, optimizer_payload)
     write_training_state(tmp, state)
-    for f in tmp.iterdir():
-        with open(f, "rb") as handle:
-            os.fsync(handle.fileno())
-    _fsync_dir(tmp)
+    fsync_tree(tmp)
     os.rename(tmp, final)
     _fsync_dir(root)
     for old in list_checkpoints(run_dir)[:-keep]:

@@ -8,6 +8,7 @@ CUDA, gloo on CPU (how the multi-process path is tested on machines without GPUs
 from __future__ import annotations
 
 import os
+import uuid
 from dataclasses import dataclass
 
 import torch
@@ -34,6 +35,19 @@ class DistributedContext:
         if self.enabled:
             dist.all_reduce(tensor)
         return tensor
+
+    def shared_uuid(self) -> str:
+        """A uuid4 hex that every rank agrees on (rank 0's, broadcast). Every rank must call it.
+
+        NOTE: from os.urandom, never torch's generator, so saving a checkpoint does not change
+        the RNG state that training_state.json records.
+        """
+        value = uuid.uuid4().bytes
+        if self.enabled:
+            buffer = torch.tensor(list(value), dtype=torch.uint8, device=self.device)
+            dist.broadcast(buffer, src=0)
+            value = bytes(buffer.cpu().tolist())
+        return value.hex()
 
     def barrier(self) -> None:
         if self.enabled:

@@ -55,6 +55,21 @@ def optimizer_payload(model: torch.nn.Module, optimizer: torch.optim.Optimizer) 
     return payload_from_named_state(named_state, state["param_groups"], names)
 
 
+def flat_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+    """`{parameter name}::{key}` -> tensor, straight from the optimizer (DTensor moments stay sharded)."""
+    by_param = {id(p): n for n, p in model.named_parameters()}
+    flat = {}
+    for param, entries in optimizer.state.items():
+        for key, value in entries.items():
+            flat[f"{by_param[id(param)]}::{key}"] = value if torch.is_tensor(value) else torch.tensor(value)
+    return flat
+
+
+def optimizer_metadata(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, str]:
+    """The metadata of optimizer.safetensors: version, optimizer name, param groups by name."""
+    return payload_from_named_state({}, optimizer.param_groups, _names(model, optimizer))[1]
+
+
 def payload_from_named_state(named_state: dict, param_groups: list[dict], names: list[list[str]]) -> tuple[dict, dict]:
     tensors = {}
     for name, entries in named_state.items():
@@ -78,6 +93,27 @@ def save_optimizer(path: str | os.PathLike, model: torch.nn.Module, optimizer: t
     write_optimizer(path, optimizer_payload(model, optimizer))
 
 
+def check_optimizer_metadata(metadata: dict, where, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """The file's metadata (version, parameter groups by name) fits this model and optimizer."""
+    version = metadata.get("optimizer_state_version", "")
+    if version.split(".")[0] != OPTIMIZER_STATE_VERSION.split(".")[0]:
+        raise OptimizerStateError(f"{where}: optimizer_state_version {version or '(missing)'} is not supported "
+                                  f"(this colibri-model reads {OPTIMIZER_STATE_VERSION})")
+    try:
+        saved_groups = json.loads(metadata["param_groups"])
+    except (KeyError, TypeError, json.JSONDecodeError):
+        raise OptimizerStateError(f"{where}: no readable param_groups in the metadata") from None
+    if [g["params"] for g in saved_groups] != _names(model, optimizer):
+        raise OptimizerStateError(f"{where}: parameter groups do not match this model's parameters")
+
+
+def check_state_shape(where, name: str, entry: str, shape: tuple, shapes: dict[str, tuple]) -> None:
+    if name not in shapes:
+        raise OptimizerStateError(f"{where}: state for unknown parameter {name}")
+    if entry != "step" and tuple(shape) != shapes[name]:
+        raise OptimizerStateError(f"{where}: {name}::{entry} has shape {tuple(shape)}, the parameter has {shapes[name]}")
+
+
 def read_optimizer_file(path: str | os.PathLike, model: torch.nn.Module,
                         optimizer: torch.optim.Optimizer) -> dict[str, dict[str, torch.Tensor]]:
     """The file's state per parameter name, checked against the model (names, groups, shapes)."""
@@ -88,28 +124,23 @@ def read_optimizer_file(path: str | os.PathLike, model: torch.nn.Module,
         tensors, metadata = load_tensors(path)  # owned, aligned copies (see load_tensors)
     except (SafetensorError, OSError) as exc:
         raise OptimizerStateError(f"{path}: unreadable safetensors file ({exc})") from None
-    version = metadata.get("optimizer_state_version", "")
-    if version.split(".")[0] != OPTIMIZER_STATE_VERSION.split(".")[0]:
-        raise OptimizerStateError(f"{path}: optimizer_state_version {version or '(missing)'} is not supported "
-                                  f"(this colibri-model reads {OPTIMIZER_STATE_VERSION})")
-    saved_groups = json.loads(metadata["param_groups"])
-    if [g["params"] for g in saved_groups] != _names(model, optimizer):
-        raise OptimizerStateError(f"{path}: parameter groups do not match this model's parameters")
+    check_optimizer_metadata(metadata, path, model, optimizer)
     shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}  # a DTensor reports its global shape
     named: dict[str, dict[str, torch.Tensor]] = {}
     for key, tensor in tensors.items():
         name, entry = key.split("::", 1)
-        if name not in shapes:
-            raise OptimizerStateError(f"{path}: state for unknown parameter {name}")
-        if entry != "step" and tuple(tensor.shape) != shapes[name]:
-            raise OptimizerStateError(f"{path}: {name}::{entry} has shape {tuple(tensor.shape)}, "
-                                      f"the parameter has {shapes[name]}")
+        check_state_shape(path, name, entry, tuple(tensor.shape), shapes)
         named.setdefault(name, {})[entry] = tensor
     return named
 
 
 def load_optimizer(path: str | os.PathLike, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
-    named = read_optimizer_file(path, model, optimizer)
+    apply_named_state(read_optimizer_file(path, model, optimizer), model, optimizer)
+
+
+def apply_named_state(named: dict[str, dict[str, torch.Tensor]], model: torch.nn.Module,
+                      optimizer: torch.optim.Optimizer) -> None:
+    """Set the optimizer's state from `{parameter name: {key: tensor}}` (plain or DTensor moments)."""
     names = _names(model, optimizer)
     flat_names = [n for group in names for n in group]
     state = {index: named[name] for index, name in enumerate(flat_names) if name in named}

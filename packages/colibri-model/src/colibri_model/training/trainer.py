@@ -13,10 +13,11 @@ Per optimizer step:
      pre-hook over the counts of the whole accumulated batch (balancing.py);
   5. log metrics, validate every `eval_every`, checkpoint every `save_every` and at the end.
 
-Only rank 0 writes checkpoints and metrics. Resume restores weights, AdamW moments, loader
-position, RNG and schedule, so on CPU N straight steps and N/2 + resume + N/2 give bit-identical
-weights, given the same torch build, CPU capability, intra-op thread count and world size
-(recorded in training_state.json; a resume under others warns with
+Only rank 0 writes metrics and single-file checkpoints; under FSDP2 every rank writes its own
+DCP shards (dcp_checkpoint.py) and rank 0 the JSON beside them. Resume restores weights, AdamW
+moments, loader position, RNG and schedule, so on CPU N straight steps and N/2 + resume + N/2
+give bit-identical weights, given the same torch build, CPU capability, intra-op thread count and
+world size (recorded in training_state.json; a resume under others warns with
 `ResumeNotBitIdenticalWarning`). TRAINING.md, "Exact resume"; tests/test_train_resume.py.
 """
 
@@ -42,10 +43,11 @@ from ..checkpoint import CheckpointFormatError, read_config
 from ..config import ColibriConfig
 from ..data.loader import IGNORE_INDEX, PackedLoader, TokenSource
 from ..model import ColibriForCausalLM
-from .checkpointing import latest_checkpoint, remove_partial_checkpoints, write_checkpoint
+from .checkpointing import is_dcp_checkpoint, latest_checkpoint, remove_partial_checkpoints, write_checkpoint
 from .config import TrainConfig
 from .distributed import DistributedContext, init_distributed
 from .metrics import MetricsRecord, MetricsWriter, RouterLayerMetrics, flops_per_token, peak_flops
+from .model_init import initialise, materialise, meta_model
 from .optimizer_io import OPTIMIZER_FILE, build_optimizer, load_optimizer, optimizer_payload
 from .schedules import ScheduleState, check_resume, decay_start_of, lr_at
 from .state import (
@@ -108,55 +110,55 @@ class Trainer:
             remove_partial_checkpoints(self.run_dir)
         self.ctx.barrier()
 
+        self.sharded = self.ctx.enabled and train_config.parallelism == "fsdp"
+        precision = train_config.precision
+        if precision == "auto":
+            precision = "bf16" if self.device.type == "cuda" else "fp32"
+        self.autocast = precision == "bf16"
+
         source = Path(resume_from) if resume_from else latest_checkpoint(self.run_dir)
         self.parent_id: str | None = None
         state: TrainingState | None = None
+        pretrained: ColibriForCausalLM | None = None
         if source is not None:
             state = self._read_resume_state(source, model_config)
             model_config = read_config(source)
-            self.model = ColibriForCausalLM.from_pretrained(source)
             self.parent_id = state.checkpoint_id
         else:
             if model_config is None and init_from is None:
                 raise CheckpointMismatchError(f"{self.run_dir}: no checkpoint to resume and no model config given")
             torch.manual_seed(train_config.seed)
             if init_from is not None:
-                self.model = ColibriForCausalLM.from_pretrained(init_from)
-                if model_config is not None and config_hash(self.model.config) != config_hash(model_config):
+                # unsharded: loaded whole (a Hub repo id works too); FSDP2: each rank reads its rows later
+                pretrained = None if self.sharded else ColibriForCausalLM.from_pretrained(init_from)
+                init_config = pretrained.config if pretrained is not None else read_config(init_from)
+                if model_config is not None and config_hash(init_config) != config_hash(model_config):
                     raise CheckpointMismatchError(f"{init_from}: checkpoint config differs from the requested model")
-                model_config = self.model.config
-            else:
-                self.model = ColibriForCausalLM(model_config)
+                model_config = init_config
         self.config: ColibriConfig = model_config
         if train_config.seq_len > model_config.max_seq_len:
             raise CheckpointMismatchError(
                 f"seq_len {train_config.seq_len} exceeds the model's max_seq_len {model_config.max_seq_len}")
-        self.model.to(self.device)
+        self.model = pretrained.to(self.device) if pretrained is not None else self._build_model(source or init_from)
         self.model.activation_checkpointing = train_config.activation_checkpointing
         self.model.train()
 
-        self.sharded = self.ctx.enabled and train_config.parallelism == "fsdp"
-        if self.sharded:
-            from .sharding import shard_model
-
-            shard_model(self.model)  # in place: parameters become DTensors, before AdamW sees them
         self.optimizer = build_optimizer(self.model, train_config, self.device)
         self.balancer = ExpertBiasBalancer(self.model)
         self.balancer.attach(self.optimizer)
         self.loader = PackedLoader(train_source, train_config.seq_len, seed=train_config.seed,
                                    position=state.loader if state else None)
         self.val_batches = build_val_batches(val_source, train_config.seq_len, train_config.micro_batch,
-                                             train_config.eval_batches * train_config.batch_size, self.ctx,
-                                             every_rank_all=self.sharded)
+                                             train_config.eval_batches * train_config.batch_size, self.ctx)
         self.step = state.step if state else 0
         self.tokens_seen = state.tokens_seen if state else 0
         self.skipped_steps = state.skipped_steps if state else 0
         self.bad_in_row = state.bad_steps_in_row if state else 0
         if state is not None:
-            if self.sharded:
-                from .sharding import load_full_optimizer
+            if self.sharded or is_dcp_checkpoint(source):
+                from .dcp_checkpoint import load_optimizer_state
 
-                load_full_optimizer(source / OPTIMIZER_FILE, self.model, self.optimizer)
+                load_optimizer_state(self.model, self.optimizer, source)  # each rank reads its rows
             else:
                 load_optimizer(source / OPTIMIZER_FILE, self.model, self.optimizer)
             restore_rng(state.rng)
@@ -176,10 +178,6 @@ class Trainer:
                 broadcast_buffers=False)
         if train_config.compile:
             self.forward_model = torch.compile(self.forward_model)
-        precision = train_config.precision
-        if precision == "auto":
-            precision = "bf16" if self.device.type == "cuda" else "fp32"
-        self.autocast = precision == "bf16"
         self.metrics = MetricsWriter(self.run_dir, enabled=self.ctx.is_main)
         self.metrics.truncate_after(self.step)
         self.flops_per_token = flops_per_token(self.config, train_config.seq_len)
@@ -188,6 +186,31 @@ class Trainer:
             self.run_dir / "checkpoints") else None
 
     # --- construction helpers --------------------------------------------------------------
+    def _build_model(self, weights: Path | str | None) -> ColibriForCausalLM:
+        """The model on this rank's device: sharded under FSDP2, weights from `weights` or the seed.
+
+        Built on the meta device, then (FSDP2) sharded, then materialised: no rank ever holds
+        more than its shard. Fresh weights follow one recipe in every mode (model_init.py), so
+        a seed gives the same model on one process, under DDP or sharded. A single-file
+        checkpoint without sharding loads as it always has (`from_pretrained`).
+        """
+        if weights is not None and not self.sharded and not is_dcp_checkpoint(weights):
+            return ColibriForCausalLM.from_pretrained(weights).to(self.device)
+        model = meta_model(self.config)
+        if self.sharded:
+            from .sharding import shard_model
+
+            # before AdamW sees the parameters; fp32 router units break a fullgraph block compile
+            shard_model(model, bf16=self.autocast, fp32_routers=not self.cfg.compile)
+        materialise(model, self.device)
+        if weights is None:
+            initialise(model, self.cfg.seed)
+        else:
+            from .dcp_checkpoint import load_model_state  # NOTE: imports DCP (~0.5 s) only when used
+
+            load_model_state(model, weights)
+        return model
+
     @classmethod
     def for_pretraining(cls, run_dir, data_dir, model_config: ColibriConfig | None,
                         train_config: TrainConfig, **kwargs) -> Trainer:
@@ -314,14 +337,13 @@ class Trainer:
     # --- validation ------------------------------------------------------------------------
     def evaluate(self, top_k: int | None = None) -> float:
         """Mean validation loss over the fixed validation set (eval mode; top_k pinned if given)."""
-        return validation_loss(self.model, self.val_batches, self.device, self.autocast, self.ctx,
-                               reduce=not self.sharded, top_k=top_k)
+        return validation_loss(self.model, self.val_batches, self.device, self.autocast, self.ctx, top_k=top_k)
 
     # --- checkpoints -----------------------------------------------------------------------
-    def training_state(self) -> TrainingState:
+    def training_state(self, checkpoint_id: str | None = None) -> TrainingState:
         lr, phase = lr_at(self.step, self.cfg)
         return TrainingState(
-            kind=self.kind, checkpoint_id=uuid.uuid4().hex, parent_checkpoint_id=self.parent_id,
+            kind=self.kind, checkpoint_id=checkpoint_id or uuid.uuid4().hex, parent_checkpoint_id=self.parent_id,
             step=self.step, tokens_seen=self.tokens_seen, skipped_steps=self.skipped_steps,
             bad_steps_in_row=self.bad_in_row,
             schedule=ScheduleState(name=self.cfg.schedule, phase=phase, lr=lr,
@@ -333,34 +355,46 @@ class Trainer:
         )
 
     def save_checkpoint(self) -> Path | None:
-        """Write a complete checkpoint of the current step (rank 0); returns its directory.
+        """Write a complete checkpoint of the current step; returns its directory (rank 0; FSDP2: all).
 
-        The directory is a model checkpoint (CHECKPOINT.md) plus optimizer.safetensors and
-        training_state.json: push it as it is, resume from it with `resume_from`.
+        One process and DDP write the single-file format (rank 0): a model checkpoint
+        (CHECKPOINT.md) plus optimizer.safetensors and training_state.json, pushable as it is.
+        FSDP2 writes a DCP directory (dcp_checkpoint.py), every rank its own shards, nothing
+        gathered: convert it with `dcp_to_safetensors` before pushing. Either resumes with
+        `resume_from`, at any world size.
         """
-        path = None
-        if self.sharded:  # gathering is collective: every rank joins, rank 0 receives
-            from .sharding import full_model_state, full_optimizer_payload
+        path = state = None
+        if self.sharded:
+            from .dcp_checkpoint import write_dcp_checkpoint
 
-            model_state = full_model_state(self.model)
-            payload = full_optimizer_payload(self.model, self.optimizer)
+            path, state = write_dcp_checkpoint(self.run_dir, self.step, self.config, self.model, self.optimizer,
+                                               self.training_state, self.tokenizer_json, self.cfg.keep_checkpoints,
+                                               self.ctx)
         elif self.ctx.is_main:
             model_state = {n: t.detach().cpu() for n, t in self.model.state_dict().items()}
-            payload = optimizer_payload(self.model, self.optimizer)
-        if self.ctx.is_main:
             state = self.training_state()
-            path = write_checkpoint(self.run_dir, self.config, model_state, payload, state, self.tokenizer_json,
+            path = write_checkpoint(self.run_dir, self.config, model_state,
+                                    optimizer_payload(self.model, self.optimizer), state, self.tokenizer_json,
                                     self.cfg.keep_checkpoints)
-            if path.name != getattr(self.last_checkpoint, "name", None):
+        if path is not None:
+            if state is not None and path.name != getattr(self.last_checkpoint, "name", None):
                 self.parent_id = state.checkpoint_id
             self.last_checkpoint = path
-        self.ctx.barrier()
+        if not self.sharded:
+            self.ctx.barrier()
         return path
 
     def export_weights(self, directory: str | os.PathLike) -> Path:
-        """Copy only the model files (config, weights, tokenizer) of the latest checkpoint."""
+        """Copy only the model files (config, weights, tokenizer) of the latest checkpoint (rank 0).
+
+        From a DCP checkpoint (FSDP2) they are converted, and `directory` must be new or empty.
+        """
         source = self.last_checkpoint or self.save_checkpoint()
         directory = Path(directory)
+        if is_dcp_checkpoint(source):
+            from .checkpoint_convert import dcp_to_safetensors
+
+            return dcp_to_safetensors(source, directory, weights_only=True)
         directory.mkdir(parents=True, exist_ok=True)
         for name in ("config.json", "model.safetensors", "tokenizer.json"):
             if (source / name).exists():

@@ -1,11 +1,17 @@
 """Validation: a fixed set of held-out sequences, scored at the training and serving top_k.
 
 The set is the first `eval_batches x batch_size` (global) windows of the validation stream in
-file order, so it is the same whatever the world size or micro-batch. Under DDP each rank
-scores every world_size-th sequence and the sums are all-reduced. NOTE: under FSDP2 a forward
-is a collective, so every rank must run the same number of batches: each scores all of them
-(the same result everywhere, no all-reduce). Routers stop counting tokens meanwhile, so
-validation never leaks into the balancer's load counts.
+file order, so it is the same whatever the world size or micro-batch. Each rank scores every
+world_size-th sequence (DDP and FSDP2 alike) and the token-weighted loss sums are all-reduced
+once, so the result is the one-process loss up to fp32 summation order
+(tests/test_train_fsdp.py).
+
+NOTE: under FSDP2 a forward is a collective, so every rank must run the same number of
+forwards. When the set does not divide by the world size, the ranks that are one sequence
+short score a filler sequence whose targets are all ignored (weight 0), and a batch without
+targets is still run, never skipped. The sums stay on the device: one host read per
+evaluation. Routers stop counting tokens meanwhile, so validation never leaks into the
+balancer's load counts.
 """
 
 from __future__ import annotations
@@ -17,17 +23,22 @@ from .distributed import DistributedContext
 
 
 def build_val_batches(source: TokenSource, seq_len: int, micro_batch: int, n_sequences: int,
-                      ctx: DistributedContext, every_rank_all: bool) -> list[tuple[torch.Tensor, torch.Tensor]]:
+                      ctx: DistributedContext) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """This rank's slice of the validation set, in micro-batches; the same count on every rank."""
     val = fixed_batches(source, seq_len, 1, n_sequences)
-    mine = val if every_rank_all else val[ctx.rank::ctx.world_size]
+    mine = val[ctx.rank::ctx.world_size]
+    per_rank = -(-len(val) // ctx.world_size)  # ceil: rank 0's share, the largest
+    if val and len(mine) < per_rank:
+        filler_x, filler_y = val[0]
+        mine = mine + [(filler_x, torch.full_like(filler_y, IGNORE_INDEX))] * (per_rank - len(mine))
     return [(torch.cat([x for x, _ in mine[i:i + micro_batch]]), torch.cat([y for _, y in mine[i:i + micro_batch]]))
             for i in range(0, len(mine), micro_batch)]
 
 
 @torch.no_grad()
 def validation_loss(model, batches, device: torch.device, autocast: bool, ctx: DistributedContext,
-                    reduce: bool, top_k: int | None = None) -> float:
-    """Token-weighted mean LM loss over `batches` (eval mode; top_k pinned if given)."""
+                    top_k: int | None = None) -> float:
+    """Token-weighted mean LM loss over every rank's `batches` (eval mode; top_k pinned if given)."""
     model.eval()
     model.set_top_k(top_k)
     routers = [layer.router for layer in model.moe_layers()]
@@ -37,17 +48,16 @@ def validation_loss(model, batches, device: torch.device, autocast: bool, ctx: D
     try:
         for x, y in batches:
             x, y = x.to(device), y.to(device)
-            n = float((y != IGNORE_INDEX).sum())
-            if n == 0:
-                continue
+            n = (y != IGNORE_INDEX).sum().double()
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
                 out = model(x, targets=y)
-            total += torch.tensor([out.lm_loss.double().item() * n, n], dtype=torch.float64, device=device)
+            # a batch without targets has a NaN mean loss and weight 0: keep the NaN out
+            loss_sum = torch.where(n > 0, out.lm_loss.double() * n, torch.zeros_like(n))
+            total += torch.stack([loss_sum, n])
     finally:
         for r in routers:
             r.count_tokens = True
         model.set_top_k(None)
         model.train()
-    if reduce:
-        total = ctx.all_reduce_sum(total)
+    total = ctx.all_reduce_sum(total)
     return (total[0] / total[1]).item() if total[1] > 0 else float("nan")
