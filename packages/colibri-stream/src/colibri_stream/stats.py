@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from .traces.events import TraceEvent
 
-STATS_VERSION = "1.0"  # of `to_dict()`; see STATS.md
+STATS_VERSION = "1.1"  # of `to_dict()`; see STATS.md
 
 
 @dataclass
@@ -45,6 +45,8 @@ class StreamStats:
     hits: int = 0
     misses: int = 0
     bytes_read: int = 0
+    bytes_read_os: int | None = None  # /proc/self/io read_bytes over the same window (None: unavailable)
+    io_agreement: str = ""  # "agree" | "served from page cache" | "re-read under pressure" (io/accounting.py)
     evictions: int = 0
     prefetch_issued: int = 0
     prefetch_used: int = 0
@@ -125,6 +127,8 @@ class StreamStats:
             "misses": self.misses,
             "hit_rate": round(self.hit_rate, 6),
             "bytes_read": self.bytes_read,
+            "bytes_read_os": self.bytes_read_os,
+            "io_agreement": self.io_agreement,
             "evictions": self.evictions,
             "prefetch_issued": self.prefetch_issued,
             "prefetch_used": self.prefetch_used,
