@@ -12,6 +12,14 @@ freed heap cannot hide the next one's allocations.
     python bench/ram_budget.py                      # NanoColibri-shaped random container, 3 budgets
     python bench/ram_budget.py --preset micro --fractions 0.1
     python bench/ram_budget.py --slab both          # per point: per-expert heap tensors, then the slab
+    python bench/ram_budget.py --caps 1.0GB,1.2GB,1.4GB   # `generate --ram-budget auto` in memory cgroups
+
+The budgets come from the plan (`Engine.plan(path, dtype="bf16")`: its minimum plus a share of
+the experts). With `--caps`, each cap instead runs the real CLI, `colibri-stream generate
+--ram-budget auto --json`, inside a fresh child memory cgroup of that limit (v1 or v2, needs
+root; studies/memory_cgroup.py) and reports what auto chose, the peak anonymous RSS, the
+cgroup's own peak, OOM kills and both byte counters; a cap too small must be refused (exit 2)
+with the numbers, never OOM-killed.
 
 The container is written to --workdir (a real disk) and deleted afterwards.
 """
@@ -85,6 +93,34 @@ def child(path: str, budget: int, tokens: int, threads: int, slab: bool) -> dict
     }
 
 
+def capped(path: str, cap: str, tokens: int, threads: int) -> dict:
+    """`colibri-stream generate --ram-budget auto` in a child memory cgroup limited to `cap`."""
+    from colibri_stream import parse_size
+    from colibri_stream.studies.memory_cgroup import run_capped
+
+    limit = parse_size(cap)
+    command = [str(Path(sys.executable).with_name("colibri-stream")), "generate", path, "--prompt", PROMPT,
+               "--ram-budget", "auto", "--max-new-tokens", str(tokens), "--threads", str(threads), "--json"]
+    run = run_capped(command, limit)
+    row = {"cap": limit, "exit_code": run.returncode, "peak_rss_anon": run.peak_rss_anon,
+           "cgroup_peak": run.cgroup_peak, "oom_kills": run.oom_kills, "seconds": round(run.seconds, 1)}
+    if run.returncode == 0:
+        out = json.loads(run.stdout.strip().splitlines()[-1])
+        stats, budget = out["stats"], out["budget"]
+        row.update(ram_budget=budget["ram_budget"], dtype=budget["dtype"], prefill_chunk=budget["prefill_chunk"],
+                   max_context=budget["max_context"], cache_slots=budget["cache_slots"], hit_rate=stats["hit_rate"],
+                   bytes_read=stats["bytes_read"], bytes_read_os=stats["bytes_read_os"],
+                   io_agreement=stats["io_agreement"], tokens_per_s=out["tokens_per_s"])
+    else:
+        row["error"] = run.stderr.strip().splitlines()[-1] if run.stderr.strip() else ""
+    print(f"cap {limit / 1e9:.2f} GB: exit {run.returncode}, peak anonymous RSS {run.peak_rss_anon / 1e6:.0f} MB, "
+          f"cgroup peak {(run.cgroup_peak or 0) / 1e6:.0f} MB, OOM kills {run.oom_kills}"
+          + (f", budget {row['ram_budget'] / 1e6:.0f} MB ({row['dtype']}, chunk {row['prefill_chunk']}), "
+             f"{row['cache_slots']} slots, {row['io_agreement']}" if run.returncode == 0 else f": {row['error'][:300]}"),
+          flush=True)
+    return row
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workdir", default="/var/tmp/colibri-bench")
@@ -95,23 +131,26 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--slab", choices=["on", "off", "both"], default="on",
                         help="cache slots in one slab (the default) or per-expert heap tensors; both: A/B per point")
+    parser.add_argument("--caps", default=None,
+                        help="comma-separated cgroup memory limits (e.g. 1.0GB,1.2GB): run `generate --ram-budget auto` "
+                        "under each instead of the budget sweep")
     parser.add_argument("--child", nargs=2, metavar=("CONTAINER", "BUDGET"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(child(args.child[0], int(args.child[1]), args.tokens, args.threads, args.slab == "on")))
         return
 
-    from colibri_stream import BudgetError, Engine
+    from colibri_stream import Engine
     from colibri_stream.studies.synthetic_container import synthetic_container
 
     Path(args.workdir).mkdir(parents=True, exist_ok=True)
     with synthetic_container(args.workdir, args.preset) as path:
-        try:
-            Engine.open(str(path), ram_budget=1, dtype="bf16").close()
-        except BudgetError as exc:
-            minimum = exc.minimum_bytes
-        with Engine.open(str(path), ram_budget=1 << 50, dtype="bf16") as probe:
-            slot_bytes, total = probe.budget.slot_bytes, probe.budget.total_experts
+        if args.caps:
+            rows = [capped(str(path), cap, args.tokens, args.threads) for cap in args.caps.split(",")]
+            print(json.dumps({"preset": args.preset, "tokens": args.tokens, "caps": rows}, indent=1))
+            return
+        plan = Engine.plan(str(path), dtype="bf16")
+        minimum, slot_bytes, total = plan.min_budget, plan.slot_bytes, plan.total_experts
         rows = []
         for fraction in (float(f) for f in args.fractions.split(",")):
             budget = minimum + int(fraction * total) * slot_bytes

@@ -94,8 +94,10 @@ RULES = {
 }
 
 # colibri-stream modules that are not its runtime: the studies and the CLI modules that run them
-# (`bench`, `bench-suite`, `policy-study` live in cli/__init__.py, cli/bench.py, cli/traces.py).
-STREAM_NOT_RUNTIME = ("studies/", "cli/__init__.py", "cli/bench.py", "cli/traces.py")
+# (`bench` lives in cli/sweep.py, `bench-suite` in cli/bench.py, `policy-study` and `trace-hf` in
+# cli/traces.py; they import studies/ only inside the command, so `colibri-stream generate` never
+# loads them).
+STREAM_NOT_RUNTIME = ("studies/", "cli/sweep.py", "cli/bench.py", "cli/traces.py")
 STREAM_RUNTIME_NEVER = ("colibri_stream.studies", "colibri_model.training")
 
 # distribution name -> import name, where they differ beyond "-" -> "_"

@@ -235,13 +235,9 @@ def _pull_latest(relay_dir: Path, dest: Path) -> None:
 def _demo_budget(container: Path, expert_bytes: int) -> int:
     """The engine's minimum budget (fixed part + one layer's working set) plus room for about a
     third of the routed experts, so that most of them must be streamed from disk."""
-    from colibri_stream import BudgetError, Engine
+    from colibri_stream import Engine
 
-    try:
-        Engine.open(str(container), ram_budget=1).close()
-    except BudgetError as exc:
-        return exc.minimum_bytes + int(expert_bytes * 0.35)
-    raise SystemExit("demo: the engine accepted a 1-byte budget")  # cannot happen
+    return Engine.plan(str(container)).min_budget + int(expert_bytes * 0.35)
 
 
 def _stream_chat(container: Path, budget: int, new_tokens: int) -> dict:
@@ -277,7 +273,7 @@ def _bigger_than_ram(out: Path, new_tokens: int) -> dict:
     """NanoColibri's real shapes (24 layers, 64 experts x 512, int4 everywhere) with random weights,
     written through colibri-int4's writer, then generated from under a RAM budget well below the
     file's size: every miss is an O_DIRECT read, checked against the kernel's read_bytes."""
-    from colibri_stream import BudgetError, Engine
+    from colibri_stream import Engine
     from colibri_stream.io.accounting import IOWindow, read_proc_io
     from colibri_stream.studies.synthetic_container import write_preset_container
 
@@ -288,11 +284,7 @@ def _bigger_than_ram(out: Path, new_tokens: int) -> dict:
     print(f"    wrote {path.name}: {size / 1e9:.2f} GB in {time.monotonic() - began:.0f}s "
           "(random weights: the text will be noise; the point is the I/O)", flush=True)
     try:
-        try:
-            Engine.open(str(path), ram_budget=1, dtype="bf16").close()
-            raise SystemExit("demo: the engine accepted a 1-byte budget")
-        except BudgetError as exc:
-            minimum = exc.minimum_bytes
+        minimum = Engine.plan(str(path), dtype="bf16").min_budget
         with _open_below(Engine, path, minimum, size) as engine:
             budget = engine.budget.ram_budget
             print(f"$ colibri-stream generate $OUT/{path.name} --ram-budget {budget} --dtype bf16 "

@@ -94,17 +94,13 @@ def corrupted(tiny, tmp_path) -> tuple[Path, tuple[int, int], str]:
 
 
 def _minimum_budget(container: Path, **kwargs) -> int:
-    from colibri_stream import BudgetError, Engine
+    from colibri_stream import Engine
 
-    try:
-        Engine.open(container, ram_budget=1, **kwargs)
-    except BudgetError as exc:
-        return exc.minimum_bytes
-    raise AssertionError("a 1-byte budget was accepted")
+    return Engine.plan(container, **kwargs).min_budget
 
 
 @pytest.fixture(scope="session")
 def minimum_budget():
-    """`minimum_budget(container, **open_kwargs)`: the smallest budget the engine accepts
-    (read from the BudgetError of a 1-byte budget)."""
+    """`minimum_budget(container, **open_kwargs)`: the plan's minimum budget for those options
+    (the unset defaults at their preferred values: f32, max_seq_len, 128-token chunks)."""
     return _minimum_budget

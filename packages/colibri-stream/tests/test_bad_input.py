@@ -36,12 +36,14 @@ def test_truncated_container_is_refused_at_open(tiny, tmp_path):
 
 
 def test_budget_below_minimum_names_the_minimum(tiny, minimum_budget):
-    minimum = minimum_budget(tiny[0])
+    fixed = dict(dtype="f32", max_context=256, prefill_chunk=128)  # nothing left to step down
+    minimum = minimum_budget(tiny[0], **fixed)
+    assert minimum == minimum_budget(tiny[0])  # the preferred defaults are these values
     with pytest.raises(BudgetError) as info:
-        Engine.open(tiny[0], ram_budget=minimum - 1)
+        Engine.open(tiny[0], ram_budget=minimum - 1, **fixed)
     assert info.value.minimum_bytes == minimum
     assert str(minimum) in str(info.value) and "too small" in str(info.value)
-    with Engine.open(tiny[0], ram_budget=minimum) as eng:  # exactly the minimum is enough
+    with Engine.open(tiny[0], ram_budget=minimum, **fixed) as eng:  # exactly the minimum is enough
         assert eng.budget.slots == 1
         assert eng.budget.accounted_bytes <= minimum
         eng.generate([1, 2, 3], max_new_tokens=4)

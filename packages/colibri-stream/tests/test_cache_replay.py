@@ -44,8 +44,7 @@ def test_static_oracle_pins_the_most_used_experts():
 
 def test_replay_reproduces_the_live_engine(tiny, minimum_budget):
     base = minimum_budget(tiny[0], prefill_chunk=1)
-    with Engine.open(tiny[0], ram_budget=base, prefill_chunk=1) as probe:
-        budget = base + 4 * probe.budget.slot_bytes
+    budget = base + 4 * Engine.plan(tiny[0], prefill_chunk=1).slot_bytes
     with Engine.open(tiny[0], ram_budget=budget, prefill_chunk=1, record_trace=True, cache_policy="lru") as eng:
         eng.logits(torch.arange(700, 760))
         live, trace, capacity = eng.stats, list(eng.stats.trace), eng.budget.slots

@@ -45,9 +45,12 @@ def test_generate_json_has_text_and_stats(tiny):
         "resident_mb",
         "cache_mb",
         "trace",
+        "bytes_read_os",
+        "io_agreement",
     ):
         assert key in stats
     assert stats["stats_version"] == STATS_VERSION and stats["misses"] > 0
+    assert stats["io_agreement"] in ("agree", "served from page cache", "re-read under pressure", "unavailable")
     assert out["budget"]["ram_budget"] == 200_000_000
     report = read_generate_report(result.output)  # the versioned schema others read
     assert report.stats.misses == stats["misses"] and report.stats.trace is not None

@@ -69,8 +69,7 @@ def test_greedy_64_tokens_match_reference_with_small_budget(tiny, reference, min
     options = dict(compute="int4", kernel_dtype=kernel_dtype)
     base = minimum_budget(tiny[0], **options)
     # room for 3 more experts beyond one layer's working set: 4 of the 48 experts fit
-    with Engine.open(tiny[0], ram_budget=base, **options) as probe:
-        slot = probe.budget.slot_bytes
+    slot = Engine.plan(tiny[0], **options).slot_bytes
     budget = base + 3 * slot
     with Engine.open(tiny[0], ram_budget=budget, **options) as eng:
         assert eng.budget.slots == 4

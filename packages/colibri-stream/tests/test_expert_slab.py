@@ -57,8 +57,7 @@ def test_int4_expert_computes_the_same_from_a_slot():
 def test_engine_with_and_without_slab_agree_under_eviction(tiny, minimum_budget):
     options = dict(compute="int4", kernel_dtype="f32", cache_policy="lru")
     base = minimum_budget(tiny[0], **options)
-    with Engine.open(tiny[0], ram_budget=base, **options) as probe:
-        budget = base + 4 * probe.budget.slot_bytes  # 5 of 48 experts: constant eviction
+    budget = base + 4 * Engine.plan(tiny[0], **options).slot_bytes  # 5 of 48 experts: constant eviction
     runs = {}
     for slab in (False, True):
         with Engine.open(tiny[0], ram_budget=budget, slab=slab, **options) as eng:

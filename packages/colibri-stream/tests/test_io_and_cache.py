@@ -166,8 +166,7 @@ class MostRecentlyUsed(CachePolicy):
 
 def test_custom_policy_plugs_in_and_changes_behaviour(tiny, minimum_budget):
     base = minimum_budget(tiny[0], prefill_chunk=1)
-    with Engine.open(tiny[0], ram_budget=base, prefill_chunk=1) as probe:
-        budget = base + 5 * probe.budget.slot_bytes  # 6 slots
+    budget = base + 5 * Engine.plan(tiny[0], prefill_chunk=1).slot_bytes  # 6 slots
     ids = torch.arange(500, 560)
     results = {}
     for policy in ("lru", MostRecentlyUsed()):

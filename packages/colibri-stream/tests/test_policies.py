@@ -79,8 +79,8 @@ def test_live_engine_matches_offline_replay(tiny, minimum_budget, name):
         eng.generate(prompt, 12, stop_token_ids=[])
         warmup = list(eng.stats.trace)
     base = minimum_budget(tiny[0])
-    with Engine.open(tiny[0], ram_budget=base) as probe:
-        budget, capacity = base + 9 * probe.budget.slot_bytes, probe.budget.slots + 9
+    plan = Engine.plan(tiny[0], base)
+    budget, capacity = base + 9 * plan.slot_bytes, plan.budget.slots + 9
     policy = POLICIES[name].factory(warmup, capacity)
     with Engine.open(tiny[0], ram_budget=budget, cache_policy=policy, record_trace=True) as eng:
         assert eng.budget.slots == capacity

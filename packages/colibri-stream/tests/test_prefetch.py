@@ -11,8 +11,7 @@ def test_prefetch_on_same_tokens_and_counters(tiny, minimum_budget):
     runs = {}
     for mode in ("off", "predict", "on"):
         base = minimum_budget(tiny[0], prefetch=mode)
-        with Engine.open(tiny[0], ram_budget=base, prefetch=mode) as probe:
-            budget = base + 7 * probe.budget.slot_bytes  # 8 of 48 experts: misses and evictions
+        budget = base + 7 * Engine.plan(tiny[0], prefetch=mode).slot_bytes  # 8 of 48 experts: misses and evictions
         with Engine.open(tiny[0], ram_budget=budget, prefetch=mode) as eng:
             result = eng.generate(prompt, 24, stop_token_ids=[])
             runs[mode] = (result.token_ids, eng.stats.to_dict(), eng.budget)
@@ -80,15 +79,15 @@ def test_prefetch_auto_by_expert_size_budget_and_room(tiny, minimum_budget, monk
     """"auto" (the default) is off for small experts; for large ones it is on, unless no CPU is
     free beyond torch's threads, the cache already holds every expert, or the budget has no room
     for the workers' buffers."""
-    import colibri_stream.engine as engine_module
+    import colibri_stream.plan as plan_module
 
     with Engine.open(tiny[0], ram_budget="200MB") as eng:  # 16 KB-class test experts: off
         assert eng.stats.prefetch == "off" and eng.budget.staging_bytes == eng.container.blob_layout.blob_length
-    monkeypatch.setattr(engine_module, "PREFETCH_AUTO_MIN_BLOB", 1)  # every expert counts as large
-    monkeypatch.setattr(engine_module, "_spare_cpus", lambda device: 0)
+    monkeypatch.setattr(plan_module, "PREFETCH_AUTO_MIN_BLOB", 1)  # every expert counts as large
+    monkeypatch.setattr(plan_module, "_spare_cpus", lambda device: 0)
     with Engine.open(tiny[0], ram_budget=minimum_budget(tiny[0], prefetch="on")) as eng:
         assert eng.stats.prefetch == "off"  # torch's threads use every CPU: workers would steal it
-    monkeypatch.setattr(engine_module, "_spare_cpus", lambda device: 1)
+    monkeypatch.setattr(plan_module, "_spare_cpus", lambda device: 1)
     with_workers = minimum_budget(tiny[0], prefetch="on")
     without = minimum_budget(tiny[0], prefetch="off")
     assert with_workers > without
@@ -110,8 +109,7 @@ def test_known_misses_read_ahead_change_nothing_but_timing(tiny, minimum_budget)
     for mode in ("off", "on"):
         options = dict(prefetch=mode, prefetch_threads=2, prefill_chunk=32, record_trace=True, cache_policy="lru")
         base = minimum_budget(tiny[0], **options)
-        with Engine.open(tiny[0], ram_budget=base, **options) as probe:
-            budget = base + 9 * probe.budget.slot_bytes  # 10 of 48 experts: evictions inside a layer
+        budget = base + 9 * Engine.plan(tiny[0], **options).slot_bytes  # 10 of 48 experts: evictions inside a layer
         with Engine.open(tiny[0], ram_budget=budget, **options) as eng:
             if mode == "on":
                 for backend in eng.model.moe_layers():  # no guesses: only the known misses are read ahead

@@ -42,8 +42,7 @@ def test_split_cuts_at_a_step_boundary():
 
 def test_engine_trace_file_replays_like_the_engine(tiny, tmp_path):
     """A trace the engine saved replays, under LRU at the engine's slot count, to the engine's own hits."""
-    with Engine.open(tiny[0], ram_budget=1 << 50, record_trace=True, cache_policy="lru") as big:
-        budget = big.budget.fixed_bytes + 6 * big.budget.slot_bytes
+    budget = Engine.plan(tiny[0], cache_policy="lru").budget_for_slots(6)
     with Engine.open(tiny[0], ram_budget=budget, record_trace=True, cache_policy="lru") as eng:
         eng.generate("The quick brown fox", 12, stop_token_ids=[])
         path = eng.save_trace(tmp_path / "g.jsonl", source="a fox")

@@ -2,7 +2,8 @@
 
 The resident backbone stays in memory; routed experts stream from disk (O_DIRECT) through a
 RAM-budgeted cache with a pluggable eviction policy and run on torch's CPU int4 kernels.
-`Engine.open(path, ram_budget="600MB")` is the entry point; `colibri-stream` the CLI.
+`Engine.open(path, ram_budget="600MB")` is the entry point (`Engine.plan(path)` says which
+budgets work, without building anything); `colibri-stream` the CLI.
 """
 
 from importlib.metadata import PackageNotFoundError
@@ -25,9 +26,12 @@ from .compute.expert_compute import DequantExpert, Int4Expert
 from .compute.streamed_experts import StreamedExperts
 from .engine import Engine
 from .errors import BudgetError, ContainerConfigError, ExpertCorruptError, SizeFormatError, StreamError
+from .footprint import Budget, Footprint
 from .generation import GenerationResult, SamplingConfig
+from .hit_rate_target import HitRateTarget
 from .io.direct_io import AlignedBuffer, BlobReader, IOFallbackWarning
-from .plan import Budget
+from .io.memory_cap import MemoryCap, read_memory_cap
+from .plan import Plan
 from .report import GenerateReport, ReportVersionError, StatsReport, read_generate_report
 from .sizes import format_size, parse_size
 from .stats import LayerCounters, StreamStats
@@ -44,6 +48,11 @@ __all__ = [
     "AlignedBuffer",
     "BlobReader",
     "Budget",
+    "Footprint",
+    "HitRateTarget",
+    "MemoryCap",
+    "Plan",
+    "read_memory_cap",
     "BudgetError",
     "CachePolicy",
     "ContainerConfigError",

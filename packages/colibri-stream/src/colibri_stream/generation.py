@@ -3,8 +3,9 @@
 - `SamplingConfig`: greedy when `temperature == 0` (the default), else softmax at the
   temperature restricted to the nucleus (`top_p`): the smallest set of most likely tokens whose
   probabilities sum to at least `top_p`. A seeded `torch.Generator` makes sampling repeatable.
-- `decode_loop`: prefill, then sample / decode one token at a time through the engine's KV
-  cache, yielding text; `GenerationResult` is what it reports at the end.
+- `decode_loop`: prefill, then sample / decode one token at a time through the engine's public
+  incremental API (`reset`, `forward_tokens`, `context_length`), yielding text;
+  `GenerationResult` is what it reports at the end.
 - `TextAssembler`: turns the growing list of generated ids into text pieces for streaming. It
   re-decodes the whole generation each step (byte-level BPE merges and multi-byte characters
   make per-token decoding wrong), holds back an incomplete UTF-8 character (decoded as U+FFFD)
@@ -153,17 +154,17 @@ def decode_loop(
     stop_ids: set[int],
     result: list | None,
 ) -> Iterator[str]:
-    """The generation loop of `Engine.stream` (engine: its `_forward`, `kv_cache`, `stats`,
-    `tokenizer`, `max_context`). Appends a `GenerationResult` to `result` at the end."""
+    """The generation loop of `Engine.stream` (engine: its `reset`, `forward_tokens`,
+    `context_length`, `max_context`, `tokenizer` and `stats`). Appends a `GenerationResult` to
+    `result` at the end."""
     sampler = TokenSampler(sampling)
     assembler = TextAssembler(engine.tokenizer, stop)
-    engine.kv_cache.length = 0
+    engine.reset()
     finish = "length"
     began = time.perf_counter()
     logits = None
     if max_new_tokens > 0:
-        engine.stats.prefill_tokens += len(prompt_ids)
-        logits = engine._forward(prompt_ids, keep="last")
+        logits = engine.forward_tokens(prompt_ids)
     prefill_seconds = time.perf_counter() - began
     for step in range(max_new_tokens):
         token = sampler(logits)
@@ -176,10 +177,9 @@ def decode_loop(
         if assembler.stopped:
             finish = "stop"
             break
-        if step + 1 == max_new_tokens or engine.kv_cache.length + 1 > engine.max_context:
+        if step + 1 == max_new_tokens or engine.context_length + 1 > engine.max_context:
             break
-        engine.stats.decode_tokens += 1
-        logits = engine._forward([token], keep="last")
+        logits = engine.forward_tokens([token])
     tail = assembler.finish()
     if tail:
         yield tail

@@ -2,6 +2,10 @@
 
 Kept apart from engine.py so that the CLI, the benchmark and tests build the same options, and so
 that new knobs (prefetch, policies) do not lengthen every signature.
+
+`dtype`, `max_context` and `prefill_chunk` left unset (None; "auto" for dtype) start at f32, the
+config's max_seq_len and 128 tokens, and are stepped down only where a stated budget cannot hold
+them (plan.py says the order); a value set here is never changed.
 """
 
 from __future__ import annotations
@@ -40,13 +44,13 @@ class EngineOptions:
     """See `Engine.open` for the meaning of each field."""
 
     compute: Literal["auto", "int4", "dequant"] = "auto"
-    dtype: str | torch.dtype = "f32"  # resident weights, activations, KV cache
+    dtype: str | torch.dtype | None = None  # resident weights, activations, KV cache; None/"auto": plan.py
     kernel_dtype: str | torch.dtype = "bf16"  # activations inside the int4 expert kernels
     device: str | torch.device = "cpu"
     cache_policy: str | CachePolicy | None = None
     top_k: int | None = None
     max_context: int | None = None
-    prefill_chunk: int = 128
+    prefill_chunk: int | None = None  # tokens per forward pass; None: 128, less where the budget needs
     direct_io: bool = True
     record_trace: bool = False
     prefetch: Literal["auto", "off", "predict", "on"] = "auto"
@@ -57,7 +61,7 @@ class EngineOptions:
     def __post_init__(self):
         if self.compute not in ("auto", "int4", "dequant"):
             raise ValueError(f"compute must be auto, int4 or dequant, got {self.compute!r}")
-        if self.prefill_chunk < 1:
+        if self.prefill_chunk is not None and self.prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1, got {self.prefill_chunk}")
         if self.prefetch not in ("auto", "off", "predict", "on"):
             raise ValueError(f"prefetch must be auto, off, predict or on, got {self.prefetch!r}")
@@ -65,6 +69,9 @@ class EngineOptions:
             raise ValueError(f"prefetch_threads must be >= 1, got {self.prefetch_threads}")
         if self.max_context is not None and self.max_context < 1:
             raise ValueError(f"max_context must be >= 1, got {self.max_context}")
-        object.__setattr__(self, "dtype", resolve_dtype(self.dtype))
+        if self.dtype is not None and str(self.dtype).lower() != "auto":
+            object.__setattr__(self, "dtype", resolve_dtype(self.dtype))
+        else:
+            object.__setattr__(self, "dtype", None)
         object.__setattr__(self, "kernel_dtype", resolve_dtype(self.kernel_dtype, "kernel_dtype"))
         object.__setattr__(self, "device", torch.device(self.device))

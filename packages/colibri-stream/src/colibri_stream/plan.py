@@ -1,128 +1,227 @@
-"""RAM budget accounting: how the bytes of `ram_budget` are split, and the smallest budget.
+"""The plan: container header + options -> how a RAM budget is split, and which budgets matter.
 
-    budget = resident weights        (every non-routed tensor, materialised in the engine dtype)
-           + KV cache                (batch 1, `max_context` positions, all layers)
-           + workspace               (activations of one prefill chunk, logits included; estimate)
-           + staging buffers         (page-aligned blob buffers that misses are read into)
-           + cache slots x slot size (prepared routed experts: int4-pack layout or dequantized)
+Pure: it reads the container's header (config, tensor shapes, blob layout), never the weights,
+and builds no model, so `Engine.plan(path)` and `colibri-stream plan` answer in well under a
+second. `Engine.open` follows the very same plan.
 
-           + tokenizer               (estimate: 900 bytes per vocabulary entry, calibrated in engine.py)
-           + heap slack              (freed memory the C heap may hold until the engine trims it, heap.py)
+The parts of a budget and how each is sized: footprint.py.
 
-Weights, caches and buffers are counted exactly from tensor sizes; the workspace is an upper
-estimate of the live activations of one forward pass over `prefill_chunk` tokens (hidden states,
-attention scores, the widest FFN, logits in fp32). Not counted: the interpreter and torch's own
-allocations. Measured with bench/ram_budget.py (NanoColibri shapes, bf16, 32 tokens): the peak
-anonymous RSS growth from before `Engine.open` stays within 1% of the budget (RESULTS.md).
+- `min_budget`: the fixed part plus one layer's working set (`top_k` slots: the experts one token
+  needs in one layer; layers run one after another).
+- `full_budget`: the fixed part plus a slot for every routed expert (nothing is read twice).
+- `budget_for_hit_rate` (hit_rate_target.py): the smallest budget whose cache reaches a hit rate on a
+  routing trace, by replaying the trace (cache/replay.py) with the serving policy.
 
-The minimum budget holds one layer's working set: `top_k` slots, the experts one token needs.
+Defaults that fit a stated budget: a knob the caller leaves unset (`dtype`, `prefill_chunk`,
+`max_context`) starts at its preferred value (f32, 128 tokens, the config's max_seq_len) and is
+degraded one step at a time, in this order, until the minimum fits: dtype f32 -> bf16;
+prefill_chunk 128 -> 64 -> 32; max_context halved down to 256 tokens. A budget that fits the
+preferred values gets exactly them (so results at every budget that worked before are
+unchanged); a knob set explicitly is never changed, and a budget below every candidate is
+refused with `BudgetError` naming both minimums.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field, replace
 
+import torch
+from colibri_int4 import Container
 from colibri_model import ColibriConfig
 
 from .errors import BudgetError
+from .footprint import Budget, Footprint, Sizing, dtype_name
+from .options import EngineOptions
+from .resident import model_config
 from .sizes import format_size
+
+__all__ = ["Budget", "Footprint", "Plan", "make_plan"]
+
+PREFERRED_PREFILL_CHUNK = 128
+AUTO_PREFILL_CHUNKS = (128, 64, 32)
+MIN_AUTO_CONTEXT = 256
+
+# Prefetch pays once reading an expert takes long enough to hide behind the compute of a layer,
+# and only when a CPU is free for the workers (CRC and repack are CPU work). Measured
+# (bench/RESULTS.md, issue 9), prefetch on / off:
+#   16 KB experts, 1 torch thread on 2 cores:               x0.75 (a handoff costs more than the read)
+#   0.84 MB (NanoColibri), 1 torch thread on 2 cores:       x1.02-1.04
+#   1.88 MB (Micro), 1 torch thread on 2 cores:             x1.14
+#   0.84 MB, 2 torch threads on 2 cores (no CPU to spare):  x0.63
+# So "auto" turns it on from this blob size, with at least one CPU beyond torch's threads.
+PREFETCH_AUTO_MIN_BLOB = 512 * 1024
 
 
 @dataclass(frozen=True)
-class Budget:
-    ram_budget: int
-    resident_bytes: int
-    kv_cache_bytes: int
-    workspace_bytes: int
-    staging_bytes: int
-    slot_bytes: int
-    slots: int
-    total_experts: int
-    other_bytes: int = 0  # the tokenizer (an estimate, see engine.TOKENIZER_BYTES_PER_TOKEN)
-    heap_slack_bytes: int = 0  # freed heap held until trimmed (heap.slack_bytes)
+class Plan:
+    """What `Engine.plan` returns and `Engine.open` follows.
+
+    Attributes:
+        path: the container.
+        footprint: the chosen configuration's sizes (the preferred one when no budget is given).
+        smallest_budget: the least budget any candidate accepts (defaults degraded as far as they
+            go); equals `min_budget` when every knob was set explicitly.
+        prefetch: "off" | "predict" | "on", resolved for the budget ("auto" resolves to "off"
+            without one).
+        budget: the split at the stated budget, or None.
+        degraded: the defaults that were stepped down to fit, e.g. ["dtype f32 -> bf16"].
+        target: the hit-rate target's answer (hit_rate_target.py), when a trace was given.
+        memory_cap: the cgroup / MemAvailable reading behind `ram_budget="auto"` (memory_cap.py).
+    """
+
+    path: str
+    footprint: Footprint
+    smallest_budget: int
+    prefetch: str
+    expert_bytes_on_disk: int
+    budget: Budget | None = None
+    degraded: list[str] = field(default_factory=list)
+    target: object | None = None
+    memory_cap: object | None = None
+    smallest_choice: str = ""  # the configuration `smallest_budget` is for
 
     @property
-    def cache_capacity_bytes(self) -> int:
-        return self.slots * self.slot_bytes
+    def min_budget(self) -> int:
+        return self.footprint.min_budget
 
     @property
-    def fixed_bytes(self) -> int:
-        return (
-            self.resident_bytes
-            + self.kv_cache_bytes
-            + self.workspace_bytes
-            + self.staging_bytes
-            + self.other_bytes
-            + self.heap_slack_bytes
-        )
+    def full_budget(self) -> int:
+        return self.footprint.full_budget
 
     @property
-    def accounted_bytes(self) -> int:
-        return self.fixed_bytes + self.cache_capacity_bytes
+    def slot_bytes(self) -> int:
+        return self.footprint.slot_bytes
 
-    def describe(self) -> str:
-        return (
-            f"budget {format_size(self.ram_budget)}: resident {format_size(self.resident_bytes)}, "
-            f"KV cache {format_size(self.kv_cache_bytes)}, workspace {format_size(self.workspace_bytes)}, "
-            f"staging {format_size(self.staging_bytes)}, tokenizer {format_size(self.other_bytes)}, "
-            f"heap slack {format_size(self.heap_slack_bytes)}, expert cache {self.slots} x "
-            f"{format_size(self.slot_bytes)} = {format_size(self.cache_capacity_bytes)} "
-            f"({self.slots}/{self.total_experts} experts)"
-        )
+    @property
+    def total_experts(self) -> int:
+        return self.footprint.total_experts
+
+    def to_dict(self) -> dict:
+        """JSON-ready: what `colibri-stream plan --json` prints."""
+        f = self.footprint
+        out = {
+            "container": self.path,
+            "dtype": dtype_name(f.dtype),
+            "compute": f.compute,
+            "expert_dtype": dtype_name(f.expert_dtype),
+            "max_context": f.max_context,
+            "prefill_chunk": f.prefill_chunk,
+            "top_k": f.top_k,
+            "prefetch": self.prefetch,
+            "degraded": list(self.degraded),
+            "resident_bytes": f.resident_bytes,
+            "resident_by_dtype": dict(f.resident_by_dtype),
+            "kv_cache_bytes": f.kv_cache_bytes,
+            "workspace_bytes": f.workspace_bytes,
+            "staging_bytes": f.staging_bytes,
+            "tokenizer_bytes": f.tokenizer_bytes,
+            "heap_slack_bytes": f.heap_slack_bytes,
+            "fixed_bytes": f.fixed_bytes,
+            "slot_bytes": f.slot_bytes,
+            "total_experts": f.total_experts,
+            "expert_bytes_on_disk": self.expert_bytes_on_disk,
+            "min_budget": self.min_budget,
+            "full_budget": self.full_budget,
+            "smallest_budget": self.smallest_budget,
+            "smallest_choice": self.smallest_choice,
+        }
+        if self.budget is not None:
+            b = self.budget
+            out["ram_budget"], out["cache_slots"] = b.ram_budget, b.slots
+            out["cache_capacity_bytes"] = b.cache_capacity_bytes
+        if self.target is not None:
+            out["hit_rate_target"] = self.target.to_dict()
+        if self.memory_cap is not None:
+            out["memory_cap"] = self.memory_cap.to_dict()
+        return out
+
+    def budget_for_slots(self, slots: int) -> int:
+        """The budget whose cache holds `slots` experts (clamped to [working set, every expert])."""
+        f = self.footprint
+        return f.fixed_bytes + max(f.working_set_slots, min(slots, f.total_experts)) * f.slot_bytes
 
 
-def kv_cache_bytes(config: ColibriConfig, max_context: int, elem: int) -> int:
-    return 2 * config.n_layers * config.n_kv_heads * max_context * config.head_dim * elem
+def make_plan(container: Container, opts: EngineOptions, ram_budget: int | None = None) -> Plan:
+    """The plan of `container` with `opts`, split at `ram_budget` when given (see module doc)."""
+    config = model_config(container)
+    top_k = opts.top_k or config.top_k_infer
+    if not 1 <= top_k <= config.n_experts:
+        raise ValueError(f"top_k must be in [1, {config.n_experts}], got {top_k}")
+    layout = container.blob_layout
+    prefetch = opts.prefetch
+    counted_threads = opts.prefetch_threads if prefetch == "on" and layout else 0
+    sizes = Sizing(container, config, opts, top_k)
+    candidates = [sizes.footprint(*knobs, counted_threads) for knobs in _candidate_knobs(opts, config)]
+    chosen = candidates[0]
+    least = min(candidates, key=lambda c: c.min_budget)
+    smallest = least.min_budget
+    budget = None
+    if ram_budget is not None:
+        fitting = [c for c in candidates if c.min_budget <= ram_budget]
+        if not fitting:
+            message = chosen.too_small(ram_budget)
+            if len(candidates) > 1:
+                message += (f"; with the unset defaults stepped down as far as they go "
+                            f"({candidates[-1].describe()}) it is {format_size(smallest)} ({smallest} bytes)")
+            raise BudgetError(message, smallest)
+        chosen = fitting[0]
+    if prefetch == "auto":
+        prefetch = "off"
+        if ram_budget is not None:
+            with_workers = replace(chosen, prefetch_threads=opts.prefetch_threads,
+                                   staging_bytes=sizes.staging(chosen, opts.prefetch_threads))
+            if _prefetch_pays(with_workers, chosen, ram_budget, layout, opts.device):
+                prefetch, chosen = "on", with_workers
+    if ram_budget is not None:
+        budget = chosen.split(ram_budget)
+    degraded = _degraded(candidates[0], chosen)
+    return Plan(str(container.path), chosen, smallest, prefetch, container.expert_bytes, budget, degraded,
+                smallest_choice=least.describe())
 
 
-def workspace_bytes(config: ColibriConfig, prefill_chunk: int, max_context: int, elem: int) -> int:
-    """Upper estimate of one forward pass's live activations over `prefill_chunk` tokens."""
-    t = prefill_chunk
-    widest_ffn = max(config.dense_ffn_dim, config.shared_expert_dim, 2 * config.expert_dim)
-    hidden = 6 * t * config.d_model * max(elem, 4)  # residual, normed, attn out, fp32 norm temporaries
-    attention = config.n_heads * t * max_context * 4 + 3 * t * config.n_heads * config.head_dim * elem
-    ffn = 3 * t * widest_ffn * max(elem, 4)
-    logits = 2 * t * config.vocab_size * 4  # logits, and their fp32 copy for sampling/softmax
-    return hidden + attention + ffn + logits
+def _candidate_knobs(opts: EngineOptions, config: ColibriConfig) -> list[tuple[torch.dtype, int, int]]:
+    """(dtype, max_context, prefill_chunk) to try, preferred first, one knob stepped at a time."""
+    dtypes = [opts.dtype] if opts.dtype is not None else [torch.float32, torch.bfloat16]
+    full = config.max_seq_len
+    if opts.max_context is not None:
+        contexts = [opts.max_context]
+    else:
+        contexts = [full]
+        while contexts[-1] // 2 >= MIN_AUTO_CONTEXT:
+            contexts.append(contexts[-1] // 2)
+    chunks = [opts.prefill_chunk] if opts.prefill_chunk is not None else list(AUTO_PREFILL_CHUNKS)
+    knobs = [(d, contexts[0], chunks[0]) for d in dtypes]
+    knobs += [(dtypes[-1], contexts[0], c) for c in chunks[1:]]
+    knobs += [(dtypes[-1], n, chunks[-1]) for n in contexts[1:]]
+    return knobs
 
 
-def plan_budget(
-    ram_budget: int,
-    config: ColibriConfig,
-    resident_bytes: int,
-    kv_bytes: int,
-    workspace: int,
-    staging_bytes: int,
-    slot_bytes: int,
-    top_k: int,
-    other_bytes: int = 0,
-    heap_slack_bytes: int = 0,
-) -> Budget:
-    """Split `ram_budget`; raise `BudgetError` naming the minimum if one layer's working set
-    (top_k experts) does not fit beside the fixed parts."""
-    total_experts = config.n_moe_layers * config.n_experts
-    fixed = resident_bytes + kv_bytes + workspace + staging_bytes + other_bytes + heap_slack_bytes
-    working_set = min(top_k, config.n_experts) * slot_bytes if total_experts else 0
-    minimum = fixed + working_set
-    if ram_budget < minimum:
-        raise BudgetError(
-            f"ram budget {format_size(ram_budget)} ({ram_budget} bytes) is too small: the minimum is "
-            f"{format_size(minimum)} ({minimum} bytes) = resident {format_size(resident_bytes)} + KV cache "
-            f"{format_size(kv_bytes)} + workspace {format_size(workspace)} + staging {format_size(staging_bytes)} "
-            f"+ tokenizer {format_size(other_bytes)} + heap slack {format_size(heap_slack_bytes)} "
-            f"+ one layer's working set ({top_k} x {format_size(slot_bytes)})",
-            minimum,
-        )
-    slots = min(total_experts, (ram_budget - fixed) // slot_bytes) if slot_bytes else 0
-    return Budget(
-        ram_budget,
-        resident_bytes,
-        kv_bytes,
-        workspace,
-        staging_bytes,
-        slot_bytes,
-        int(slots),
-        total_experts,
-        other_bytes,
-        heap_slack_bytes,
-    )
+def _prefetch_pays(with_workers: Footprint, without: Footprint, ram_budget: int, layout, device) -> bool:
+    """"auto" prefetch: on only for large experts, with a CPU to spare for the workers, when the
+    budget also holds the workers' buffers, and when the cache cannot hold every expert without
+    them (then there is nothing left to read ahead)."""
+    if layout is None or layout.blob_length < PREFETCH_AUTO_MIN_BLOB or _spare_cpus(device) < 1:
+        return False
+    if ram_budget >= without.full_budget or ram_budget < with_workers.min_budget:
+        return False
+    return True
+
+
+def _spare_cpus(device: torch.device) -> int:
+    """CPUs this process may use beyond torch's intra-op threads (an accelerator computes
+    elsewhere, so there the CPUs are all free for reads)."""
+    try:
+        available = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        available = os.cpu_count() or 1
+    return available if device.type != "cpu" else available - torch.get_num_threads()
+
+
+def _degraded(preferred: Footprint, chosen: Footprint) -> list[str]:
+    steps = []
+    for label, get in (("dtype", lambda f: dtype_name(f.dtype)), ("prefill_chunk", lambda f: f.prefill_chunk),
+                       ("max_context", lambda f: f.max_context)):
+        if get(preferred) != get(chosen):
+            steps.append(f"{label} {get(preferred)} -> {get(chosen)}")
+    return steps

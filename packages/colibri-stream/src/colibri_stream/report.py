@@ -10,6 +10,7 @@ specifies every field.
 from __future__ import annotations
 
 import json
+import types
 
 from pydantic import BaseModel, ConfigDict, create_model, model_validator
 
@@ -29,11 +30,16 @@ def _check_major(kind: str, found: str, known: str) -> None:
 
 def _stats_fields() -> dict:
     """The reader's fields, from the writer's declaration (stats.py `report_fields`): a key
-    the first stats version had is required; one a later minor added defaults to empty, so an
-    older report still reads."""
+    the first stats version had is required; one a later minor added defaults to empty (None
+    where the key may be null), so an older report still reads."""
     spec = {"stats_version": (str, ...)}
     for f in report_fields(StreamStats):
-        default = None if f.optional else ... if f.since == "1.0" else f.kind()
+        if f.optional:
+            default = None
+        elif f.since == "1.0":
+            default = ...
+        else:
+            default = None if isinstance(f.kind, types.UnionType) else f.kind()
         spec[f.key] = (f.kind, default)
     return spec
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from .traces.events import TraceEvent
 
-STATS_VERSION = "1.1"  # of `to_dict()`; see STATS.md. 1.1 added the per-layer prefetch figures.
+STATS_VERSION = "1.1"  # of `to_dict()`; see STATS.md. 1.1 added the per-layer prefetch figures and the OS byte count.
 MB = 1e6
 
 
@@ -38,6 +38,11 @@ def count(since: str = "1.0"):
 def seconds():
     """A float time counter, zeroed by `reset()`, reported rounded to microseconds."""
     return field(default=0.0, metadata={"report": "seconds", "since": "1.0"})
+
+
+def measured(kind: Any, default: Any, since: str):
+    """A value measured over the window (cleared by `reset()`), reported under its name as `kind`."""
+    return field(default=default, metadata={"report": "measured", "kind": kind, "since": since})
 
 
 def megabytes():
@@ -93,6 +98,8 @@ def report_fields(cls: type) -> list[ReportedField]:
         how, since = f.metadata.get("report"), f.metadata.get("since", "1.0")
         if how in ("count", "setting"):
             out.append(ReportedField(f.name, type(f.default), since, lambda s, n=f.name: getattr(s, n)))
+        elif how == "measured":
+            out.append(ReportedField(f.name, f.metadata["kind"], since, lambda s, n=f.name: getattr(s, n)))
         elif how == "seconds":
             out.append(ReportedField(f.name, float, since, lambda s, n=f.name: round(getattr(s, n), 6)))
         elif how == "megabytes":
@@ -145,6 +152,10 @@ class StreamStats:
     hits: int = count()
     misses: int = count()
     bytes_read: int = count()
+    # /proc/self/io read_bytes over the same window (None: the OS gives none) and the verdict on the
+    # two: "agree" | "served from page cache" | "re-read under pressure" | "unavailable" (io/accounting.py)
+    bytes_read_os: int | None = measured(int | None, None, since="1.1")
+    io_agreement: str = measured(str, "", since="1.1")
     evictions: int = count()
     prefetch_issued: int = count()
     prefetch_used: int = count()

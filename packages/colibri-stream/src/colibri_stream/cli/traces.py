@@ -20,7 +20,6 @@ import click
 
 from ..cli.bench import percentages
 from ..exit_status import InputError
-from ..studies.cache_studies import format_policy_study, policy_study
 from ..traces.routing_trace import TraceFormatError, read_trace, write_trace
 
 _DTYPES = {"auto": "auto", "bf16": "bfloat16", "f32": "float32"}
@@ -109,6 +108,8 @@ def policy_study_command(trace: Path, tuning: Path | None, budgets: str, as_json
         if not heldout_events:
             raise InputError(f"{trace}: one step only; give --tuning, or a trace of several steps")
         split = "first half of the steps"
+    from ..studies.cache_studies import format_policy_study, policy_study  # studies load only when run
+
     study = policy_study(tuning_events, heldout_events, h.total_experts, h.n_experts, h.top_k, fractions)
     study["trace"] = {"path": str(trace), "model": h.model, "source": h.source, "n_moe_layers": h.n_moe_layers,
                       "n_experts": h.n_experts, "top_k": h.top_k, "tuned_on": split}

@@ -83,10 +83,9 @@ class BenchPoint:
     runs: list[dict] = field(default_factory=list)
 
 
-def _budget_for(fraction: float, probe: Engine) -> int:
-    b = probe.budget
-    slots = max(probe.config.top_k_infer, round(fraction * b.total_experts))
-    return b.fixed_bytes + slots * b.slot_bytes
+def _budget_for(fraction: float, plan) -> int:
+    """The budget whose cache holds `fraction` of the experts (at least one layer's working set)."""
+    return plan.budget_for_slots(round(fraction * plan.total_experts))
 
 
 def run_bench(
@@ -100,11 +99,12 @@ def run_bench(
 ) -> dict:
     """Run the sweep; returns the JSON-ready report (see module docstring)."""
     engine_options = {**engine_options, "record_trace": True}
-    with Engine.open(path, ram_budget="1TB", **engine_options) as probe:
+    plan = Engine.plan(path, **engine_options)
+    with Engine.open(path, ram_budget=plan.full_budget, **engine_options) as probe:
         points = []
         for spec in budgets:
             text = str(spec).strip()
-            budget = _budget_for(float(text[:-1]) / 100, probe) if text.endswith("%") else text
+            budget = _budget_for(float(text[:-1]) / 100, plan) if text.endswith("%") else text
             points.append((text, budget))
         bandwidth = measure_disk_bandwidth(probe, bandwidth_bytes)
         prompt_ids = probe.encode(prompt)

@@ -33,7 +33,8 @@ from ..traces.events import TraceEvent
 def routing_trace(container: str | Path, prompts: Sequence[str], max_new_tokens: int,
                   **engine_options) -> tuple[list[TraceEvent], dict]:
     """The routing trace of greedy generation after each prompt (one engine, budget 100%)."""
-    with Engine.open(container, ram_budget=1 << 50, record_trace=True, **engine_options) as eng:
+    full = Engine.plan(container, **engine_options).full_budget
+    with Engine.open(container, ram_budget=full, record_trace=True, **engine_options) as eng:
         for prompt in prompts:
             eng.generate(prompt, max_new_tokens, stop_token_ids=[])
         shape = {"total_experts": eng.budget.total_experts, "n_experts": eng.config.n_experts,
@@ -48,7 +49,8 @@ def text_trace(container: str | Path, texts: Sequence[str], max_tokens: int = 25
     Each token is its own step, exactly the access pattern of decoding that text, but driven by
     real text rather than by a small model's own (often repetitive) continuations."""
     options = {**engine_options, "prefill_chunk": 1, "max_context": max_tokens}
-    with Engine.open(container, ram_budget=1 << 50, record_trace=True, **options) as eng:
+    full = Engine.plan(container, **options).full_budget
+    with Engine.open(container, ram_budget=full, record_trace=True, **options) as eng:
         for text in texts:
             eng.logits(eng.encode(text)[:max_tokens])
         shape = {"total_experts": eng.budget.total_experts, "n_experts": eng.config.n_experts,
@@ -149,10 +151,9 @@ def _cold_run(container, ram_budget: int, texts: Sequence[str], max_tokens: int,
 
 def budget_for_fraction(container, fraction: float, **engine_options) -> tuple[int, int]:
     """(ram budget, slots) whose cache holds `fraction` of the routed experts (at least top_k)."""
-    with Engine.open(container, ram_budget=1 << 50, **engine_options) as eng:
-        b, top_k = eng.budget, eng.top_k
-    slots = max(top_k, round(fraction * b.total_experts))
-    return b.fixed_bytes + slots * b.slot_bytes, slots
+    plan = Engine.plan(container, **engine_options)
+    slots = max(plan.footprint.working_set_slots, round(fraction * plan.total_experts))
+    return plan.budget_for_slots(slots), slots
 
 
 def prefetch_study(container, texts: Sequence[str], fraction: float, repeats: int, max_tokens: int,
@@ -191,7 +192,8 @@ def prefetch_study(container, texts: Sequence[str], fraction: float, repeats: in
 
 def warm_run(container, prompts: Sequence[str], max_new_tokens: int, **engine_options) -> dict:
     """Fill the cache with every expert, then measure a pass: time outside compute."""
-    with Engine.open(container, ram_budget=1 << 50, **engine_options) as eng:
+    full = Engine.plan(container, **engine_options).full_budget
+    with Engine.open(container, ram_budget=full, **engine_options) as eng:
         for prompt in prompts:  # fill
             eng.generate(prompt, max_new_tokens, stop_token_ids=[])
         eng.cache.prefetch([k for k in eng.cache.entries if k not in eng.cache])  # every expert

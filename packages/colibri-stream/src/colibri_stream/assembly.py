@@ -1,0 +1,129 @@
+"""Putting an engine together from its plan: budget resolution, reader, cache, model, prefetch.
+
+`plan_for` turns a caller's `ram_budget` (bytes, a size string or "auto") into a `Plan`
+(plan.py; "auto" asks io/memory_cap.py what fits under this process's memory cap).
+`assemble` then builds, in this order, what the plan sized: the blob reader, the expert cache
+(its slots in one slab for int4 experts, cache/slab.py), a `StreamedExperts` backend per MoE
+layer, colibri-model's model over the resident region (resident.py), and the routing predictor
+and prefetch workers when the plan turned prefetch on. Whatever was opened is closed again if a
+later step fails.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+from colibri_int4 import Container
+from colibri_model import load_tokenizer
+from tokenizers import Tokenizer
+
+from .cache.expert_cache import ExpertCache
+from .cache.policies import make_policy
+from .cache.prefetch import Prefetcher, RoutingPredictor
+from .cache.slab import ExpertSlab
+from .compute.expert_compute import DequantExpert, Int4Expert
+from .compute.streamed_experts import StreamedExperts
+from .errors import BudgetError
+from .io.direct_io import BlobReader
+from .io.memory_cap import read_memory_cap
+from .options import EngineOptions
+from .plan import Plan, make_plan
+from .resident import build_model, model_config, module_bytes
+from .sizes import parse_size
+from .stats import StreamStats
+
+
+def parse_budget(ram_budget: str | int) -> int | str:
+    """Bytes, or "auto" (fit under the memory cap)."""
+    if isinstance(ram_budget, str) and ram_budget.strip().lower() == "auto":
+        return "auto"
+    return parse_size(ram_budget)
+
+
+def plan_for(container: Container, opts: EngineOptions, ram_budget: int | str | None) -> Plan:
+    """The plan at `ram_budget` (None: no budget, only the minimum and full budgets)."""
+    if ram_budget != "auto":
+        return make_plan(container, opts, ram_budget)
+    cap = read_memory_cap()
+    try:
+        plan = make_plan(container, opts, cap.budget_bytes)
+    except BudgetError as exc:
+        raise BudgetError(f"ram budget auto: {cap.describe()}; {exc}", exc.minimum_bytes) from None
+    return replace(plan, memory_cap=cap)
+
+
+@dataclass
+class Assembled:
+    config: object
+    model: torch.nn.Module
+    cache: ExpertCache
+    reader: BlobReader
+    tokenizer: Tokenizer
+    stats: StreamStats
+
+
+def assemble(container: Container, plan: Plan, opts: EngineOptions) -> Assembled:
+    config = model_config(container)
+    f, budget = plan.footprint, plan.budget
+    layout = container.blob_layout
+    tokenizer = load_engine_tokenizer(container, opts.tokenizer)
+    stats = StreamStats(record_trace=opts.record_trace)
+    policy = make_policy(opts.cache_policy)
+    reader = BlobReader(container.path, direct=opts.direct_io)
+    cache = None
+    try:
+        entries = {(e.layer, e.expert): e for e in container.header.experts.entries}
+        if f.compute == "int4":
+
+            def prepare(blob):
+                return Int4Expert(blob, f.expert_dtype)
+        else:
+
+            def prepare(blob):
+                return DequantExpert(blob, f.expert_dtype, opts.device)
+
+        capacity = max(budget.slots, 1)
+        # CPU int4 experts live in one slab allocated now (cache/slab.py); the dequantized
+        # reference path (and CUDA) keeps per-expert tensors
+        slab = ExpertSlab(capacity, f.slot_bytes) if f.compute == "int4" and opts.slab else None
+        cache = ExpertCache(reader, entries, layout, prepare, capacity, policy, stats, slab=slab)
+        backends = {
+            i: StreamedExperts(i, config.n_experts, config.d_model, cache, stats)
+            for i in range(config.n_dense_layers, config.n_layers)
+        }
+        model = build_model(container, config, backends, f.dtype, opts.device)
+        if f.top_k != config.top_k_infer:
+            model.set_top_k(f.top_k)
+        if plan.prefetch != "off":
+            prefetcher = Prefetcher(cache, opts.prefetch_threads) if plan.prefetch == "on" and layout else None
+            predictor = RoutingPredictor({i: model.layers[i] for i in backends}, f.top_k, stats, prefetcher)
+            for backend in backends.values():
+                backend.predictor = predictor
+        actual_resident = module_bytes(model)
+        if actual_resident > budget.resident_bytes:  # the plan must never under-count
+            raise AssertionError(f"resident weights take {actual_resident} bytes, planned {budget.resident_bytes}")
+    except BaseException:
+        if cache is not None:
+            cache.close()
+        reader.close()
+        raise
+    stats.ram_budget_bytes, stats.resident_bytes = budget.ram_budget, actual_resident
+    stats.kv_cache_bytes, stats.staging_bytes = budget.kv_cache_bytes, budget.staging_bytes
+    stats.workspace_bytes, stats.cache_capacity_bytes = budget.workspace_bytes, budget.cache_capacity_bytes
+    stats.cache_slots, stats.io_mode, stats.filesystem = budget.slots, reader.mode, reader.filesystem
+    bf16 = f.expert_dtype == torch.bfloat16
+    stats.compute_mode = f"int4-{'bf16' if bf16 else 'f32'}" if f.compute == "int4" else f.compute
+    stats.policy, stats.prefetch = policy.name, plan.prefetch
+    return Assembled(config, model, cache, reader, tokenizer, stats)
+
+
+def load_engine_tokenizer(container: Container, source) -> Tokenizer:
+    """The tokenizer given, else the one the container carries, else colibri-model's bundled one
+    (its RAM is in the plan: plan.TOKENIZER_BYTES_PER_TOKEN)."""
+    if isinstance(source, Tokenizer):
+        return source
+    if source is None:
+        carried = container.read_tokenizer_json()
+        return Tokenizer.from_str(carried) if carried else load_tokenizer(None)
+    return load_tokenizer(source)

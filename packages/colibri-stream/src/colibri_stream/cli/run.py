@@ -1,0 +1,305 @@
+"""`colibri-stream generate | chat | plan`: serving a container, and its budget plan.
+
+    colibri-stream generate model.coli --prompt "Once upon a time" --ram-budget 600MB --max-new-tokens 64
+    colibri-stream generate model.coli --prompt "..." --ram-budget auto --json    # fit under the cgroup cap
+    colibri-stream chat model.coli --ram-budget 600MB
+    colibri-stream plan model.coli                                       # minimum and full budgets
+    colibri-stream plan model.coli --trace run.jsonl.gz --hit-rate 0.8   # ... and the budget for 80% hits
+    colibri-stream plan model.coli --ram-budget 600MB [--json]           # how that budget is split
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import warnings
+from pathlib import Path
+
+import click
+from colibri_int4 import Int4Error
+
+from ..cache.policies import serving_policy_names
+from ..errors import BudgetError, SizeFormatError, StreamError
+from ..exit_status import InputError, click_error
+from ..report import REPORT_VERSION
+from ..sizes import format_size, parse_size
+
+
+class BudgetType(click.ParamType):
+    """A SIZE, or "auto": fit under this process's memory cap."""
+
+    name = "SIZE|auto"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str) and value.strip().lower() == "auto":
+            return "auto"
+        try:
+            return parse_size(value)
+        except SizeFormatError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+BUDGET = BudgetType()
+BUDGET_HELP = ("RAM for weights, caches and buffers: bytes or with a unit (KB, MB, GB, KiB, MiB, GiB), "
+               "or 'auto': what fits under this process's cgroup memory limit (else MemAvailable), with a margin.")
+
+
+def engine_options(required_budget: bool):
+    def decorate(f):
+        options = [
+            click.option("--ram-budget", type=BUDGET, required=required_budget, default=None, help=BUDGET_HELP),
+            click.option("--compute", type=click.Choice(["auto", "int4", "dequant"]), default="auto",
+                         show_default=True,
+                         help="Routed-expert kernels: torch's CPU int4 kernels, or dequantized matmuls (reference)."),
+            click.option("--dtype", type=click.Choice(["auto", "f32", "bf16"]), default="auto", show_default=True,
+                         help="Dtype of resident weights, activations and KV cache; auto: f32, or bf16 where "
+                         "--ram-budget cannot hold f32."),
+            click.option("--kernel-dtype", type=click.Choice(["bf16", "f32"]), default="bf16", show_default=True,
+                         help="Activations inside the int4 kernels: bf16 is the fast path, f32 the exact one."),
+            click.option("--top-k", type=click.IntRange(min=1), default=None,
+                         help="Experts per token (default: the config's top_k_infer)."),
+            click.option("--max-context", type=click.IntRange(min=1), default=None,
+                         help="KV cache length (default: the config's max_seq_len, halved down to 256 where "
+                         "--ram-budget needs)."),
+            click.option("--prefill-chunk", type=click.IntRange(min=1), default=None,
+                         help="Tokens per forward pass (default: 128, down to 32 where --ram-budget needs)."),
+            click.option("--no-direct-io", is_flag=True, help="Buffered reads instead of O_DIRECT."),
+            click.option("--cache-policy", type=click.Choice(serving_policy_names()), default=None,
+                         help="Expert-cache eviction policy (default: lfu, chosen by measurement; see bench/RESULTS.md)."),
+            click.option("--prefetch", type=click.Choice(["auto", "off", "predict", "on"]), default="auto",
+                         show_default=True,
+                         help="Read the next layer's predicted experts ahead (on), or only measure the prediction "
+                         "(predict); auto = on for experts of 512 KiB or more with a CPU free beyond --threads, "
+                         "where it pays."),
+            click.option("--prefetch-threads", type=click.IntRange(min=1), default=2, show_default=True),
+            click.option("--threads", type=click.IntRange(min=1), default=None,
+                         help="torch intra-op threads (default: torch's choice; 1 is best on a busy shared CPU)."),
+        ]
+        for option in reversed(options):
+            f = option(f)
+        return f
+
+    return decorate
+
+
+def _sampling_options(f):
+    options = [
+        click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True, help="0 = greedy."),
+        click.option("--top-p", type=click.FloatRange(min=0, max=1, min_open=True), default=1.0, show_default=True,
+                     help="Nucleus sampling mass (with --temperature > 0)."),
+        click.option("--seed", type=int, default=None, help="Seed for sampling."),
+        click.option("--stop", multiple=True, help="Stop string (repeatable); cut from the output."),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+def _split_options(options: dict) -> tuple[object, dict]:
+    """(ram_budget, Engine options) from the CLI's engine options; sets torch's threads."""
+    import torch
+
+    options = dict(options)
+    threads = options.pop("threads")
+    if threads:
+        torch.set_num_threads(threads)
+    options["direct_io"] = not options.pop("no_direct_io")
+    return options.pop("ram_budget"), options
+
+
+def _engine_call(call, container):
+    """Run `call()`; errors become one-line click errors, warnings one-line notes."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            value = call()
+        except BudgetError as exc:
+            raise click.UsageError(str(exc)) from None
+        except (StreamError, Int4Error, ValueError, OSError) as exc:
+            raise click_error(exc, str(container)) from None
+    for w in caught:
+        click.echo(f"note: {w.message}", err=True)
+    return value
+
+
+def _open_engine(container, options: dict, **extra):
+    from ..engine import Engine  # torch import is slow; keep --help fast
+
+    ram_budget, options = _split_options(options)
+    return _engine_call(lambda: Engine.open(container, ram_budget, **options, **extra), container)
+
+
+@click.command()
+@click.argument("container", type=click.Path(exists=True, dir_okay=False))
+@click.option("--prompt", required=True, help="Text to continue.")
+@click.option("--max-new-tokens", type=click.IntRange(min=0), default=64, show_default=True)
+@engine_options(required_budget=True)
+@_sampling_options
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object: the text and the stats.")
+@click.option("--trace", is_flag=True, help="With --json: include the routing trace.")
+@click.option("--trace-out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write the routing trace to this file (ROUTING_TRACE.md; .gz compresses) for policy-study.")
+def generate(container, prompt, max_new_tokens, temperature, top_p, seed, stop, as_json, trace, trace_out, **options):
+    """Continue PROMPT with the model in CONTAINER (greedy unless --temperature is given)."""
+    engine = _open_engine(container, options, record_trace=trace or trace_out is not None)
+    with engine:
+
+        def show(piece: str) -> None:
+            if not as_json:
+                click.echo(piece, nl=False)
+                sys.stdout.flush()
+
+        try:
+            result = engine.generate(prompt, max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
+                                     stop=stop, on_text=show)
+        except (StreamError, Int4Error, ValueError) as exc:
+            raise click_error(exc) from None
+        if trace_out is not None:
+            try:
+                engine.save_trace(trace_out, source=f"generate --prompt {prompt[:60]!r} --max-new-tokens {max_new_tokens}")
+            except OSError as exc:
+                raise InputError(f"{trace_out}: cannot write the trace ({exc.strerror or exc})") from None
+        if as_json:
+            out = {"report_version": REPORT_VERSION, **result.to_dict()}
+            out["stats"] = engine.stats.to_dict(include_trace=trace)
+            out["budget"] = _budget_dict(engine)
+            click.echo(json.dumps(out))
+        else:
+            click.echo()
+            _print_summary(engine, result)
+
+
+@click.command()
+@click.argument("container", type=click.Path(exists=True, dir_okay=False))
+@click.option("--system", default=None, help="Optional system message.")
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=256, show_default=True)
+@engine_options(required_budget=True)
+@_sampling_options
+def chat(container, system, max_new_tokens, temperature, top_p, seed, stop, **options):
+    """Chat with the model in CONTAINER (ChatML template). An empty line, /exit or EOF ends."""
+    engine = _open_engine(container, options)
+    messages = [{"role": "system", "content": system}] if system else []
+    interactive = sys.stdin.isatty()
+    with engine:
+        while True:
+            if interactive:
+                click.echo("you> ", nl=False, err=True)
+            line = sys.stdin.readline()
+            if not line or not line.strip() or line.strip() == "/exit":
+                break
+            messages.append({"role": "user", "content": line.rstrip("\n")})
+            click.echo("colibri> ", nl=False)
+            try:
+                result = engine.chat(messages, max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
+                                     stop=stop, on_text=lambda piece: (click.echo(piece, nl=False), sys.stdout.flush()))
+            except (StreamError, Int4Error, ValueError) as exc:
+                raise click_error(exc) from None
+            click.echo()
+            messages.append({"role": "assistant", "content": result.text})
+            s = engine.stats
+            click.echo(f"[{len(result.token_ids)} tokens, {result.tokens_per_s:.1f} tok/s, "
+                       f"hit rate {s.hit_rate:.1%}, read {format_size(s.bytes_read)}]", err=True)
+
+
+@click.command()
+@click.argument("container", type=click.Path(exists=True, dir_okay=False))
+@engine_options(required_budget=False)
+@click.option("--trace", "trace_path", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="A routing trace (ROUTING_TRACE.md) to size the cache for --hit-rate.")
+@click.option("--hit-rate", type=click.FloatRange(0, 1), default=None,
+              help="With --trace: the expert-cache hit rate to reach; prints the least budget that does.")
+@click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
+def plan(container, trace_path, hit_rate, as_json, **options):
+    """Which budgets CONTAINER runs at, from its header alone (nothing is built): the minimum, the
+    budget that caches every expert, the one reaching --hit-rate on --trace, and with --ram-budget
+    how that budget is split."""
+    from ..engine import Engine
+    from ..io.memory_cap import RUNTIME_FILE_BYTES, process_charged_bytes
+
+    if (trace_path is None) != (hit_rate is None):
+        raise click.UsageError("--trace and --hit-rate go together")
+    ram_budget, options = _split_options(options)
+    result = _engine_call(lambda: Engine.plan(container, ram_budget, trace=trace_path, hit_rate=hit_rate,
+                                              **options), container)
+    process = process_charged_bytes()
+    if as_json:
+        out = result.to_dict()
+        out["process_charged_bytes"] = process
+        out["runtime_file_bytes"] = RUNTIME_FILE_BYTES
+        click.echo(json.dumps(out))
+        return
+    for line in describe_plan(result, process, RUNTIME_FILE_BYTES):
+        click.echo(line)
+
+
+def describe_plan(p, process_bytes: int, runtime_file_bytes: int) -> list[str]:
+    f = p.footprint
+    size = format_size
+    lines = [
+        f"{Path(p.path).name}: {f.total_experts} routed experts, {size(f.slot_bytes)} each in RAM "
+        f"({size(p.expert_bytes_on_disk)} on disk); {f.describe()}, top_k {f.top_k}, prefetch {p.prefetch}",
+        f"fixed part {size(f.fixed_bytes)}: resident {size(f.resident_bytes)} ("
+        + ", ".join(f"{k} {size(v)}" for k, v in sorted(f.resident_by_dtype.items()))
+        + f"), KV cache {size(f.kv_cache_bytes)}, workspace {size(f.workspace_bytes)}, staging "
+        f"{size(f.staging_bytes)}, tokenizer {size(f.tokenizer_bytes)}, heap slack {size(f.heap_slack_bytes)}",
+        f"minimum budget  {size(p.min_budget):>10} ({p.min_budget} bytes): one layer's working set "
+        f"({f.working_set_slots} x {size(f.slot_bytes)})",
+        f"full budget     {size(p.full_budget):>10} ({p.full_budget} bytes): every expert cached",
+    ]
+    if p.smallest_budget < p.min_budget:
+        lines.append(f"smallest budget {size(p.smallest_budget):>10} ({p.smallest_budget} bytes): with the unset "
+                     f"defaults stepped down ({p.smallest_choice})")
+    if p.target is not None:
+        t = p.target
+        if t.reachable:
+            lines.append(f"hit rate {t.target:.0%} ({t.policy}, {t.accesses} lookups in the trace): "
+                         f"{size(t.budget):>10} ({t.budget} bytes) = {t.slots} slots, reaching {t.hit_rate:.1%} "
+                         f"(ceiling {t.ceiling:.1%})")
+        else:
+            lines.append(f"hit rate {t.target:.0%}: unreachable on this trace; a cache of every expert "
+                         f"reaches {t.ceiling:.1%} (first uses always miss)")
+    if p.memory_cap is not None:
+        lines.append(f"auto: {p.memory_cap.describe()}")
+    if p.budget is not None:
+        lines.append(p.budget.describe())
+        if p.degraded:
+            lines.append("defaults stepped down to fit: " + ", ".join(p.degraded))
+    lines.append(f"under a memory cgroup: this process already holds {size(process_bytes)} (interpreter, "
+                 f"torch; anonymous + file-backed), a run touches about {size(runtime_file_bytes)} more library "
+                 "pages: `--ram-budget auto` counts both and a margin (io/memory_cap.py)")
+    return lines
+
+
+def _budget_dict(engine) -> dict:
+    b = engine.budget
+    return {
+        "ram_budget": b.ram_budget,
+        "resident_bytes": b.resident_bytes,
+        "kv_cache_bytes": b.kv_cache_bytes,
+        "workspace_bytes": b.workspace_bytes,
+        "staging_bytes": b.staging_bytes,
+        "tokenizer_bytes": b.other_bytes,
+        "heap_slack_bytes": b.heap_slack_bytes,
+        "slot_bytes": b.slot_bytes,
+        "cache_slots": b.slots,
+        "total_experts": b.total_experts,
+        "expert_bytes_on_disk": engine.container.expert_bytes,
+        "compute": engine.stats.compute_mode,
+        "io_mode": engine.stats.io_mode,
+        "dtype": engine.opened_plan.to_dict()["dtype"],
+        "max_context": engine.max_context,
+        "prefill_chunk": engine.prefill_chunk,
+    }
+
+
+def _print_summary(engine, result) -> None:
+    s = engine.stats
+    os_read = "n/a" if s.bytes_read_os is None else format_size(s.bytes_read_os)
+    click.echo(
+        f"[{len(result.token_ids)} tokens ({result.finish_reason}), TTFT {result.prefill_seconds:.2f} s, "
+        f"{result.tokens_per_s:.1f} tok/s; hits {s.hits} misses {s.misses} ({s.hit_rate:.1%}), "
+        f"read {format_size(s.bytes_read)} (OS read_bytes {os_read}: {s.io_agreement}), evictions {s.evictions}; "
+        f"I/O {s.io_seconds:.2f} s, expert compute {s.compute_seconds:.2f} s; resident {format_size(s.resident_bytes)}, "
+        f"cache {format_size(s.cache_bytes)} of {format_size(s.cache_capacity_bytes)}; {s.io_mode} I/O]",
+        err=True,
+    )

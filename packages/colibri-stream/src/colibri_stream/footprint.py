@@ -1,0 +1,226 @@
+"""The sizes of one configuration (`Footprint`) and the split of a budget (`Budget`).
+
+    budget = resident weights        (every non-routed tensor, materialised in the engine dtype)
+           + KV cache                (batch 1, `max_context` positions, all layers)
+           + workspace               (activations of one prefill chunk, logits included; estimate)
+           + staging buffers         (page-aligned blob buffers that misses are read into)
+           + tokenizer               (estimate: 900 bytes per vocabulary entry, calibrated)
+           + heap slack              (freed memory the C heap may hold until trimmed, io/heap.py)
+           + cache slots x slot size (prepared routed experts: int4-pack layout or dequantized)
+
+Weights, caches and buffers are counted exactly from tensor sizes, read from the container's
+header; the workspace is an upper estimate of the live activations of one forward pass over
+`prefill_chunk` tokens. Not counted: the interpreter and torch's own memory (io/memory_cap.py
+counts those when fitting under a cgroup). plan.py chooses which configuration to size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+from colibri_int4 import Container
+from colibri_model import ColibriConfig, held_dtype
+
+from .compute.choice import time_compute
+from .compute.expert_compute import int4_supported, prepared_nbytes
+from .errors import BudgetError
+from .io.heap import slack_bytes as heap_slack_bytes
+from .options import EngineOptions
+from .sizes import format_size
+
+# NOTE: a loaded byte-level BPE tokenizer holds its vocabulary and merges in Rust structures that
+# torch never sees. Measured for SmolLM2's 49152 tokens: 38.7-43 MB of anonymous RSS on a
+# process's first load, about 880 bytes per token. The plan counts the model's vocabulary
+# (config.vocab_size, which the tokenizer must fit in), so it needs no tokenizer loaded.
+TOKENIZER_BYTES_PER_TOKEN = 900
+
+
+@dataclass(frozen=True)
+class Budget:
+    """One budget split (what `Engine.budget` is)."""
+
+    ram_budget: int
+    resident_bytes: int
+    kv_cache_bytes: int
+    workspace_bytes: int
+    staging_bytes: int
+    slot_bytes: int
+    slots: int
+    total_experts: int
+    other_bytes: int = 0  # the tokenizer (an estimate, TOKENIZER_BYTES_PER_TOKEN)
+    heap_slack_bytes: int = 0  # freed heap held until trimmed (io/heap.py)
+
+    @property
+    def cache_capacity_bytes(self) -> int:
+        return self.slots * self.slot_bytes
+
+    @property
+    def fixed_bytes(self) -> int:
+        return (self.resident_bytes + self.kv_cache_bytes + self.workspace_bytes + self.staging_bytes
+                + self.other_bytes + self.heap_slack_bytes)
+
+    @property
+    def accounted_bytes(self) -> int:
+        return self.fixed_bytes + self.cache_capacity_bytes
+
+    def describe(self) -> str:
+        return (
+            f"budget {format_size(self.ram_budget)}: resident {format_size(self.resident_bytes)}, "
+            f"KV cache {format_size(self.kv_cache_bytes)}, workspace {format_size(self.workspace_bytes)}, "
+            f"staging {format_size(self.staging_bytes)}, tokenizer {format_size(self.other_bytes)}, "
+            f"heap slack {format_size(self.heap_slack_bytes)}, expert cache {self.slots} x "
+            f"{format_size(self.slot_bytes)} = {format_size(self.cache_capacity_bytes)} "
+            f"({self.slots}/{self.total_experts} experts)"
+        )
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """The sizes of one resolved configuration, none of which depends on the budget."""
+
+    dtype: torch.dtype  # resident weights, activations, KV cache
+    compute: str  # "int4" | "dequant"
+    expert_dtype: torch.dtype  # activations inside the expert kernels (or the dequantized weights)
+    max_context: int
+    prefill_chunk: int
+    top_k: int
+    prefetch_threads: int  # workers whose buffers are counted in staging (0: prefetch reads nothing)
+    resident_by_dtype: dict[str, int]
+    kv_cache_bytes: int
+    workspace_bytes: int
+    staging_bytes: int
+    tokenizer_bytes: int
+    heap_slack_bytes: int
+    slot_bytes: int
+    n_experts: int
+    total_experts: int
+
+    @property
+    def resident_bytes(self) -> int:
+        return sum(self.resident_by_dtype.values())
+
+    @property
+    def fixed_bytes(self) -> int:
+        return (self.resident_bytes + self.kv_cache_bytes + self.workspace_bytes + self.staging_bytes
+                + self.tokenizer_bytes + self.heap_slack_bytes)
+
+    @property
+    def working_set_slots(self) -> int:
+        return min(self.top_k, self.n_experts) if self.total_experts else 0
+
+    @property
+    def min_budget(self) -> int:
+        return self.fixed_bytes + self.working_set_slots * self.slot_bytes
+
+    @property
+    def full_budget(self) -> int:
+        return self.fixed_bytes + self.total_experts * self.slot_bytes
+
+    def describe(self) -> str:
+        return (f"dtype {dtype_name(self.dtype)}, compute {self.compute}, max_context {self.max_context}, "
+                f"prefill_chunk {self.prefill_chunk}")
+
+    def split(self, ram_budget: int) -> Budget:
+        """The budget split at `ram_budget`; `BudgetError` (naming the minimum) below it."""
+        if ram_budget < self.min_budget:
+            raise BudgetError(self.too_small(ram_budget), self.min_budget)
+        slots = min(self.total_experts, (ram_budget - self.fixed_bytes) // self.slot_bytes) if self.slot_bytes else 0
+        return Budget(ram_budget, self.resident_bytes, self.kv_cache_bytes, self.workspace_bytes,
+                      self.staging_bytes, self.slot_bytes, int(slots), self.total_experts,
+                      self.tokenizer_bytes, self.heap_slack_bytes)
+
+    def too_small(self, ram_budget: int) -> str:
+        m = self.min_budget
+        return (
+            f"ram budget {format_size(ram_budget)} ({ram_budget} bytes) is too small: the minimum is "
+            f"{format_size(m)} ({m} bytes) = resident {format_size(self.resident_bytes)} + KV cache "
+            f"{format_size(self.kv_cache_bytes)} + workspace {format_size(self.workspace_bytes)} + staging "
+            f"{format_size(self.staging_bytes)} + tokenizer {format_size(self.tokenizer_bytes)} + heap slack "
+            f"{format_size(self.heap_slack_bytes)} + one layer's working set ({self.top_k} x "
+            f"{format_size(self.slot_bytes)}) with {self.describe()}"
+        )
+
+
+def kv_cache_bytes(config: ColibriConfig, max_context: int, elem: int) -> int:
+    return 2 * config.n_layers * config.n_kv_heads * max_context * config.head_dim * elem
+
+
+def workspace_bytes(config: ColibriConfig, prefill_chunk: int, max_context: int, elem: int) -> int:
+    """Upper estimate of one forward pass's live activations over `prefill_chunk` tokens."""
+    t = prefill_chunk
+    widest_ffn = max(config.dense_ffn_dim, config.shared_expert_dim, 2 * config.expert_dim)
+    hidden = 6 * t * config.d_model * max(elem, 4)  # residual, normed, attn out, fp32 norm temporaries
+    attention = config.n_heads * t * max_context * 4 + 3 * t * config.n_heads * config.head_dim * elem
+    ffn = 3 * t * widest_ffn * max(elem, 4)
+    logits = 2 * t * config.vocab_size * 4  # logits, and their fp32 copy for sampling/softmax
+    return hidden + attention + ffn + logits
+
+
+class Sizing:
+    """Computes a `Footprint` for given knobs; the compute choice is resolved once per dtype."""
+
+    def __init__(self, container: Container, config: ColibriConfig, opts: EngineOptions, top_k: int):
+        self.container, self.config, self.opts, self.top_k = container, config, opts, top_k
+        self.layout = container.blob_layout
+        self._compute: dict[torch.dtype, str] = {}
+
+    def compute(self, dtype: torch.dtype) -> str:
+        if dtype not in self._compute:
+            self._compute[dtype] = choose_compute(self.opts, self.layout, self.config, dtype)
+        return self._compute[dtype]
+
+    def footprint(self, dtype: torch.dtype, max_context: int, chunk: int, threads: int) -> Footprint:
+        config, opts, layout = self.config, self.opts, self.layout
+        compute = self.compute(dtype)
+        expert_dtype = opts.kernel_dtype if compute == "int4" else dtype
+        elem = torch.empty((), dtype=dtype).element_size()
+        slot = prepared_nbytes(layout, config.d_model, config.expert_dim, compute, expert_dtype) if layout else 0
+        by_dtype: dict[str, int] = {}
+        for t in self.container.header.tensors:
+            target = held_dtype(t.shape, dtype)  # colibri-model's rule, as resident.py materialises
+            n = target.itemsize * _numel(t.shape)
+            by_dtype[dtype_name(target)] = by_dtype.get(dtype_name(target), 0) + n
+        # the routers' token counters (fp32 buffers the model keeps even when not counting)
+        by_dtype["f32"] = by_dtype.get("f32", 0) + 4 * config.n_moe_layers * config.n_experts
+        blob = layout.blob_length if layout else 0
+        f = Footprint(
+            dtype, compute, expert_dtype, max_context, min(chunk, max_context), self.top_k, threads, by_dtype,
+            kv_cache_bytes(config, max_context, elem),
+            workspace_bytes(config, min(chunk, max_context), max_context, elem),
+            0, TOKENIZER_BYTES_PER_TOKEN * config.vocab_size, heap_slack_bytes(blob),
+            slot, config.n_experts, config.n_moe_layers * config.n_experts,
+        )
+        return replace(f, staging_bytes=self.staging(f, threads))
+
+    def staging(self, f: Footprint, threads: int) -> int:
+        # Prefetch workers each hold a staging buffer and, until it is stored, one prepared expert.
+        blob = self.layout.blob_length if self.layout else 0
+        return blob + threads * (blob + f.slot_bytes) if blob else 0
+
+
+def choose_compute(opts: EngineOptions, layout, config: ColibriConfig, dtype: torch.dtype) -> str:
+    """int4 where asked or where it is possible and timed faster here (compute/choice.py)."""
+    if layout is None or opts.compute == "dequant":
+        return "dequant"
+    reason = int4_supported(layout, config.d_model, config.expert_dim)
+    if opts.device.type != "cpu":
+        reason = reason or f"the int4 kernels used here are CPU kernels (device {opts.device})"
+    if opts.compute == "int4" and reason:
+        raise ValueError(f"compute='int4' is not possible: {reason}")
+    if reason:
+        return "dequant"
+    if opts.compute == "auto":
+        return time_compute(config.d_model, config.expert_dim, dtype, opts.kernel_dtype).choice
+    return "int4"
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return {torch.float32: "f32", torch.bfloat16: "bf16"}.get(dtype, str(dtype).removeprefix("torch."))
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n

@@ -1,0 +1,137 @@
+"""The plan: pure (header only), the same numbers Engine.open uses, defaults that fit, hit-rate targets."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+from colibri_stream import BudgetError, Engine, LRUPolicy, replay
+from colibri_stream.cli import main
+from colibri_stream.traces.routing_trace import read_trace
+
+
+def test_plan_builds_nothing_and_matches_what_open_does(tiny, monkeypatch):
+    import colibri_stream.resident as resident
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("planning built the model")
+
+    monkeypatch.setattr(resident, "build_model", no_model)
+    monkeypatch.setattr("colibri_stream.assembly.build_model", no_model)
+    plan = Engine.plan(tiny[0])
+    assert plan.budget is None and plan.prefetch == "off" and plan.degraded == []
+    assert plan.min_budget == plan.footprint.fixed_bytes + plan.slot_bytes  # top-1: one slot
+    assert plan.full_budget == plan.footprint.fixed_bytes + 48 * plan.slot_bytes
+    assert plan.smallest_budget < plan.min_budget  # bf16, smaller chunks and context would fit less
+    monkeypatch.undo()
+    with Engine.open(tiny[0], ram_budget=plan.min_budget) as eng:
+        assert eng.budget == Engine.plan(tiny[0], plan.min_budget).budget
+        assert eng.budget.slots == 1 and eng.budget.accounted_bytes <= plan.min_budget
+        assert eng.opened_plan.footprint == plan.footprint  # the preferred defaults: f32, 256, 128
+    with Engine.open(tiny[0], ram_budget=plan.full_budget) as eng:
+        assert eng.budget.slots == eng.budget.total_experts == 48
+    with Engine.open(tiny[0], ram_budget=plan.full_budget - 1) as eng:
+        assert eng.budget.slots == 47
+
+
+def test_unset_defaults_step_down_to_fit_and_explicit_ones_do_not(tiny):
+    f32 = Engine.plan(tiny[0], dtype="f32", max_context=256, prefill_chunk=128)
+    bf16 = Engine.plan(tiny[0], dtype="bf16", max_context=256, prefill_chunk=128)
+    assert bf16.min_budget < f32.min_budget
+    with Engine.open(tiny[0], ram_budget=bf16.min_budget) as eng:  # below f32's minimum
+        assert eng.opened_plan.degraded == ["dtype f32 -> bf16"]
+        assert eng.opened_plan.footprint.dtype == torch.bfloat16 and eng.prefill_chunk == 128
+        assert eng.model.lm_head.weight.dtype == torch.bfloat16
+        eng.generate([1, 2, 3], max_new_tokens=2)
+    plan = Engine.plan(tiny[0])
+    with Engine.open(tiny[0], ram_budget=plan.smallest_budget) as eng:  # as far as they go
+        assert eng.opened_plan.degraded == ["dtype f32 -> bf16", "prefill_chunk 128 -> 32"]
+        assert eng.prefill_chunk == 32 and eng.max_context == 256  # the tiny config's 256 is the floor
+    with pytest.raises(BudgetError) as info:  # asked for f32 at 256 x 128: refused, nothing steps down
+        Engine.open(tiny[0], ram_budget=bf16.min_budget, dtype="f32", max_context=256, prefill_chunk=128)
+    assert "too small" in str(info.value) and "stepped down" not in str(info.value)
+    only_f32 = Engine.plan(tiny[0], dtype="f32")  # the chunk may still step down, the dtype not
+    assert plan.smallest_budget < only_f32.smallest_budget < only_f32.min_budget
+    with pytest.raises(BudgetError) as info:
+        Engine.open(tiny[0], ram_budget=only_f32.smallest_budget - 1, dtype="f32")
+    assert "stepped down" in str(info.value) and info.value.minimum_bytes == only_f32.smallest_budget
+    with pytest.raises(BudgetError) as info:
+        Engine.open(tiny[0], ram_budget=plan.smallest_budget - 1)
+    assert info.value.minimum_bytes == plan.smallest_budget and str(plan.smallest_budget) in str(info.value)
+
+
+def test_prefill_chunk_is_in_the_plan_and_the_cli(tiny):
+    small = Engine.plan(tiny[0], prefill_chunk=16)
+    assert small.footprint.workspace_bytes < Engine.plan(tiny[0]).footprint.workspace_bytes
+    result = CliRunner().invoke(main, ["plan", str(tiny[0]), "--prefill-chunk", "16", "--json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output)
+    assert out["prefill_chunk"] == 16 and out["min_budget"] == small.min_budget
+
+
+@pytest.fixture(scope="module")
+def routing_trace_file(tiny, tmp_path_factory):
+    path = tmp_path_factory.mktemp("trace") / "run.jsonl"
+    full = Engine.plan(tiny[0], prefill_chunk=1).full_budget
+    with Engine.open(tiny[0], ram_budget=full, prefill_chunk=1, record_trace=True) as eng:
+        eng.generate(list(range(500, 540)), 40, stop_token_ids=[])
+        eng.save_trace(path)
+    return path
+
+
+def test_hit_rate_target_is_the_least_budget_reaching_it(tiny, routing_trace_file):
+    plan = Engine.plan(tiny[0], trace=routing_trace_file, hit_rate=0.5, cache_policy="lru", prefill_chunk=1)
+    target = plan.target
+    assert target.reachable and target.policy == "lru" and 0.5 <= target.hit_rate <= target.ceiling < 1
+    events = read_trace(routing_trace_file).events
+    assert replay(LRUPolicy(), events, target.slots).hit_rate == target.hit_rate
+    assert replay(LRUPolicy(), events, target.slots - 1).hit_rate < 0.5  # LRU is monotone: the least
+    assert target.budget == plan.footprint.fixed_bytes + target.slots * plan.slot_bytes
+    # the live engine at that budget, on the same tokens, gets the replayed hit rate
+    with Engine.open(tiny[0], ram_budget=target.budget, prefill_chunk=1, cache_policy="lru") as eng:
+        assert eng.budget.slots == target.slots
+        eng.generate(list(range(500, 540)), 40, stop_token_ids=[])
+        assert eng.stats.hit_rate == pytest.approx(target.hit_rate)
+    unreachable = Engine.plan(tiny[0], trace=routing_trace_file, hit_rate=1.0).target
+    assert not unreachable.reachable and unreachable.budget is None and unreachable.ceiling < 1
+
+
+def test_plan_cli_without_a_budget_prints_min_full_and_target(tiny, routing_trace_file):
+    run = CliRunner().invoke
+    result = run(main, ["plan", str(tiny[0]), "--trace", str(routing_trace_file), "--hit-rate", "0.5"])
+    assert result.exit_code == 0, result.output
+    plan = Engine.plan(tiny[0], trace=routing_trace_file, hit_rate=0.5)
+    assert "minimum budget" in result.output and str(plan.min_budget) in result.output
+    assert "full budget" in result.output and str(plan.full_budget) in result.output
+    assert "hit rate 50%" in result.output and str(plan.target.budget) in result.output
+    out = json.loads(run(main, ["plan", str(tiny[0]), "--trace", str(routing_trace_file), "--hit-rate", "0.5",
+                                "--json"]).output)
+    assert (out["min_budget"], out["full_budget"]) == (plan.min_budget, plan.full_budget)
+    assert out["hit_rate_target"]["budget"] == plan.target.budget and "ram_budget" not in out
+    assert run(main, ["plan", str(tiny[0]), "--hit-rate", "0.5"]).exit_code == 2  # needs --trace
+
+
+def test_a_trace_of_another_model_is_bad_input(tiny, tmp_path):
+    from colibri_stream import TraceEvent, write_trace
+
+    other = write_trace(tmp_path / "other.jsonl", [TraceEvent(1, 1, (0,))], n_moe_layers=5, n_experts=8, top_k=1)
+    result = CliRunner().invoke(main, ["plan", str(tiny[0]), "--trace", str(other), "--hit-rate", "0.5"])
+    assert result.exit_code == 2 and "5 MoE layers x 8 experts" in result.output and "3 x 16" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_forward_tokens_appends_to_the_context(tiny):
+    ids = list(range(200, 212))
+    with Engine.open(tiny[0], ram_budget="200MB", prefill_chunk=4) as eng:
+        whole = eng.logits(ids)
+        eng.reset()
+        first = eng.forward_tokens(ids[:7])
+        assert eng.context_length == 7
+        steps = [eng.forward_tokens([t]) for t in ids[7:]]
+        assert eng.context_length == len(ids) and eng.stats.decode_tokens == 5
+        torch.testing.assert_close(first, whole[6], rtol=0, atol=1e-5)
+        torch.testing.assert_close(torch.stack(steps), whole[7:], rtol=0, atol=1e-5)
+        with pytest.raises(ValueError, match="max_context"):
+            eng.forward_tokens([1] * 256)
