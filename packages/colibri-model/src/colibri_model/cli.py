@@ -8,13 +8,14 @@ import click
 
 from . import __version__
 from .config import PRESETS, count_params, get_preset
+from .plan_cli import plan_memory_command
 from .training_cli import prepare, sft, train
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "--version", prog_name="colibri-model")
 def main() -> None:
-    """Colibri MoE models: presets, data preparation, training and SFT.
+    """Colibri MoE models: presets, data preparation, training, SFT and memory plans.
 
     Exit status: 0 ok, 1 a check failed (e.g. training diverged), 2 bad usage or bad input.
     """
@@ -47,6 +48,7 @@ def presets(as_json: bool) -> None:
 main.add_command(prepare)
 main.add_command(train)
 main.add_command(sft)
+main.add_command(plan_memory_command)
 
 
 if __name__ == "__main__":
