@@ -17,15 +17,14 @@ import torch
 from click.testing import CliRunner
 from colibri_model import ColibriForCausalLM, get_preset
 from colibri_model.cli import main
-from colibri_model.training.activations import ISSUE19, PRE_ISSUE19
+from colibri_model.training.activations import ISSUE19, MODEL_PATH, PRE_ISSUE19
 from colibri_model.training.memory_plan import MemoryPlanError, largest_fitting_micro_batch, plan_memory
 from colibri_model.training.saved_tensors import measure_saved_bytes
 from torch.profiler import ProfilerActivity, profile
 
-# NOTE: the compute path the model on this branch runs: fp32 experts, router recast by autocast,
-# whole-batch logits. When issue 19's compute path lands (bf16 experts, fp32 router, chunked
-# CE), switch this to ISSUE19 with that code's chunk size, and the test checks the new model.
-CODE_PATH = PRE_ISSUE19
+# The compute path the model in this package runs (activations.MODEL_PATH: fp32 experts, router
+# recast by autocast and whole-batch logits until issue 19's compute path lands).
+CODE_PATH = MODEL_PATH
 TOLERANCE = 0.10
 
 

@@ -42,6 +42,7 @@ _KIND_BY_NAME = (
 
 
 def kind_of_module(name: str) -> str:
+    name = name.replace("_orig_mod.", "").replace("_checkpoint_wrapped_module.", "")  # compile/AC wrappers
     for pattern, kind in _KIND_BY_NAME:
         if pattern.search(name):
             return kind
