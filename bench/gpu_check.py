@@ -183,6 +183,7 @@ def main() -> int:
                 window = times[-25:]
                 log(f"step {len(losses):4d} loss {losses[-1]:.3f} {tokens_per_step / statistics.median(window):,.0f} tok/s")
 
+        times = times or [first_step_s]  # the budget ran out during the first step (compilation)
         steady = times[min(5, len(times) // 2):] or times
         tokens_per_s = tokens_per_step / statistics.median(steady)
         fpt = flops_per_token(config, args.seq)
