@@ -12,16 +12,19 @@
   CPU to the byte, tests/test_memory_plan.py), or only the block inputs under full activation
   checkpointing;
 - transients: the cross-entropy's working set (whole-batch: two fp32 N x V gradients; chunked:
-  about 12 bytes per chunk token and vocab entry), one layer's backward working set (taken as
-  large as the layer's saved activations) and, under checkpointing, the recomputed layer;
+  about 12 bytes per chunk token and vocab entry), one layer's backward working set (a quarter
+  of what the layer saved, BACKWARD_WORKING_FRACTION) and, under checkpointing, the recomputed
+  layer with its bf16 weight casts;
 - a margin for the caching allocator's fragmentation and the memory no allocator counts (CUDA
   context, cuBLAS/cuDNN workspaces, NCCL buffers).
 
-The peak is reached at the start of backward: every activation alive, the head's gradients and
-the CE's working set. With gradient accumulation the earlier micro-batches' gradients are alive
-too; without it gradients grow as activations are freed, so they add only where they outgrow
-the activations. Conservative where unsure: the eager model (torch.compile's partitioner saves
-less), the expert copies kept from forward to backward.
+The peak is the largest of the points of a backward sweep (`_backward_peak`): its start (every
+activation alive, the CE's working set) and each block (earlier blocks' activations, later
+blocks' gradients, this block's working set). With gradient accumulation every gradient is
+alive throughout. On CPU this bounds the allocator's measured peak from above by 1.0-1.2x
+(tests/test_memory_plan.py). Conservative where unsure: the eager model (torch.compile's
+partitioner saves less), the expert copies kept from forward to backward. Not modelled: DDP's
+gradient buckets (about one more fp32 copy of the gradients), optimizers other than AdamW.
 """
 
 from __future__ import annotations
