@@ -78,12 +78,13 @@ def _print_table(plan, fit) -> None:
 @_user_errors
 def plan_memory_command(preset, config_path, micro_batch, seq_len, gpu, fsdp, ac, precision, grad_accum,
                         compute_path, ce_chunk, as_json):
-    """Plan per-GPU memory of a training run and say whether it fits GPU.
+    """Plan the per-GPU memory of a training run and say whether it fits the GPU.
 
     Pure arithmetic from the model config: fp32 masters, gradients and AdamW moments, bf16
     compute copies, activations per layer by kind, transients and a margin; exit status 1 when
     the peak does not fit. Example:
 
+    \b
         colibri-model plan-memory --preset nano --micro-batch 8 --seq 2048 --gpu h100-sxm
     """
     from .training.activations import COMPUTE_PATHS
