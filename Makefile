@@ -9,7 +9,7 @@ STAMP := $(VENV)/.colibri-installed
 PACKAGES := model relay int4 stream eval
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: setup demo test test-cpu-capabilities test-fast check-packages lint bench clean
+.PHONY: setup demo test test-cpu-capabilities test-fast check-packages lint bench gpu-wheels gpu-check-smoke clean
 
 setup: $(STAMP)
 
@@ -66,6 +66,19 @@ lint: setup
 
 bench: setup
 	$(PY) bench/moe_layer.py
+
+# bench/gpu_check.sh on a lent GPU machine (no network, no pydantic there): fetch the wheels it
+# installs offline into .whl/ (git-ignored; name `.whl` in the device tool's carry), and its CPU
+# smoke run (tiny preset, seconds) that tests/test_bench_gpu_check.py also runs.
+GPU_WHEELS := pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 typing-extensions==4.16.0
+
+gpu-wheels:
+	$(PYTHON) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+		--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+		-d .whl $(GPU_WHEELS)
+
+gpu-check-smoke: setup
+	PYTHON=$(PY) bench/gpu_check.sh --cpu-smoke
 
 clean:
 	rm -rf $(VENV) build/check-packages

@@ -8,13 +8,14 @@ import click
 
 from . import __version__
 from .config import PRESETS, count_params, get_preset
+from .plan_cli import plan_memory_command
 from .training_cli import convert_checkpoint, prepare, sft, train
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "--version", prog_name="colibri-model")
 def main() -> None:
-    """Colibri MoE models: presets, data preparation, training, SFT and checkpoint conversion.
+    """Colibri MoE models: presets, data preparation, training, SFT, checkpoint conversion and memory plans.
 
     Exit status: 0 ok, 1 a check failed (e.g. training diverged), 2 bad usage or bad input.
     """
@@ -48,6 +49,7 @@ main.add_command(prepare)
 main.add_command(train)
 main.add_command(sft)
 main.add_command(convert_checkpoint)
+main.add_command(plan_memory_command)
 
 
 if __name__ == "__main__":

@@ -7,13 +7,16 @@ the last checkpoint of a crashed run) are dropped so the file describes one cons
 MFU: model FLOPs per token = 6 x active parameters (at top_k_train; the embedding lookup is not
 a matmul and is excluded, the LM head is included) + 12 x n_layers x n_heads x head_dim x
 seq_len for attention scores and values (PaLM's convention, not halved for causality), against
-a peak given per device (`peak_tflops`), or looked up for known GPUs in bf16 dense.
+a peak given per device (`peak_tflops`), or looked up by device name in gpus.py (bf16 dense;
+SXM, PCIe and NVL variants apart). An unknown GPU gets no MFU, with one warning that says how to
+give the peak, rather than an MFU against another card's peak.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import warnings
 from pathlib import Path
 
 import torch
@@ -21,13 +24,15 @@ from pydantic import BaseModel, ConfigDict
 
 from ..config import ColibriConfig, count_params
 from ..router import RouterStats
+from .gpus import match_device_name
 
 METRICS_FILE = "metrics.jsonl"
 METRICS_VERSION = "1.0"
 
-# bf16 dense peak TFLOP/s (no sparsity) of common accelerators, matched on the device name.
-KNOWN_PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 125.0, "L4": 121.0,
-                     "4090": 165.0, "3090": 71.0}
+
+
+class UnknownPeakWarning(UserWarning):
+    """MFU is not reported: the GPU's peak is not known and no `--peak-tflops` was given."""
 
 
 class RouterLayerMetrics(BaseModel):
@@ -72,14 +77,23 @@ def flops_per_token(config: ColibriConfig, seq_len: int) -> float:
 
 
 def peak_flops(device: torch.device, peak_tflops: float | None) -> float | None:
+    """Peak FLOP/s of one device for MFU: `peak_tflops` if given, else the table's (CUDA only)."""
     if peak_tflops is not None:
         return peak_tflops * 1e12
-    if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-        for key, value in KNOWN_PEAK_TFLOPS.items():
-            if key in name:
-                return value * 1e12
-    return None
+    if device.type != "cuda":
+        return None  # MFU of a CPU run means nothing; no warning either
+    return peak_flops_for_device_name(torch.cuda.get_device_name(device))
+
+
+def peak_flops_for_device_name(name: str) -> float | None:
+    """The table's dense bf16 peak for a driver-reported name; None (and a warning) if unknown."""
+    spec = match_device_name(name)
+    if spec is None:
+        warnings.warn(UnknownPeakWarning(
+            f"MFU is not reported: no peak FLOP/s known for GPU {name!r}; pass --peak-tflops "
+            f"(its dense bf16 TFLOP/s) to report it"), stacklevel=2)
+        return None
+    return spec.peak_bf16_tflops * 1e12
 
 
 class MetricsWriter:

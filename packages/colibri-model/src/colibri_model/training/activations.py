@@ -1,0 +1,143 @@
+"""Bytes that autograd saves for backward, per layer and by kind, from the config alone.
+
+Each term below is a tensor that one op of the eager forward saves (read off the model's code and
+checked against `saved_tensors.py`'s measurement on CPU, tests/test_memory_plan.py). N = B x T
+tokens, k = top_k_train; "act" is the autocast dtype (2 bytes in bf16, 4 in fp32). The residual
+stream stays fp32 even under autocast (the embedding is fp32 and fp32 + bf16 is fp32), and
+RMSNorm computes in fp32, so the norms save fp32 whatever the precision.
+
+    kind           what is saved
+    attention      attn_norm input, rsqrt, x_hat; the q/k/v projections' input (one fp32 tensor, or
+                   three bf16 casts under autocast); q_norm/k_norm fp32 input, rsqrt, x_hat; the
+                   four RoPE tables gathered at the positions; SDPA's q, k, v, out and fp32
+                   logsumexp (the flash backends; GQA runs unexpanded on flash, CPU and CUDA)
+    mlp_norm       ffn_norm input, rsqrt, x_hat
+    dense_ffn      input (fp32, or two bf16 casts), gate out, silu out, up out, gate*up
+    router         input (bf16 cast before issue 19, fp32 after), sigmoid scores, top-k
+                   indices, the fp64 normalisation's numerator and sum
+    shared_expert  like dense_ffn at the shared width (its fp32 input is the router's)
+    experts        token index and sort order (int64), offsets, sorted gates; the gathered copy
+                   x[token_index] (N k d), gate/silu/up/hidden (N k f each), down out and
+                   gated out (N k d each, the latter kept by index_add_)
+    head           final norm input, rsqrt, x_hat; the LM head input; whole-batch CE: fp32
+                   log-softmax (N V); chunked CE: per-token logsumexp only
+    embedding      the token ids
+
+Full activation checkpointing keeps only each block's input (fp32 N d) and the positions; the
+embedding and head are outside the checkpointed blocks and save as above.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..config import ColibriConfig
+
+FP32, BF16, INT64, FP64, INT32 = 4, 2, 8, 8, 4
+BLOCK_KINDS = ("attention", "mlp_norm", "dense_ffn", "router", "shared_expert", "experts")
+KINDS = (*BLOCK_KINDS, "head", "embedding")
+
+
+@dataclass(frozen=True)
+class ComputePath:
+    """What the forward computes in which dtype, where issue 19 changes it.
+
+    Attributes:
+        name: short label printed with the plan.
+        experts_bf16: routed-expert activations in bf16 under bf16 precision (issue 19: bf16
+            matmuls on fp32 masters) rather than in the fp32 weights' dtype.
+        router_fp32: the router's linear forced to fp32 (issue 19) rather than recast to bf16 by
+            autocast.
+        ce_chunk_tokens: cross-entropy over chunks of this many tokens, logits recomputed per
+            chunk in backward (issue 19), or None for whole-batch logits, their fp32 copy and
+            log-softmax (the code before issue 19, which also returns the logits).
+    """
+
+    name: str
+    experts_bf16: bool
+    router_fp32: bool
+    ce_chunk_tokens: int | None
+
+
+# NOTE: the chunk size is our assumption for the chunked CE that branch g-compute is writing;
+# change it here (or pass --ce-chunk) when that code fixes its own.
+CE_CHUNK_TOKENS = 4096
+ISSUE19 = ComputePath("issue19", experts_bf16=True, router_fp32=True, ce_chunk_tokens=CE_CHUNK_TOKENS)
+PRE_ISSUE19 = ComputePath("pre-issue19", experts_bf16=False, router_fp32=False, ce_chunk_tokens=None)
+COMPUTE_PATHS = {p.name: p for p in (ISSUE19, PRE_ISSUE19)}
+# NOTE: the path that this package's model runs today, for measurements of the real code
+# (tests/test_memory_plan.py, bench/). Switch it to ISSUE19 in the commit that lands issue 19's
+# compute path; the calibration test then checks the planner against that code.
+MODEL_PATH = PRE_ISSUE19
+
+
+@dataclass(frozen=True)
+class Shape:
+    micro_batch: int
+    seq_len: int
+    bf16: bool  # bf16 autocast (else fp32 throughout)
+
+    @property
+    def tokens(self) -> int:
+        return self.micro_batch * self.seq_len
+
+
+def block_activations(config: ColibriConfig, shape: Shape, path: ComputePath, moe: bool) -> dict[str, int]:
+    """Saved bytes of one block (dense if not `moe`), by kind, without checkpointing."""
+    n, t, d = shape.tokens, shape.seq_len, config.d_model
+    h, kv, hd = config.n_heads, config.n_kv_heads, config.head_dim
+    act = BF16 if shape.bf16 else FP32
+    # An fp32 norm output is saved once by all its consumers; under autocast each matmul saves
+    # its own bf16 cast of it.
+    def matmul_inputs(consumers: int) -> int:
+        return consumers * n * d * BF16 if shape.bf16 else n * d * FP32
+
+    norm = 2 * n * d * FP32 + n * FP32  # input, x_hat, rsqrt
+    attention = norm + matmul_inputs(3)
+    if config.qk_norm:
+        attention += 2 * n * (h + kv) * hd * FP32 + n * (h + kv) * FP32
+    attention += 4 * t * hd * FP32  # cos/sin gathered at the positions, for q and for k
+    attention += 2 * n * (h + kv) * hd * act + n * h * FP32  # SDPA q, k, v, out; logsumexp
+    out = dict.fromkeys(BLOCK_KINDS, 0)
+    out["attention"] = attention
+    out["mlp_norm"] = norm
+    if not moe:
+        out["dense_ffn"] = matmul_inputs(2) + 4 * n * config.dense_ffn_dim * act
+        return out
+
+    k, e = config.top_k_train, config.n_experts
+    router_fp32 = path.router_fp32 or not shape.bf16
+    out["router"] = (n * d * FP32 if router_fp32 else n * d * BF16) + n * e * (FP32 if router_fp32 else BF16)
+    out["router"] += n * k * INT64  # top-k indices (gather)
+    if config.route_norm:
+        out["router"] += n * k * FP64 + n * FP64
+    if config.shared_expert_dim:
+        shared_inputs = 2 * n * d * BF16 if shape.bf16 else 0  # fp32: the router's input tensor
+        out["shared_expert"] = shared_inputs + 4 * n * config.shared_expert_dim * act
+    x = BF16 if shape.bf16 and path.experts_bf16 else FP32
+    rows = n * k
+    out["experts"] = 2 * rows * INT64 + e * INT32 + rows * FP32  # token index, order, offsets, gates
+    out["experts"] += 3 * rows * d * x + 4 * rows * config.expert_dim * x
+    return out
+
+
+def head_activations(config: ColibriConfig, shape: Shape, path: ComputePath) -> int:
+    """Saved bytes of the final norm, LM head and cross-entropy."""
+    n, d, v = shape.tokens, config.d_model, config.vocab_size
+    saved = 2 * n * d * FP32 + n * FP32  # final norm
+    saved += n * d * (BF16 if shape.bf16 else FP32)  # LM head input
+    saved += n * INT64  # targets
+    if path.ce_chunk_tokens is None:
+        saved += n * v * FP32  # log-softmax output
+    else:
+        saved += n * FP32  # logsumexp per token
+    return saved
+
+
+def checkpointed_block_activations(config: ColibriConfig, shape: Shape) -> int:
+    """What full activation checkpointing keeps of one block: its fp32 input."""
+    return shape.tokens * config.d_model * FP32
+
+
+def embedding_activations(shape: Shape) -> int:
+    return shape.tokens * INT64
