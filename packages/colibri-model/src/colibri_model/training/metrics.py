@@ -25,8 +25,11 @@ from ..router import RouterStats
 METRICS_FILE = "metrics.jsonl"
 METRICS_VERSION = "1.0"
 
-# bf16 dense peak TFLOP/s (no sparsity) of common accelerators, matched on the device name.
-KNOWN_PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 125.0, "L4": 121.0,
+# bf16 dense peak TFLOP/s (no sparsity) of common accelerators, matched on the device name: the
+# first key the name contains wins, so each variant comes before its family ("NVIDIA H100 PCIe",
+# "NVIDIA H100 NVL"; the SXM part reports as "NVIDIA H100 80GB HBM3"). Others: --peak-tflops.
+KNOWN_PEAK_TFLOPS = {"H200 NVL": 835.0, "H200": 989.0, "H100 NVL": 835.0, "H100 PCIe": 756.0, "H100": 989.0,
+                     "A100": 312.0, "L40S": 362.0, "L40": 181.0, "A10G": 125.0, "L4": 121.0,
                      "4090": 165.0, "3090": 71.0}
 
 
@@ -75,11 +78,14 @@ def peak_flops(device: torch.device, peak_tflops: float | None) -> float | None:
     if peak_tflops is not None:
         return peak_tflops * 1e12
     if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-        for key, value in KNOWN_PEAK_TFLOPS.items():
-            if key in name:
-                return value * 1e12
+        peak = known_peak_tflops(torch.cuda.get_device_name(device))
+        return peak * 1e12 if peak is not None else None
     return None
+
+
+def known_peak_tflops(device_name: str) -> float | None:
+    """bf16 dense peak of a GPU by its CUDA device name (None when unknown)."""
+    return next((value for key, value in KNOWN_PEAK_TFLOPS.items() if key in device_name), None)
 
 
 class MetricsWriter:
