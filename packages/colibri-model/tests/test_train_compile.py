@@ -107,15 +107,18 @@ def test_no_recompile_across_routings():
     assert model.moe_layers()[0].router.tokens_per_expert[3] > 0
 
 
-def test_trainer_compile_flag_compiles_blocks(tmp_path, monkeypatch):
+def test_trainer_compile_flag_compiles_blocks_for_training_only(tmp_path, monkeypatch):
     # The trainer's --compile path with a CPU-quick backend (inductor takes minutes on 2 cores).
-    original = ColibriForCausalLM.compile_blocks
+    counter = CompileCounterWithBackend("aot_eager")
     monkeypatch.setattr(ColibriForCausalLM, "compile_blocks",
-                        functools.partialmethod(original, backend="aot_eager"))
+                        functools.partialmethod(ColibriForCausalLM.compile_blocks, backend=counter))
     trainer = _trainer(tmp_path, compile=True)
     record = trainer.train_step()
     assert record.loss is not None and np.isfinite(record.loss)
-    assert all(getattr(block.forward, "_torchdynamo_orig_callable", None) for block in trainer.model.layers)
+    assert counter.frame_count == 2
+    assert np.isfinite(trainer.evaluate()) and np.isfinite(trainer.evaluate(top_k=2))
+    trainer.train_step()
+    assert counter.frame_count == 2  # validation ran the eager blocks: nothing recompiled
     trainer.close()
 
 

@@ -50,7 +50,7 @@ def has_grouped_mm() -> bool:
 def grouped_linear(x: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     """x [M, D] (rows sorted by expert), weight [E, F, D] any float dtype, offsets [E] int32 cumulative
     row counts -> [M, F] in x's dtype."""
-    return torch._grouped_mm(x, weight.to(x.dtype).transpose(-2, -1), offs=offsets)
+    return torch._grouped_mm(x.contiguous(), weight.to(x.dtype).transpose(-2, -1), offs=offsets)
 
 
 @grouped_linear.register_fake

@@ -66,6 +66,18 @@ class Block(nn.Module):
         return h + ffn(self.ffn_norm(h))
 
 
+class _TrainingCompiled:
+    """A block's forward: the compiled one in training mode without a KV cache, else the eager one."""
+
+    def __init__(self, block: Block, compiled, eager):
+        self.block, self.compiled, self.eager = block, compiled, eager
+
+    def __call__(self, h: torch.Tensor, positions: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        if self.block.training and cache is None:
+            return self.compiled(h, positions)
+        return self.eager(h, positions, cache)
+
+
 class ColibriForCausalLM(nn.Module):
     """The Colibri MoE language model.
 
@@ -121,16 +133,21 @@ class ColibriForCausalLM(nn.Module):
         return self.embed.weight if self.lm_head is None else self.lm_head.weight
 
     def compile_blocks(self, **compile_kwargs) -> None:
-        """`torch.compile(fullgraph=True)` each block's forward in place (names and hooks unchanged).
+        """`torch.compile(fullgraph=True)` each block's training forward in place (names and hooks
+        unchanged: FSDP's and checkpointing's wrappers stay eager around it).
 
         Dense and MoE blocks each compile once and the graph is reused by every block of the same
-        kind (dynamo inlines the module, its parameters are graph inputs). kwargs go to
+        kind (dynamo inlines the module, its parameters are graph inputs): two graphs in all.
+        Eval mode and KV-cache decoding run the eager forward: validation's modes (top_k 1 and 2,
+        a shorter last batch) would each compile again, tripling compile time, and dynamo's
+        recompile limit (8 per code object, shared by all blocks) would be reached. kwargs go to
         torch.compile (e.g. backend="aot_eager"). Requires `torch._grouped_mm` (else a block has
         the reference loop's data-dependent shapes and cannot be one graph).
         """
         compile_kwargs.setdefault("fullgraph", True)
         for block in self.layers:
-            block.forward = torch.compile(block.forward, **compile_kwargs)
+            eager = block.forward
+            block.forward = _TrainingCompiled(block, torch.compile(eager, **compile_kwargs), eager)
 
     # --- forward ------------------------------------------------------------------------------
     def forward(
