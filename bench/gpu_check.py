@@ -8,7 +8,7 @@ since start. Prints, and writes as JSON to --json-out:
 - the first step's time (compilation) and whether compile worked (else the run goes on eager);
 - peak memory: torch.cuda.max_memory_allocated against the planner's peak, and the saved
   activation bytes of one eager forward (saved_tensors_hooks) against the planner's;
-- host syncs per step (training/host_syncs.py: sync-debug warnings and the profiler's count);
+- host syncs per step (colibri_model/host_syncs.py: sync-debug warnings and the profiler's count);
 - the loss: the mean of the first and the last ten steps (a third of the run if shorter), which
   must go down (by 0.5 nats on the GPU run).
 
@@ -36,9 +36,9 @@ import numpy as np
 import torch
 from colibri_model import get_preset
 from colibri_model.data import TokenSource
+from colibri_model.host_syncs import count_host_syncs
 from colibri_model.training import TrainConfig, Trainer
 from colibri_model.training.activations import MODEL_PATH
-from colibri_model.training.host_syncs import count_host_syncs
 from colibri_model.training.memory_plan import largest_fitting_micro_batch, plan_memory
 from colibri_model.training.metrics import flops_per_token
 from colibri_model.training.saved_tensors import measure_saved_bytes

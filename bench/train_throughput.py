@@ -8,7 +8,7 @@ same model and batch shape), and prints medians as JSON:
     mfu              tokens_per_s x (6 x active params + attention FLOPs) / peak  (None if peak unknown)
     trainer_over_bare  time(trainer step) / time(bare step)    goal <= 1.05
     host_syncs       per trainer step on CUDA (sync-debug warnings and the profiler's count of
-                     synchronizing CUDA calls, training/host_syncs.py); "not countable" on CPU
+                     synchronizing CUDA calls, host_syncs.py); "not countable" on CPU
     memory           the planner's peak for this configuration (training/memory_plan.py, the
                      compute path the model runs today) beside the measured one:
                      torch.cuda.max_memory_allocated on CUDA; on CPU the growth of the peak RSS
@@ -35,9 +35,9 @@ import numpy as np
 import torch
 from colibri_model import get_preset
 from colibri_model.data import TokenSource
+from colibri_model.host_syncs import count_host_syncs
 from colibri_model.training import TrainConfig, Trainer
 from colibri_model.training.activations import MODEL_PATH
-from colibri_model.training.host_syncs import count_host_syncs
 from colibri_model.training.memory_plan import plan_memory
 from colibri_model.training.metrics import flops_per_token
 

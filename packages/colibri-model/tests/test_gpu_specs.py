@@ -29,6 +29,7 @@ from colibri_model.training.metrics import UnknownPeakWarning, peak_flops, peak_
     ("NVIDIA A100-PCIE-40GB", "a100-40gb", 312.0),
     ("NVIDIA L4", "l4", 121.0),
     ("NVIDIA L40S", "l40s", 362.0),
+    ("NVIDIA L40", "l40", 181.0),
     ("NVIDIA A10G", "a10g", 70.0),
     ("NVIDIA GeForce RTX 4090", "rtx4090", 165.0),
     ("NVIDIA GeForce RTX 3090", "rtx3090", 71.0),
@@ -42,7 +43,7 @@ def test_device_names_match_their_variant(name, key, tflops):
         assert peak_flops_for_device_name(name) == tflops * 1e12
 
 
-@pytest.mark.parametrize("name", ["NVIDIA GH200 480GB", "Tesla T4", "NVIDIA L40", "NVIDIA A10", "AMD Instinct MI300X",
+@pytest.mark.parametrize("name", ["NVIDIA GH200 480GB", "Tesla T4", "NVIDIA A10", "AMD Instinct MI300X",
                                   "NVIDIA H800", ""])
 def test_unknown_gpus_report_no_mfu(name):
     assert match_device_name(name) is None

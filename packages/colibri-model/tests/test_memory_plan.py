@@ -63,7 +63,8 @@ def test_planned_activations_match_saved_tensor_bytes(precision, ac):
         assert measured.checkpoint_inputs == 0 and set(measured.activations) >= {"attention", "experts", "head"}
     # autocast's bf16 weight casts are the planner's compute copies (none in fp32)
     assert abs(plan.compute_copies - measured.compute_copies) <= TOLERANCE * max(measured.compute_copies, 1)
-    assert (measured.compute_copies > 0) == (precision == "bf16")
+    # (under full AC the blocks' casts are redone in the recompute and the chunked CE keeps none)
+    assert (measured.compute_copies > 0) == (precision == "bf16" and ac == "none")
 
 
 @pytest.fixture
@@ -117,7 +118,9 @@ def test_plan_arithmetic():
     assert base.params == base.grads == base.optimizer // 2 == base.total_params * 4
     sharded = plan_memory(nano, micro_batch=8, seq_len=2048, fsdp=8)
     assert sharded.params == -(-base.total_params // 8) * 4 and sharded.activations == base.activations
-    assert sharded.compute_copies < base.compute_copies  # two blocks gathered, not all weights cast
+    # FSDP2 gathers two blocks in bf16 (and one block's fp32 gradients) whatever the depth
+    deeper = plan_memory(nano.with_updates(n_layers=30), micro_batch=8, seq_len=2048, fsdp=8)
+    assert deeper.compute_copies == sharded.compute_copies > 0
     accumulating = plan_memory(nano, micro_batch=8, seq_len=2048, grad_accum=4)
     assert accumulating.peak_allocated - base.peak_allocated == accumulating.grads - base.grads_at_peak
     checkpointed = plan_memory(nano, micro_batch=8, seq_len=2048, ac="full")

@@ -6,10 +6,19 @@ live: `GroupedExperts` holds them as stacked trainable parameters; colibri-strea
 backend that streams int4 experts from disk through a RAM-budgeted cache.
 
 `GroupedExperts.forward` sorts the (token, slot) pairs by expert and runs each projection as
-ONE `torch._grouped_mm` over contiguous per-expert row groups (dropless: no capacity factor, no
-token is ever dropped). `reference_forward` is the slow, readable per-expert loop it is tested
-against (and the fallback when a torch build has no `_grouped_mm`). bench/moe_layer.py measures
-both against a dense SwiGLU of equal active FLOPs.
+ONE grouped matmul over contiguous per-expert row groups (dropless: no capacity factor, no token
+is ever dropped; the op and its backward are in grouped_mm.py). `reference_forward` is the slow,
+readable per-expert loop it is tested against (and the fallback when a torch build has no
+`_grouped_mm`). bench/moe_layer.py measures both against a dense SwiGLU of equal active FLOPs.
+
+Precision: the weights are fp32 masters; the matmuls run in the compute dtype, which is
+autocast's dtype when autocast is on (bf16 on CUDA, where `_grouped_mm`'s fast kernel is
+bf16-only) and else the activations' dtype. The weights are cast to it, never the activations to
+the weights' fp32. Gates multiply and the top-k outputs sum in fp32.
+
+Sync-free: the expert counts come from a scatter-add on the device (not `bincount`, whose
+output length needs the host to read the largest id), so a block compiles as one graph with
+`fullgraph=True` and forward/backward never wait for the GPU.
 """
 
 from __future__ import annotations
@@ -17,6 +26,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from .grouped_mm import grouped_linear, has_grouped_mm, warn_if_slow_grouped_mm
 
 
 class ExpertBackend(nn.Module):
@@ -28,34 +39,17 @@ class ExpertBackend(nn.Module):
         raise NotImplementedError
 
 
-def _has_grouped_mm() -> bool:
-    return hasattr(torch, "_grouped_mm")
+def compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype matmuls on `x` run in: autocast's when it is on for x's device, else x's own."""
+    if torch.is_autocast_enabled(x.device.type):
+        return torch.get_autocast_dtype(x.device.type)
+    return x.dtype
 
 
-class GroupedLinear(torch.autograd.Function):
-    """y[rows of e] = x[rows of e] @ weight[e]^T for contiguous row groups ending at `offsets`.
-
-    NOTE: a hand-written backward because autograd's generic one for `_grouped_mm` on CPU
-    costs about 3x the forward (measured 0.135 s vs 0.045 s for 8192x1024 -> 64x512); here
-    the input gradient is one forward-shaped grouped matmul and the weight gradient one
-    2d x 2d grouped matmul (row groups become the reduction dimension): 0.107 s.
-    """
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(x, weight, offsets)
-        return torch._grouped_mm(x, weight.transpose(-2, -1), offs=offsets)
-
-    @staticmethod
-    def backward(ctx, grad_out: torch.Tensor):
-        x, weight, offsets = ctx.saved_tensors
-        grad_out = grad_out.contiguous()
-        grad_x = grad_w = None
-        if ctx.needs_input_grad[0]:
-            grad_x = torch._grouped_mm(grad_out, weight, offs=offsets)
-        if ctx.needs_input_grad[1]:
-            grad_w = torch._grouped_mm(grad_out.t(), x, offs=offsets)
-        return grad_x, grad_w, None
+def count_per_expert(expert_ids: torch.Tensor, n_experts: int) -> torch.Tensor:
+    """int64 [n_experts]: how many of the (token, slot) pairs chose each expert, on the device."""
+    flat = expert_ids.flatten()
+    return torch.zeros(n_experts, dtype=torch.int64, device=flat.device).scatter_add_(0, flat, torch.ones_like(flat))
 
 
 def sort_by_expert(expert_ids: torch.Tensor, n_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -65,11 +59,9 @@ def sort_by_expert(expert_ids: torch.Tensor, n_experts: int) -> tuple[torch.Tens
     are contiguous (stable, so the result is deterministic), `token_index` is the token each
     sorted slot belongs to, `counts[e]` the rows of expert e.
     """
-    flat = expert_ids.flatten()
-    order = torch.argsort(flat, stable=True)
+    order = torch.argsort(expert_ids.flatten(), stable=True)
     token_index = order // expert_ids.shape[1]
-    counts = torch.bincount(flat, minlength=n_experts)
-    return order, token_index, counts
+    return order, token_index, count_per_expert(expert_ids, n_experts)
 
 
 class GroupedExperts(ExpertBackend):
@@ -81,7 +73,9 @@ class GroupedExperts(ExpertBackend):
         self.gate_proj = nn.Parameter(torch.empty(n_experts, expert_dim, d_model))
         self.up_proj = nn.Parameter(torch.empty(n_experts, expert_dim, d_model))
         self.down_proj = nn.Parameter(torch.empty(n_experts, d_model, expert_dim))
-        self.use_grouped_mm = _has_grouped_mm()
+        self.use_grouped_mm = has_grouped_mm()
+        if not self.use_grouped_mm:
+            warn_if_slow_grouped_mm("cpu", torch.float32)  # the one warning: no _grouped_mm at all
 
     def reset_parameters(self, std: float, out_std: float) -> None:
         nn.init.normal_(self.gate_proj, std=std)
@@ -93,28 +87,27 @@ class GroupedExperts(ExpertBackend):
             return self.reference_forward(x, expert_ids, gates)
         order, token_index, counts = sort_by_expert(expert_ids, self.n_experts)
         offsets = torch.cumsum(counts, 0).to(torch.int32)
-        xs = x[token_index]
-        w_dtype = self.gate_proj.dtype
-        if xs.dtype != w_dtype:  # autocast does not cover _grouped_mm; match the weights
-            xs = xs.to(w_dtype)
-        gate = GroupedLinear.apply(xs, self.gate_proj, offsets)
-        up = GroupedLinear.apply(xs, self.up_proj, offsets)
+        xs = x.index_select(0, token_index).to(compute_dtype(x))  # [N*k, d], rows grouped by expert
+        gate = grouped_linear(xs, self.gate_proj, offsets)
+        up = grouped_linear(xs, self.up_proj, offsets)
         hidden = F.silu(gate) * up
-        out_sorted = GroupedLinear.apply(hidden, self.down_proj, offsets)
-        out_sorted = out_sorted * gates.flatten()[order].unsqueeze(-1).to(out_sorted.dtype)
-        out = torch.zeros(x.shape[0], self.d_model, dtype=out_sorted.dtype, device=x.device)
-        out.index_add_(0, token_index, out_sorted)
+        out_sorted = grouped_linear(hidden, self.down_proj, offsets)
+        weighted = out_sorted.float() * gates.flatten().index_select(0, order).unsqueeze(-1).float()
+        out = torch.zeros(x.shape[0], self.d_model, dtype=torch.float32, device=x.device)
+        out.index_add_(0, token_index, weighted)
         return out.to(x.dtype)
 
     def reference_forward(self, x: torch.Tensor, expert_ids: torch.Tensor, gates: torch.Tensor) -> torch.Tensor:
-        """One expert at a time, by mask: slow and obviously right."""
-        out = torch.zeros(x.shape[0], self.d_model, dtype=x.dtype, device=x.device)
+        """One expert at a time, by mask: slow and obviously right (same dtypes as `forward`)."""
+        dtype = compute_dtype(x)
+        out = torch.zeros(x.shape[0], self.d_model, dtype=torch.float32, device=x.device)
         for e in range(self.n_experts):
             tokens, slots = torch.nonzero(expert_ids == e, as_tuple=True)
             if tokens.numel() == 0:
                 continue
-            xe = x[tokens].to(self.gate_proj.dtype)
-            hidden = F.silu(xe @ self.gate_proj[e].T) * (xe @ self.up_proj[e].T)
-            ye = (hidden @ self.down_proj[e].T) * gates[tokens, slots].unsqueeze(-1).to(hidden.dtype)
-            out.index_add_(0, tokens, ye.to(x.dtype))
-        return out
+            xe = x[tokens].to(dtype)
+            gate_w, up_w, down_w = (w[e].to(dtype) for w in (self.gate_proj, self.up_proj, self.down_proj))
+            hidden = F.silu(xe @ gate_w.T) * (xe @ up_w.T)
+            ye = (hidden @ down_w.T).float() * gates[tokens, slots].unsqueeze(-1).float()
+            out.index_add_(0, tokens, ye)
+        return out.to(x.dtype)

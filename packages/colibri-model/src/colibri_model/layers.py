@@ -29,31 +29,39 @@ class RMSNorm(nn.Module):
 
 
 class RotaryEmbedding(nn.Module):
-    """Rotate-half RoPE. Tables are built lazily per device and grown on demand, so a model
-    created on the meta device or moved between devices needs no special care."""
+    """Rotate-half RoPE over fp32 tables of `max_len` positions (the config's max_seq_len).
 
-    def __init__(self, head_dim: int, theta: float):
+    The table length comes from the config, never from the positions' values: reading
+    `positions.max()` would be a host sync per layer and a graph break under torch.compile.
+    `ensure(length, device)` builds the tables (lazily, so a model created on the meta device or
+    moved between devices needs no special care) or grows them for a longer KV cache; it looks only
+    at host-side metadata. The model calls it once per forward, before its blocks, so a compiled
+    block always finds the tables ready. Positions past the table raise an index error.
+    """
+
+    def __init__(self, head_dim: int, theta: float, max_len: int = 2048):
         super().__init__()
         self.head_dim = head_dim
         self.theta = theta
+        self.max_len = max_len
         self._cos: torch.Tensor | None = None
         self._sin: torch.Tensor | None = None
 
-    def _tables(self, length: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        if self._cos is None or self._cos.shape[0] < length or self._cos.device != device:
-            size = max(length, 256)
-            inv_freq = 1.0 / (
-                self.theta ** (torch.arange(0, self.head_dim, 2, device=device, dtype=torch.float64) / self.head_dim)
-            )
-            angles = torch.outer(torch.arange(size, device=device, dtype=torch.float64), inv_freq)
-            angles = torch.cat([angles, angles], dim=-1)
-            self._cos, self._sin = angles.cos().float(), angles.sin().float()
-        return self._cos, self._sin
+    def ensure(self, length: int, device: torch.device) -> None:
+        if self._cos is not None and self._cos.shape[0] >= length and self._cos.device == device:
+            return
+        size = max(length, self.max_len)
+        inv_freq = 1.0 / (
+            self.theta ** (torch.arange(0, self.head_dim, 2, device=device, dtype=torch.float64) / self.head_dim)
+        )
+        angles = torch.outer(torch.arange(size, device=device, dtype=torch.float64), inv_freq)
+        angles = torch.cat([angles, angles], dim=-1)
+        self._cos, self._sin = angles.cos().float(), angles.sin().float()
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """x: [B, H, T, D]; positions: [T] absolute positions of the T tokens."""
-        cos, sin = self._tables(int(positions.max()) + 1, x.device)
-        cos, sin = cos[positions], sin[positions]  # [T, D]
+        """x: [B, H, T, D]; positions: [T] absolute positions of the T tokens (< the table length)."""
+        self.ensure(self.max_len, x.device)
+        cos, sin = self._cos[positions], self._sin[positions]  # [T, D]
         half = self.head_dim // 2
         xf = x.float()
         rotated = torch.cat([-xf[..., half:], xf[..., :half]], dim=-1)
@@ -99,7 +107,7 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(self.head_dim, config.norm_eps)
         else:
             self.q_norm = self.k_norm = None
-        self.rope = RotaryEmbedding(self.head_dim, config.rope_theta)
+        self.rope = RotaryEmbedding(self.head_dim, config.rope_theta, config.max_seq_len)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
         B, T, _ = x.shape

@@ -6,7 +6,13 @@
 
 `forward(input_ids, targets=None)`: `targets` are the next tokens, already aligned with the
 inputs (targets[t] is what position t should predict; -100 is ignored), so data loaders own the
-shift and loss masks (SFT masks non-assistant tokens with -100).
+shift and loss masks (SFT masks non-assistant tokens with -100). With targets, the loss runs the
+LM head in row chunks (loss.py) and returns no logits, unless `return_logits=True` asks for the
+plain path (whole-batch logits, then one cross-entropy).
+
+`compile_blocks()` compiles each block with `torch.compile(fullgraph=True)` (the torchtitan way:
+the blocks are where the FLOPs are, one graph each, no graph break; the loop over blocks, the
+loss chunks and hooks such as FSDP's stay eager).
 
 Init follows GPT-2/nanoGPT: N(0, 0.02), with residual output projections (o_proj, down_proj)
 scaled by 1/sqrt(2 n_layers) so the residual stream's variance does not grow with depth.
@@ -24,13 +30,14 @@ from torch import nn
 from .config import ColibriConfig
 from .experts import ExpertBackend, GroupedExperts
 from .layers import Attention, KVCache, RMSNorm, SwiGLU
+from .loss import DEFAULT_CHUNK_ROWS, chunked_cross_entropy
 from .moe import MoELayer
 from .router import RouterStats
 
 
 @dataclass
 class CausalLMOutput:
-    logits: torch.Tensor
+    logits: torch.Tensor | None  # None when a loss was asked for without return_logits
     loss: torch.Tensor | None = None  # mean cross-entropy over targets != -100 (+ aux loss)
     lm_loss: torch.Tensor | None = None  # cross-entropy alone
     aux_loss: torch.Tensor | None = None
@@ -59,6 +66,18 @@ class Block(nn.Module):
         return h + ffn(self.ffn_norm(h))
 
 
+class _TrainingCompiled:
+    """A block's forward: the compiled one in training mode without a KV cache, else the eager one."""
+
+    def __init__(self, block: Block, compiled, eager):
+        self.block, self.compiled, self.eager = block, compiled, eager
+
+    def __call__(self, h: torch.Tensor, positions: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        if self.block.training and cache is None:
+            return self.compiled(h, positions)
+        return self.eager(h, positions, cache)
+
+
 class ColibriForCausalLM(nn.Module):
     """The Colibri MoE language model.
 
@@ -81,6 +100,7 @@ class ColibriForCausalLM(nn.Module):
         if not any(p.is_meta for p in self.parameters()):
             self.reset_parameters()
         self.activation_checkpointing = False
+        self.loss_chunk_rows = DEFAULT_CHUNK_ROWS
 
     # --- init ---------------------------------------------------------------------------------
     def reset_parameters(self) -> None:
@@ -112,16 +132,36 @@ class ColibriForCausalLM(nn.Module):
     def lm_head_weight(self) -> torch.Tensor:
         return self.embed.weight if self.lm_head is None else self.lm_head.weight
 
+    def compile_blocks(self, **compile_kwargs) -> None:
+        """`torch.compile(fullgraph=True)` each block's training forward in place (names and hooks
+        unchanged: FSDP's and checkpointing's wrappers stay eager around it).
+
+        Dense and MoE blocks each compile once and the graph is reused by every block of the same
+        kind (dynamo inlines the module, its parameters are graph inputs): two graphs in all.
+        Eval mode and KV-cache decoding run the eager forward: validation's modes (top_k 1 and 2,
+        a shorter last batch) would each compile again, tripling compile time, and dynamo's
+        recompile limit (8 per code object, shared by all blocks) would be reached. kwargs go to
+        torch.compile (e.g. backend="aot_eager"). Requires `torch._grouped_mm` (else a block has
+        the reference loop's data-dependent shapes and cannot be one graph).
+        """
+        compile_kwargs.setdefault("fullgraph", True)
+        for block in self.layers:
+            eager = block.forward
+            block.forward = _TrainingCompiled(block, torch.compile(eager, **compile_kwargs), eager)
+
     # --- forward ------------------------------------------------------------------------------
     def forward(
         self,
         input_ids: torch.Tensor,
         targets: torch.Tensor | None = None,
         cache: KVCache | None = None,
+        return_logits: bool = False,
     ) -> CausalLMOutput:
         B, T = input_ids.shape
         start = cache.length if cache is not None else 0
         positions = torch.arange(start, start + T, device=input_ids.device)
+        for block in self.layers:  # host-side: the RoPE tables exist before a compiled block runs
+            block.attn.rope.ensure(start + T, input_ids.device)
         h = self.embed(input_ids)
         for block in self.layers:
             if self.activation_checkpointing and self.training and cache is None:
@@ -131,10 +171,15 @@ class ColibriForCausalLM(nn.Module):
         if cache is not None:
             cache.length += T
         h = self.norm(h)
-        logits = F.linear(h, self.lm_head_weight())
-        if targets is None:
-            return CausalLMOutput(logits=logits)
-        lm_loss = F.cross_entropy(logits.float().view(B * T, -1), targets.reshape(B * T), ignore_index=-100)
+        if targets is None or return_logits:
+            logits = F.linear(h, self.lm_head_weight())
+            if targets is None:
+                return CausalLMOutput(logits=logits)
+            lm_loss = F.cross_entropy(logits.float().view(B * T, -1), targets.reshape(B * T), ignore_index=-100)
+        else:
+            logits = None
+            lm_loss = chunked_cross_entropy(h.view(B * T, -1), self.lm_head_weight(), targets.reshape(B * T),
+                                            self.loss_chunk_rows)
         aux = [layer.aux_loss for layer in self.moe_layers() if layer.aux_loss is not None]
         aux_loss = torch.stack(aux).sum() if aux else None
         loss = lm_loss + aux_loss if aux_loss is not None else lm_loss
@@ -143,12 +188,14 @@ class ColibriForCausalLM(nn.Module):
     # --- router statistics --------------------------------------------------------------------
     def router_stats(self, reset: bool = False) -> list[RouterStats]:
         """Per MoE layer load since the last reset (the balancer resets every optimizer step)."""
-        stats = []
-        for layer in self.moe_layers():
-            stats.append(RouterStats.from_counts(layer.layer_index, layer.router.tokens_per_expert.cpu()))
-            if reset:
+        layers = self.moe_layers()
+        if not layers:
+            return []
+        counts = torch.stack([layer.router.tokens_per_expert for layer in layers]).tolist()  # one host copy
+        if reset:
+            for layer in layers:
                 layer.router.tokens_per_expert.zero_()
-        return stats
+        return [RouterStats.from_counts(layer.layer_index, c) for layer, c in zip(layers, counts)]
 
     def new_kv_cache(self, batch_size: int, max_len: int | None = None) -> KVCache:
         param = self.embed.weight

@@ -11,7 +11,12 @@ router no gradient at all: the router only learns at top_k >= 2. That is NanoCol
 this zero is exact to ~1e-16 instead of fp32 rounding noise (it touches only N x k numbers).
 
 The router counts tokens per expert in a buffer that the balancer reads and resets after each
-optimizer step, so the count covers the whole accumulated batch.
+optimizer step, so the count covers the whole accumulated batch. The count is a scatter-add on
+the device (no `bincount`, whose output length needs a host read), so routing never syncs.
+
+NOTE: autocast would recast `F.linear(x.float(), w.float())` to bf16, whose step near 0.5
+(~0.004) exceeds the balancing step gamma=1e-3: the scores are computed with autocast disabled,
+as torchtitan does, so routing decisions and gates stay fp32 under bf16 training.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import ColibriConfig
+from .experts import count_per_expert
 
 
 class Router(nn.Module):
@@ -43,18 +49,17 @@ class Router(nn.Module):
 
     def forward(self, x: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x: [N, d]. Returns (expert_ids [N, k] int64, gates [N, k] in x's dtype, scores [N, E] fp32)."""
-        scores = torch.sigmoid(F.linear(x.float(), self.weight.float()))
-        _, expert_ids = torch.topk(scores.detach() + self.expert_bias, top_k, dim=-1)
-        chosen = scores.gather(-1, expert_ids)
-        if self.route_norm:
-            chosen64 = chosen.double()
-            chosen = (chosen64 / chosen64.sum(-1, keepdim=True)).float()
-        gates = chosen * self.route_scale
+        with torch.autocast(x.device.type, enabled=False):
+            scores = torch.sigmoid(F.linear(x.float(), self.weight.float()))
+            _, expert_ids = torch.topk(scores.detach() + self.expert_bias.float(), top_k, dim=-1)
+            chosen = scores.gather(-1, expert_ids)
+            if self.route_norm:
+                chosen64 = chosen.double()
+                chosen = (chosen64 / chosen64.sum(-1, keepdim=True)).float()
+            gates = chosen * self.route_scale
         if self.count_tokens:
             with torch.no_grad():
-                self.tokens_per_expert += torch.bincount(
-                    expert_ids.flatten(), minlength=self.n_experts
-                ).float()
+                self.tokens_per_expert += count_per_expert(expert_ids, self.n_experts).float()
         return expert_ids, gates.to(x.dtype), scores
 
 
@@ -84,19 +89,19 @@ class RouterStats:
     load_entropy: float  # entropy of the load share / log(E) (1 = uniform)
 
     @classmethod
-    def from_counts(cls, layer: int, counts: torch.Tensor) -> RouterStats:
-        counts = counts.double()
-        total = float(counts.sum())
-        n = counts.numel()
+    def from_counts(cls, layer: int, counts: torch.Tensor | list[float]) -> RouterStats:
+        """From the per-expert token counts (a host tensor or list; plain Python math from here)."""
+        counts = [float(c) for c in (counts.tolist() if isinstance(counts, torch.Tensor) else counts)]
+        total = sum(counts)
+        n = len(counts)
         if total == 0:
             return cls(layer, [0.0] * n, 0.0, n, 0.0)
-        share = counts / total
-        nonzero = share[share > 0]
-        entropy = float(-(nonzero * nonzero.log()).sum()) / math.log(n) if n > 1 else 1.0
+        share = [c / total for c in counts]
+        entropy = -sum(p * math.log(p) for p in share if p > 0) / math.log(n) if n > 1 else 1.0
         return cls(
             layer=layer,
-            load=[round(float(v), 6) for v in share],
-            max_vio=float(counts.max() / counts.mean() - 1.0),
-            dead_experts=int((counts == 0).sum()),
+            load=[round(p, 6) for p in share],
+            max_vio=max(counts) / (total / n) - 1.0,
+            dead_experts=sum(c == 0 for c in counts),
             load_entropy=entropy,
         )

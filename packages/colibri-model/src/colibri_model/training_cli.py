@@ -154,7 +154,7 @@ def training_options(func):
         click.option("--parallelism", type=click.Choice(["ddp", "fsdp"]), default="ddp", show_default=True,
                      help="Under torchrun: replicate the model (DDP) or shard it (FSDP2)."),
         click.option("--precision", type=click.Choice(["auto", "fp32", "bf16"]), default="auto", show_default=True),
-        click.option("--compile/--no-compile", default=False, show_default=True, help="torch.compile the model."),
+        click.option("--compile/--no-compile", default=False, show_default=True, help="torch.compile each transformer block (fullgraph=True) for training."),
         click.option("--activation-checkpointing/--no-activation-checkpointing", default=False, show_default=True),
         click.option("--peak-tflops", default=None, type=click.FloatRange(min=0, min_open=True),
                      help="Per-device peak TFLOP/s for MFU [default: known GPUs only]."),

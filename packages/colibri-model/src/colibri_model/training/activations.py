@@ -32,6 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..config import ColibriConfig
+from ..loss import DEFAULT_CHUNK_ROWS
 
 FP32, BF16, INT64, FP64, INT32 = 4, 2, 8, 8, 4
 BLOCK_KINDS = ("attention", "mlp_norm", "dense_ffn", "router", "shared_expert", "experts")
@@ -59,16 +60,14 @@ class ComputePath:
     ce_chunk_tokens: int | None
 
 
-# NOTE: the chunk size is our assumption for the chunked CE that branch g-compute is writing;
-# change it here (or pass --ce-chunk) when that code fixes its own.
-CE_CHUNK_TOKENS = 4096
+CE_CHUNK_TOKENS = DEFAULT_CHUNK_ROWS  # loss.py's chunk: the rows whose logits exist at once
 ISSUE19 = ComputePath("issue19", experts_bf16=True, router_fp32=True, ce_chunk_tokens=CE_CHUNK_TOKENS)
 PRE_ISSUE19 = ComputePath("pre-issue19", experts_bf16=False, router_fp32=False, ce_chunk_tokens=None)
 COMPUTE_PATHS = {p.name: p for p in (ISSUE19, PRE_ISSUE19)}
-# NOTE: the path that this package's model runs today, for measurements of the real code
-# (tests/test_memory_plan.py, bench/). Switch it to ISSUE19 in the commit that lands issue 19's
-# compute path; the calibration test then checks the planner against that code.
-MODEL_PATH = PRE_ISSUE19
+# The path this package's model runs (bf16 experts on fp32 masters, fp32 router, chunked CE), which
+# the calibration test (tests/test_memory_plan.py) checks the planner against; PRE_ISSUE19 stays
+# for comparison with the code before it.
+MODEL_PATH = ISSUE19
 
 
 @dataclass(frozen=True)
@@ -118,6 +117,8 @@ def block_activations(config: ColibriConfig, shape: Shape, path: ComputePath, mo
     rows = n * k
     out["experts"] = 2 * rows * INT64 + e * INT32 + rows * FP32  # token index, order, offsets, gates
     out["experts"] += 3 * rows * d * x + 4 * rows * config.expert_dim * x
+    if x == BF16:  # the fp32 gate multiply keeps an fp32 copy of the experts' output
+        out["experts"] += rows * d * FP32
     return out
 
 
@@ -125,12 +126,14 @@ def head_activations(config: ColibriConfig, shape: Shape, path: ComputePath) -> 
     """Saved bytes of the final norm, LM head and cross-entropy."""
     n, d, v = shape.tokens, config.d_model, config.vocab_size
     saved = 2 * n * d * FP32 + n * FP32  # final norm
-    saved += n * d * (BF16 if shape.bf16 else FP32)  # LM head input
-    saved += n * INT64  # targets
     if path.ce_chunk_tokens is None:
+        saved += n * d * (BF16 if shape.bf16 else FP32)  # LM head input
+        saved += n * INT64  # targets
         saved += n * v * FP32  # log-softmax output
     else:
-        saved += n * FP32  # logsumexp per token
+        # loss.py makes the gradients in its forward, chunk by chunk, and keeps only them: the
+        # hidden states' [N, d] (in the norm output's dtype, fp32) and the LM head's fp32 [V, d].
+        saved += n * d * FP32 + v * d * FP32
     return saved
 
 

@@ -48,6 +48,7 @@ GPUS: tuple[GpuSpec, ...] = (
     GpuSpec("a100-80gb", "A100 80 GB", 81920 * MIB, 312.0, r"\bA100\b.*\b80GB\b"),
     GpuSpec("a100-40gb", "A100 40 GB", 40960 * MIB, 312.0, r"\bA100\b"),
     GpuSpec("l40s", "L40S 48 GB", 46068 * MIB, 362.0, r"\bL40S\b"),
+    GpuSpec("l40", "L40 48 GB", 46068 * MIB, 181.0, r"\bL40\b"),
     GpuSpec("l4", "L4 24 GB", 23034 * MIB, 121.0, r"\bL4\b"),
     GpuSpec("a10g", "A10G 24 GB", 23028 * MIB, 70.0, r"\bA10G\b"),
     GpuSpec("rtx4090", "GeForce RTX 4090 24 GB", 24564 * MIB, 165.0, r"\bRTX 4090\b"),

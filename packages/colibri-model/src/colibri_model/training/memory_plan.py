@@ -164,14 +164,16 @@ def plan_memory(config: ColibriConfig, *, micro_batch: int, seq_len: int, precis
     buffers = config.n_moe_layers * 2 * config.n_experts * FP32  # expert bias + token counts
     buffers += config.n_layers * 2 * max(config.max_seq_len, 256) * config.head_dim * FP32  # RoPE tables
 
+    # the chunked CE casts the LM head inside its own forward and keeps only gradients (loss.py)
+    head_copy = weights.head * BF16 if path.ce_chunk_tokens is None else 0
     if fsdp > 1:
         compute_copies = 2 * max(weights.block_max, weights.root) * BF16 + max(weights.block_max, weights.root) * FP32
         notes.append("FSDP2 assumed with MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) and "
                      "one FSDP unit per block plus the root")
     elif shape.bf16 and ac == "full":  # the blocks' casts are redone in their recompute (a transient)
-        compute_copies = weights.head * BF16
+        compute_copies = head_copy
     elif shape.bf16:
-        compute_copies = weights.head * BF16 + sum(
+        compute_copies = head_copy + sum(
             _layer_copies(weights, path, config.is_moe_layer(i)) for i in range(config.n_layers))
     else:
         compute_copies = 0
@@ -237,7 +239,9 @@ class _LayerBytes:
 def _layer_copies(weights: WeightCounts, path: ComputePath, moe: bool) -> int:
     if not moe:
         return (weights.attention + weights.dense_ffn) * BF16
-    cast = weights.attention + weights.shared + (weights.experts if path.experts_bf16 else 0)
+    # routed experts: none saved; the grouped op casts its fp32 masters inside (grouped_mm.py), and
+    # before issue 19 they ran in fp32
+    cast = weights.attention + weights.shared
     return (cast + (0 if path.router_fp32 else weights.router)) * BF16
 
 

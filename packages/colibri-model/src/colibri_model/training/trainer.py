@@ -13,6 +13,12 @@ Per optimizer step:
      pre-hook over the counts of the whole accumulated batch (balancing.py);
   5. log metrics, validate every `eval_every`, checkpoint every `save_every` and at the end.
 
+Host syncs: none inside a micro-batch's forward and backward (the target counts are taken on the
+host before the batch moves to the device); ONE device-to-host read per step, after the last
+backward, carries the loss, aux loss and gradient norm the divergence guard needs; the router
+statistics are copied to the host only for steps that are logged. `--compile` compiles each block
+with fullgraph=True (model.compile_blocks).
+
 Only rank 0 writes metrics and single-file checkpoints; under FSDP2 every rank writes its own
 DCP shards (dcp_checkpoint.py) and rank 0 the JSON beside them. Resume restores weights, AdamW
 moments, loader position, RNG and schedule, so on CPU N straight steps and N/2 + resume + N/2
@@ -42,6 +48,7 @@ from ..balancing import ExpertBiasBalancer
 from ..checkpoint import CheckpointFormatError, read_config
 from ..config import ColibriConfig
 from ..data.loader import IGNORE_INDEX, PackedLoader, TokenSource
+from ..grouped_mm import warn_if_slow_grouped_mm
 from ..model import ColibriForCausalLM
 from .checkpointing import is_dcp_checkpoint, latest_checkpoint, remove_partial_checkpoints, write_checkpoint
 from .config import TrainConfig
@@ -177,7 +184,8 @@ class Trainer:
                 self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
                 broadcast_buffers=False)
         if train_config.compile:
-            self.forward_model = torch.compile(self.forward_model)
+            self.model.compile_blocks()  # each block fullgraph; FSDP/DDP wrappers stay outside
+        warn_if_slow_grouped_mm(self.device, torch.bfloat16 if self.autocast else torch.float32)
         self.metrics = MetricsWriter(self.run_dir, enabled=self.ctx.is_main)
         self.metrics.truncate_after(self.step)
         self.flops_per_token = flops_per_token(self.config, train_config.seq_len)
@@ -267,14 +275,19 @@ class Trainer:
         for layer in self.model.moe_layers():
             layer.router.tokens_per_expert.zero_()
 
-    def train_step(self) -> MetricsRecord:
+    def train_step(self, router_stats: bool = True) -> MetricsRecord:
+        """One optimizer step. `router_stats=False` leaves `record.router` empty (train() fills it
+        only for logged steps, sparing a host copy of the counts on the others)."""
         cfg, ctx = self.cfg, self.ctx
         windows = self.loader.next_windows(cfg.batch_size)
         per_rank = cfg.batch_size // ctx.world_size
         inputs, targets = self.loader.gather(windows[ctx.rank * per_rank:(ctx.rank + 1) * per_rank])
+        # Target counts per sequence, read on the host before the batch moves to the device: no sync.
+        valid = (targets != IGNORE_INDEX).sum(dim=1).tolist()
         inputs, targets = inputs.to(self.device), targets.to(self.device)
-        valid = (targets != IGNORE_INDEX).sum(dim=1)
-        global_valid = ctx.all_reduce_sum(valid.sum().to(torch.float64).clone()).item()
+        local_valid = float(sum(valid))
+        global_valid = ctx.all_reduce_sum(torch.tensor(local_valid, dtype=torch.float64, device=self.device)
+                                          ).item() if ctx.enabled else local_valid
         lr, phase = lr_at(self.step, cfg)
 
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
@@ -282,7 +295,7 @@ class Trainer:
         mb = cfg.micro_batch
         for micro in range(self.grad_accum):
             x, y = inputs[micro * mb:(micro + 1) * mb], targets[micro * mb:(micro + 1) * mb]
-            n_valid = float(valid[micro * mb:(micro + 1) * mb].sum())
+            n_valid = float(sum(valid[micro * mb:(micro + 1) * mb]))
             last = micro == self.grad_accum - 1
             if self.sharded:
                 self.model.set_requires_gradient_sync(last)
@@ -303,12 +316,13 @@ class Trainer:
                 loss.backward()
             loss_sum += lm.detach().double() * n_valid
         stats = ctx.all_reduce_sum(torch.stack([loss_sum, aux_sum]))
-        mean_loss = (stats[0] / global_valid).item() if global_valid else float("nan")
-        aux = stats[1].item() / ctx.world_size if self.config.aux_loss_alpha > 0 else None
-
         # max_norm=inf measures without clipping; under FSDP2 the norm is a DTensor
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip or float("inf"))
-        grad_norm = (norm.full_tensor() if hasattr(norm, "full_tensor") else norm).item()
+        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+        # The step's one host read: the divergence guard below needs these three numbers.
+        loss_total, aux_total, grad_norm = torch.stack([stats[0], stats[1], norm.double()]).tolist()
+        mean_loss = loss_total / global_valid if global_valid else float("nan")
+        aux = aux_total / ctx.world_size if self.config.aux_loss_alpha > 0 else None
         skip_reason = None
         if global_valid == 0:
             skip_reason = "no target tokens in the batch"
@@ -327,12 +341,15 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
         self.tokens_seen += cfg.batch_size * cfg.seq_len
-        router = [] if skip_reason else [RouterLayerMetrics.from_stats(s) for s in self.balancer.last_stats]
+        router = [] if skip_reason or not router_stats else self._router_metrics()
         return MetricsRecord(step=self.step, time=time.time(), kind=self.kind,
                              loss=None if skip_reason else mean_loss, aux_loss=aux, lr=lr, phase=phase,
                              grad_norm=grad_norm if math.isfinite(grad_norm) else None,
                              tokens_seen=self.tokens_seen, tokens_per_s=0.0, mfu=None,
                              skipped=skip_reason is not None, skip_reason=skip_reason, router=router)
+
+    def _router_metrics(self) -> list[RouterLayerMetrics]:
+        return [RouterLayerMetrics.from_stats(s) for s in self.balancer.last_stats]
 
     # --- validation ------------------------------------------------------------------------
     def evaluate(self, top_k: int | None = None) -> float:
@@ -425,7 +442,7 @@ class Trainer:
             if should_stop is not None and should_stop():
                 stopped = True
                 break
-            record = self.train_step()
+            record = self.train_step(router_stats=False)
             if record.skipped and self.bad_in_row >= cfg.max_bad_steps:
                 self.metrics.write(record)
                 raise TrainingDivergedError(
@@ -444,6 +461,8 @@ class Trainer:
                 if self.peak_flops:
                     record.mfu = record.tokens_per_s * self.flops_per_token / (self.peak_flops * ctx.world_size)
                 tick, tokens_at_tick = now, self.tokens_seen
+                if not record.skipped:
+                    record.router = self._router_metrics()
                 self.metrics.write(record)
                 bar.set_postfix(loss=f"{last_loss:.3f}" if last_loss is not None else "-",
                                 tok_s=f"{record.tokens_per_s:,.0f}")
