@@ -52,6 +52,6 @@ class ExpertBiasBalancer:
             dist.all_reduce(counts)
         self.last_stats = [RouterStats.from_counts(layer.layer_index, c.cpu()) for layer, c in zip(layers, counts)]
         for layer, load in zip(layers, counts):
-            if load.sum() > 0 and self.gamma > 0:
+            if load.sum() > 0 and self.gamma > 0 and layer.router.expert_bias is not None:
                 layer.router.expert_bias += self.gamma * torch.sign(load.mean() - load)
             layer.router.tokens_per_expert.zero_()
