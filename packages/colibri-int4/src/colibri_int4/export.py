@@ -36,6 +36,7 @@ from .header import (
     ExpertIndex,
     RegionRef,
     TensorEntry,
+    TokenizerConfig,
     pack_preamble,
 )
 from .layout import PAGE, ContainerPlan, align, expert_tensor_names, plan_container
@@ -59,7 +60,8 @@ class ExportReport:
         return self.input_bytes / 1e6 / max(self.seconds, 1e-9)
 
 
-def _build_header(config: dict, scheme: QuantScheme, plan: ContainerPlan, crcs: dict) -> ContainerHeader:
+def _build_header(config: dict, scheme: QuantScheme, plan: ContainerPlan, crcs: dict,
+                  tokenizer_config: TokenizerConfig | None = None) -> ContainerHeader:
     tokenizer = None
     if plan.tokenizer_length:
         tokenizer = BlobRef(offset=plan.tokenizer_offset, length=plan.tokenizer_length,
@@ -75,21 +77,25 @@ def _build_header(config: dict, scheme: QuantScheme, plan: ContainerPlan, crcs: 
                     crc32=crcs.get((layer, expert), _PLACEHOLDER_CRC))
         for layer, expert, offset in plan.experts
     ]
-    return ContainerHeader(
+    header = ContainerHeader(
         container_version=f"{VERSION_MAJOR}.{VERSION_MINOR}", format_name=FORMAT_NAME, file_size=plan.file_size,
-        config=config, quantization=scheme, tokenizer=tokenizer,
+        config=config, quantization=scheme, tokenizer=tokenizer, tokenizer_config=tokenizer_config,
         resident=RegionRef(offset=plan.resident_offset, length=plan.resident_length),
         tensors=tensors, experts=ExpertIndex(blob_length=blob_length, entries=experts),
     )
+    if not header.uses_1_1():  # the lowest version that describes the file (FORMAT.md, Versioning)
+        header.container_version = f"{VERSION_MAJOR}.0"
+    return header
 
 
-def plan_with_header(config: dict, shape, scheme: QuantScheme, tokenizer_length: int) -> tuple[ContainerPlan, int]:
+def plan_with_header(config: dict, shape, scheme: QuantScheme, tokenizer_length: int,
+                     tokenizer_config: TokenizerConfig | None = None) -> tuple[ContainerPlan, int]:
     """The plan whose reserved header region fits the header JSON. CRCs are fixed-width hex, so
     the JSON length with placeholders equals the final one; two rounds converge."""
     header_end = PAGE
     while True:
         plan = plan_container(shape, scheme, header_end, tokenizer_length)
-        json_length = len(_build_header(config, scheme, plan, {}).to_json_bytes())
+        json_length = len(_build_header(config, scheme, plan, {}, tokenizer_config).to_json_bytes())
         if PREAMBLE_SIZE + json_length <= header_end:
             return plan, json_length
         header_end = align(PREAMBLE_SIZE + json_length)
@@ -115,10 +121,12 @@ class ContainerFileWriter:
             writer.crcs[name_or_(layer, expert)] = "%08x" % crc
     """
 
-    def __init__(self, out_path: str | os.PathLike, config: dict, scheme: QuantScheme, plan, json_length: int):
+    def __init__(self, out_path: str | os.PathLike, config: dict, scheme: QuantScheme, plan, json_length: int,
+                 tokenizer_config: TokenizerConfig | None = None):
         self.out_path = Path(out_path)
         self.tmp = self.out_path.with_name(self.out_path.name + ".tmp")
         self.config, self.scheme, self.plan, self.json_length = config, scheme, plan, json_length
+        self.tokenizer_config = tokenizer_config
         self.crcs: dict = {}
         self.fd = -1
 
@@ -139,10 +147,12 @@ class ContainerFileWriter:
             self._abort()
             return
         try:
-            json_bytes = _build_header(self.config, self.scheme, self.plan, self.crcs).to_json_bytes()
+            header = _build_header(self.config, self.scheme, self.plan, self.crcs, self.tokenizer_config)
+            json_bytes = header.to_json_bytes()
             if len(json_bytes) != self.json_length:  # fixed-width CRCs make this impossible; guard anyway
                 raise RuntimeError("header length changed between planning and writing")
-            _pwrite_all(self.fd, pack_preamble(json_bytes) + json_bytes, 0)
+            minor = int(header.container_version.split(".")[1])
+            _pwrite_all(self.fd, pack_preamble(json_bytes, minor) + json_bytes, 0)
             os.fsync(self.fd)
         except BaseException:
             self._abort()
@@ -178,23 +188,48 @@ def export_checkpoint(
         input_bytes = sum(st.nbytes(name) for name in st.entries)
         with ContainerFileWriter(out_path, config, scheme, plan, json_length) as writer:
             bar = tqdm(total=input_bytes, unit="B", unit_scale=True, desc="export", disable=not progress)
-            writer.crcs.update(_write_body(writer.fd, st, plan, scheme, tokenizer, bar))
+            writer.crcs.update(write_body(writer.fd, _CheckpointTensors(st), plan, scheme, tokenizer, bar))
             bar.close()
     return ExportReport(out_path, plan.file_size, plan.resident_length, plan.expert_bytes, input_bytes,
                         time.perf_counter() - started)
 
 
-def _write_body(fd: int, st: SafetensorsFile, plan: ContainerPlan, scheme: QuantScheme, tokenizer: bytes, bar) -> dict:
+class _CheckpointTensors:
+    """A Colibri checkpoint's model.safetensors as a `write_body` source: names are already the
+    container's, routed experts stacked `[n_experts, out, in]`."""
+
+    def __init__(self, st: SafetensorsFile):
+        self.st = st
+
+    def read(self, name: str) -> tuple[np.ndarray, int]:
+        return self.st.read(name), self.st.nbytes(name)
+
+    def read_expert(self, layer: int, expert: int) -> tuple[list[np.ndarray], int]:
+        names = expert_tensor_names(layer)
+        matrices = [self.st.read(names[part], index=expert) for part in ("gate", "up", "down")]
+        n_experts = self.st.entries[names["gate"]][1][0]
+        return matrices, sum(self.st.nbytes(names[part]) for part in ("gate", "up", "down")) // n_experts
+
+
+def write_body(fd: int, source, plan: ContainerPlan, scheme: QuantScheme, tokenizer: bytes, bar) -> dict:
+    """Write the tokenizer, every resident tensor and every expert blob at their planned offsets,
+    one tensor (or one expert) in memory at a time; returns their CRCs for the header.
+
+    `source.read(name) -> (fp32 array, bytes read)` gives a resident tensor by its container name,
+    `source.read_expert(layer, expert) -> ([gate, up, down], bytes read)` one routed expert. The
+    export reads a Colibri checkpoint this way; `import_hf` a Hugging Face one."""
     crcs: dict = {}
     if tokenizer:
         _pwrite_all(fd, tokenizer, plan.tokenizer_offset)
         crcs["tokenizer"] = f"{zlib.crc32(tokenizer):08x}"
     for placed in plan.tensors:
         name = placed.spec.name
+        array, nbytes = source.read(name)
         try:
-            sections = encode_tensor(st.read(name), placed.spec.encoding, scheme)
+            sections = encode_tensor(array, placed.spec.encoding, scheme)
         except ValueError as exc:
             raise CheckpointError(f"tensor '{name}': {exc}") from None
+        del array
         offset, crc = placed.offset, 0
         for section in sections:
             data = memoryview(np.ascontiguousarray(section)).cast("B")  # no copy
@@ -203,16 +238,14 @@ def _write_body(fd: int, st: SafetensorsFile, plan: ContainerPlan, scheme: Quant
         if offset - placed.offset != placed.length:
             raise RuntimeError(f"{name}: wrote {offset - placed.offset} bytes, planned {placed.length}")
         crcs[name] = f"{crc:08x}"
-        bar.update(st.nbytes(name))
+        bar.update(nbytes)
     for layer, expert, offset in plan.experts:
-        names = expert_tensor_names(layer)
-        matrices = [st.read(names[part], index=expert) for part in ("gate", "up", "down")]
+        matrices, nbytes = source.read_expert(layer, expert)
         try:
             blob = encode_expert_blob(*matrices, plan.blob, scheme)
         except ValueError as exc:
             raise CheckpointError(f"routed expert (layer {layer}, expert {expert}): {exc}") from None
         _pwrite_all(fd, blob, offset)
         crcs[(layer, expert)] = f"{zlib.crc32(blob):08x}"
-        n_experts = st.entries[names["gate"]][1][0]
-        bar.update(sum(st.nbytes(names[part]) for part in ("gate", "up", "down")) // n_experts)
+        bar.update(nbytes)
     return crcs

@@ -23,8 +23,7 @@ import json
 from pathlib import Path
 from typing import Literal
 
-import pydantic_core
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
 SCHEMA_VERSION = "1.1"
 # Schema 1.1 added these fields (architecture variants of imported checkpoints). At these values
@@ -42,6 +41,9 @@ V1_1_DEFAULTS: dict = {
 
 class ConfigError(ValueError):
     """An invalid model configuration; the message names the offending field."""
+
+
+_JSON_OBJECT = TypeAdapter(dict)
 
 
 class RopeScaling(BaseModel):
@@ -184,7 +186,7 @@ class ColibriConfig(BaseModel):
         return data
 
     def to_json(self) -> str:
-        return pydantic_core.to_json(self.to_dict(), indent=2).decode()
+        return _JSON_OBJECT.dump_json(self.to_dict(), indent=2).decode()  # pydantic's formatting, as 1.0 wrote
 
     @classmethod
     def from_json(cls, text: str) -> ColibriConfig:

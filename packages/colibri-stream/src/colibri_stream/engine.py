@@ -110,7 +110,7 @@ class Engine:
     def _open(cls, container: Container, budget_bytes: int, opts: EngineOptions) -> Engine:
         config = model_config(container)
         top_k = opts.top_k or config.top_k_infer
-        if not 1 <= top_k <= config.n_experts:
+        if config.n_moe_layers and not 1 <= top_k <= config.n_experts:
             raise ValueError(f"top_k must be in [1, {config.n_experts}], got {top_k}")
         max_context = opts.max_context or config.max_seq_len
         dtype, device, layout = opts.dtype, opts.device, container.blob_layout
