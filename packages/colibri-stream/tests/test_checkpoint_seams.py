@@ -40,6 +40,10 @@ def test_engine_holds_every_tensor_in_the_dtype_load_checkpoint_does(tiny):
 
 VARIANTS = [dict(name=name) for name in PRESETS] + [
     dict(name="tiny", qk_norm=False, tie_embeddings=False, shared_expert_dim=0, n_dense_layers=0),
+    # config schema 1.1: the variants of imported checkpoints
+    dict(name="tiny", router_score="softmax", selection_bias=False, qk_norm_scope="projection", n_dense_layers=0),
+    dict(name="tiny", qk_norm=False, qkv_bias=True, shared_expert_gate=True, selection_bias=False),
+    dict(name="tiny", n_dense_layers=4, n_experts=0, expert_dim=0),
 ]
 
 

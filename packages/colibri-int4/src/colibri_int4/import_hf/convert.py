@@ -8,8 +8,9 @@
    at a time through `HFTensors`, encodes it and writes it at its final offset; the header, with
    the tokenizer settings and chat template, comes last.
 
-Memory: the largest tensor in fp32 plus its encoding (the embedding, for these models), never a
-shard: bench/import_hf_memory.py measures it.
+Memory: one routed expert in fp32 plus its encoding, or one block of rows of a large matrix
+(export.ROW_BLOCK_BYTES), never a whole tensor of the size of the vocabulary and never a shard:
+bench/import_hf_memory.py measures it.
 """
 
 from __future__ import annotations
@@ -109,6 +110,9 @@ class HFTensors:
     def read(self, name: str) -> tuple[np.ndarray, int]:
         return self.hf.tensor(self.resident[name])
 
+    def read_rows(self, name: str, start: int, stop: int) -> tuple[np.ndarray, int]:
+        return self.hf.rows(self.resident[name], start, stop)
+
     def read_expert(self, layer: int, expert: int) -> tuple[list[np.ndarray], int]:
         if layer in self.fused:
             gate_up_name, down_name = self.names.fused(layer)
@@ -137,6 +141,9 @@ def import_hf(
         fields = ConfigFields(hf.config, where)
         config = family.map_config(fields, name or f"{model_type}:{hf.path.resolve().name}")
         fields.finish()
+        moe = config["n_dense_layers"] < config["n_layers"]
+        if moe and not 1 <= config["top_k_infer"] <= config["n_experts"]:  # colibri-model would refuse it at open
+            raise HFImportError(f"{where}: num_experts_per_tok={config['top_k_infer']} is not in [1, {config['n_experts']}]")
         try:
             shape = model_shape(config)
         except ValueError as exc:

@@ -111,6 +111,12 @@ class HFDirectory:
         n = shard.nbytes(name)
         return array, n if index is None else n // shard.entries[name][1][0]
 
+    def rows(self, name: str, start: int, stop: int) -> tuple[np.ndarray, int]:
+        """(fp32 `tensor[start:stop]`, bytes read), in one read."""
+        shard = self._where[name]
+        rows = shard.read_rows(name, start, stop)
+        return rows, shard.nbytes(name) * rows.shape[0] // shard.entries[name][1][0]
+
     # --- tokenizer -------------------------------------------------------------------------
     def tokenizer_json(self) -> bytes:
         path = self.path / "tokenizer.json"
