@@ -178,6 +178,15 @@ class SafetensorsWriter:
         self._file.seek(self._data_start + begin)
         self._file.write(np.ascontiguousarray(data).tobytes())
 
+    def write_rows(self, name: str, rows: np.ndarray, start: int) -> None:
+        """Write `rows` as `tensor[start:start + len(rows)]` (a block of a large matrix)."""
+        begin, dims, dtype = self._layout[name]
+        row_bytes = int(np.prod(dims[1:], dtype=np.int64)) * _ITEMSIZE[dtype]
+        rows = np.asarray(rows, dtype=np.float32).reshape(-1, *dims[1:])
+        data = f32_to_bf16_bits(rows) if dtype == "BF16" else rows.astype("<f4")
+        self._file.seek(self._data_start + begin + start * row_bytes)
+        self._file.write(np.ascontiguousarray(data).tobytes())
+
     def close(self) -> None:
         self._file.close()
         os.replace(self._tmp, self.path)

@@ -24,7 +24,7 @@ BOOKKEEPING = frozenset({
     "_name_or_path", "architectures", "chunk_size_feed_forward", "dtype", "torch_dtype", "id2label",
     "label2id", "is_encoder_decoder", "model_type", "output_attentions", "output_hidden_states",
     "problem_type", "return_dict", "transformers_version", "use_cache", "bos_token_id", "eos_token_id",
-    "pad_token_id", "sep_token_id", "decoder_start_token_id", "tokenizer_class", "prefix",
+    "pad_token_id", "unk_token_id", "sep_token_id", "decoder_start_token_id", "tokenizer_class", "prefix",
     "task_specific_params", "finetuning_task", "is_decoder", "add_cross_attention", "tie_encoder_decoder",
     "pruned_heads", "torchscript", "tf_legacy_loss", "use_bfloat16", "output_router_logits",
     "router_aux_loss_coef", "attention_dropout", "initializer_range", "max_length", "min_length",
@@ -74,8 +74,13 @@ class ConfigFields:
         raise HFImportError(f"{self.where}: {key}={value!r} is not supported ({why})")
 
     def finish(self) -> None:
+        if self.data.get("quantization_config") is not None:
+            method = (self.data["quantization_config"] or {}).get("quant_method", "?")
+            self.refuse("quantization_config.quant_method", method,
+                        "a pre-quantized checkpoint; import the bf16/fp16 original")
         for key, value in self.data.items():
-            if key not in self.taken and key not in BOOKKEEPING:
+            # "_name_or_path" and friends: transformers' private bookkeeping
+            if key not in self.taken and key not in BOOKKEEPING and not key.startswith("_"):
                 self.refuse(key, value, "a field import-hf does not know; it may change the math")
 
 
