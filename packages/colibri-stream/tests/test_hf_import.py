@@ -9,6 +9,7 @@ the routed experts streamed from the container: nothing here is a second model."
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -132,9 +133,8 @@ def test_bf16_import_matches_transformers_logits_and_greedy_tokens_at_full_and_t
     # (both round the same bf16 weights; a near-tie in the router can flip in either)
     with Engine.open(container, ram_budget="1GB", dtype="bf16", max_context=CONTEXT) as eng:
         engine_error = float((eng.logits(prompt + expected) - ref_logits).abs().mean())
-    with torch.inference_mode():
-        hf_bf16 = reference.to(torch.bfloat16)(torch.tensor([prompt + expected])).logits[0].float()
-    reference.float()
+    with torch.inference_mode():  # a copy: .to(bf16) would also round transformers' RoPE inv_freq buffer
+        hf_bf16 = copy.deepcopy(reference).to(torch.bfloat16)(torch.tensor([prompt + expected])).logits[0].float()
     hf_error = float((hf_bf16 - ref_logits).abs().mean())
     assert engine_error <= 2 * hf_error + 1e-3 * float(ref_logits.abs().max()), (family, engine_error, hf_error)
 
@@ -148,10 +148,14 @@ def _agreement(reference_logits: torch.Tensor, logits: torch.Tensor) -> tuple[fl
     return top1, kl
 
 
-def test_int4_import_top1_agreement_and_kl(imported, capsys):
+BOUNDS = {"int4": (0.75, 0.05), "int8": (0.9, 0.005)}  # top-1 at least, KL at most
+
+
+@pytest.mark.parametrize("quant", ["int8", "int4"])
+def test_quantized_import_top1_agreement_and_kl(imported, quant, capsys):
     family, reference, _, directory = imported
-    container = directory / "int4.coli"
-    import_hf(directory / "hf", container, quant_scheme("int4", group_size=32))
+    container = directory / f"{quant}.coli"
+    import_hf(directory / "hf", container, quant_scheme(quant, group_size=32))
     ids = torch.randint(2, VOCAB, (48,), generator=torch.Generator().manual_seed(5)).tolist()
     with torch.inference_mode():
         ref_logits = reference(torch.tensor([ids])).logits[0]
@@ -159,5 +163,19 @@ def test_int4_import_top1_agreement_and_kl(imported, capsys):
         top1, kl = _agreement(ref_logits, eng.logits(ids))
         compute = eng.stats.compute_mode
     with capsys.disabled():
-        print(f"\n  {family:10s} int4 g32 (resident int8, {compute}): top-1 agreement {top1:.3f}, KL {kl:.5f} nats")
-    assert top1 >= 0.75 and math.isfinite(kl) and kl < 0.05, (family, top1, kl)
+        print(f"\n  {family:10s} {quant} g32 (resident int8, {compute}): top-1 agreement {top1:.3f}, KL {kl:.5f} nats")
+    min_top1, max_kl = BOUNDS[quant]
+    assert top1 >= min_top1 and math.isfinite(kl) and kl < max_kl, (family, quant, top1, kl)
+
+
+def test_dequantized_import_is_a_colibri_checkpoint_with_transformers_logits(imported, tmp_path):
+    """import-hf --quant bf16, then `colibri-int4 dequantize`: a colibri-model checkpoint that
+    load_checkpoint reads (and the trainer could fine-tune), computing transformers' logits."""
+    from colibri_int4 import dequantize_container
+    from colibri_model import load_checkpoint
+
+    family, reference, container, _ = imported
+    model = load_checkpoint(dequantize_container(container, tmp_path / "ckpt")).eval()
+    ids = torch.tensor([_prompt()])
+    with torch.inference_mode():
+        torch.testing.assert_close(model(ids).logits, reference(ids).logits, atol=1e-4, rtol=1e-4)
