@@ -50,7 +50,7 @@ def test_count_params_agrees_with_an_allocated_model():
         (dict(head_dim=33), "head_dim"),
         (dict(d_model=0), "d_model"),
         (dict(schema_version="2.0"), "schema_version"),
-        (dict(router_score="softmax"), "router_score"),
+        (dict(router_score="relu"), "router_score"),
     ],
 )
 def test_invalid_configs_name_the_field(change, field):

@@ -40,6 +40,10 @@ def test_engine_holds_every_tensor_in_the_dtype_load_checkpoint_does(tiny):
 
 VARIANTS = [dict(name=name) for name in PRESETS] + [
     dict(name="tiny", qk_norm=False, tie_embeddings=False, shared_expert_dim=0, n_dense_layers=0),
+    # config schema 1.1: the variants of imported checkpoints
+    dict(name="tiny", router_score="softmax", selection_bias=False, qk_norm_scope="projection", n_dense_layers=0),
+    dict(name="tiny", qk_norm=False, qkv_bias=True, shared_expert_gate=True, selection_bias=False),
+    dict(name="tiny", n_dense_layers=4, n_experts=0, expert_dim=0),
 ]
 
 
@@ -50,3 +54,22 @@ def test_container_layout_names_every_checkpoint_tensor_of_colibri_model(variant
     config = get_preset(**variant)
     shape = ModelShape.model_validate(config.model_dump())
     assert container_tensor_shapes(shape) == checkpoint_tensor_shapes(config)
+
+
+@pytest.mark.parametrize("variant", VARIANTS[-3:], ids=["softmax-projection-norm", "qkv-bias-gated-shared", "dense"])
+def test_exported_1_1_variant_streams_like_its_checkpoint(variant, tmp_path):
+    """A Colibri checkpoint of a schema 1.1 variant (not an import): export, then the engine
+    against load_checkpoint of the dequantized container (bit-identical weights)."""
+    from colibri_int4 import dequantize_container
+    from colibri_model import ColibriForCausalLM
+
+    torch.manual_seed(0)
+    config = get_preset(**variant, vocab_size=512, max_seq_len=64, init_std=0.05)
+    ColibriForCausalLM(config).save_pretrained(tmp_path / "ckpt")
+    export_checkpoint(tmp_path / "ckpt", tmp_path / "v.coli", QuantScheme(group_size=32))
+    reference = load_checkpoint(dequantize_container(tmp_path / "v.coli", tmp_path / "deq")).eval()
+    ids = torch.randint(0, 512, (1, 20), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        expected = reference(ids).logits[0]
+    with Engine.open(tmp_path / "v.coli", ram_budget="200MB", dtype="f32", compute="dequant") as eng:
+        torch.testing.assert_close(eng.logits(ids[0]), expected, atol=2e-5, rtol=1e-4)

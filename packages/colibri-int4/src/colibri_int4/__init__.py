@@ -8,7 +8,7 @@ from importlib.metadata import version as _metadata_version
 
 from .container import Container, VerifyReport
 from .dequantize import dequantize_container
-from .errors import CheckpointError, ChecksumError, ContainerError, Int4Error
+from .errors import CheckpointError, ChecksumError, ContainerError, HFImportError, Int4Error
 from .estimate import SizeEstimate, estimate_container_size
 from .expert_blob import ExpertBlob, decode_expert_blob, encode_expert_blob
 from .export import ContainerFileWriter, ExportReport, export_checkpoint
@@ -36,6 +36,7 @@ __all__ = [
     "ExpertBlobLayout",
     "ExpertEntry",
     "ExportReport",
+    "HFImportError",
     "Int4Error",
     "ModelShape",
     "QuantScheme",

@@ -83,10 +83,17 @@ class SafetensorsFile:
 
     def read(self, name: str, index: int | None = None) -> np.ndarray:
         """Tensor `name` as fp32; with `index`, only `tensor[index]` (one read)."""
-        dtype, shape, begin, end = self.entries[name]
         if index is not None:
-            step = (end - begin) // shape[0]
-            begin, end, shape = begin + index * step, begin + (index + 1) * step, shape[1:]
+            return self.read_rows(name, index, index + 1)[0]
+        return self.read_rows(name, 0, None)
+
+    def read_rows(self, name: str, start: int, stop: int | None) -> np.ndarray:
+        """`tensor[start:stop]` (along the first dimension) as fp32, in one read."""
+        dtype, shape, begin, end = self.entries[name]
+        if shape:
+            stop = shape[0] if stop is None else min(stop, shape[0])
+            step = (end - begin) // shape[0] if shape[0] else 0
+            begin, end, shape = begin + start * step, begin + stop * step, (stop - start, *shape[1:])
         raw = read_exact(self._fd, end - begin, self._data_start + begin, f"{self.path}: tensor '{name}'")
         if dtype == "BF16":
             return bf16_bits_to_f32(np.frombuffer(raw, dtype="<u2")).reshape(shape)
@@ -169,6 +176,15 @@ class SafetensorsWriter:
         array = np.asarray(array, dtype=np.float32).reshape(dims)
         data = f32_to_bf16_bits(array) if dtype == "BF16" else array.astype("<f4")
         self._file.seek(self._data_start + begin)
+        self._file.write(np.ascontiguousarray(data).tobytes())
+
+    def write_rows(self, name: str, rows: np.ndarray, start: int) -> None:
+        """Write `rows` as `tensor[start:start + len(rows)]` (a block of a large matrix)."""
+        begin, dims, dtype = self._layout[name]
+        row_bytes = int(np.prod(dims[1:], dtype=np.int64)) * _ITEMSIZE[dtype]
+        rows = np.asarray(rows, dtype=np.float32).reshape(-1, *dims[1:])
+        data = f32_to_bf16_bits(rows) if dtype == "BF16" else rows.astype("<f4")
+        self._file.seek(self._data_start + begin + start * row_bytes)
         self._file.write(np.ascontiguousarray(data).tobytes())
 
     def close(self) -> None:

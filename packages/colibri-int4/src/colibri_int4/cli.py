@@ -1,4 +1,4 @@
-"""`colibri-int4`: export, inspect, verify, dequantize and estimate containers.
+"""`colibri-int4`: export, import-hf, inspect, verify, dequantize and estimate containers.
 
 Exit status, as for every Colibri command: 0 ok; 1 a check failed (a CRC-32 did not match, or
 `verify` found any problem); 2 bad usage or bad input (unknown flag, bad choice, a malformed
@@ -138,6 +138,45 @@ def _summary(container: Container, with_experts: bool) -> dict:
     return summary
 
 
+@main.command("import-hf")
+@click.argument("hf_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("out", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--quant", type=_DTYPES, default="int4", show_default=True,
+              help="Routed experts: int4 (resident int8), int8 (resident int8) or bf16 (everything bf16: "
+                   "lossless for a bf16 checkpoint). Embeddings stay bf16.")
+@click.option("--group", "group_size", type=click.Choice(["32", "64", "128"]), default="64", show_default=True,
+              help="Weights per int4/int8 group (one 16-bit scale each).")
+@click.option("--sym/--asym", "symmetric", default=True, show_default=True, help="int4 groups with or without a zero.")
+@click.option("--resident-dtype", type=_DTYPES, default=None, help="Override --quant for attention, dense FFN, shared experts.")
+@click.option("--embed-dtype", type=_DTYPES, default=None, help="Override for embed.weight and lm_head.weight.")
+@click.option("--name", default=None, help="The model name stored in the config [default: MODEL_TYPE:DIRNAME].")
+@PROGRESS
+def import_hf_command(hf_dir: Path, out: Path, quant: str, group_size: str, symmetric: bool, resident_dtype: str | None,
+                      embed_dtype: str | None, name: str | None, progress: bool) -> None:
+    """Convert a Hugging Face checkpoint directory (config.json, safetensors shards, tokenizer.json,
+    chat template) into the container OUT, one tensor at a time.
+
+    Families: qwen3_moe, qwen2_moe, olmoe, mixtral, llama (dense). A config field whose value
+    Colibri cannot represent is refused by name and value (exit 2).
+    """
+    from .import_hf import import_hf, quant_scheme
+
+    try:
+        scheme = quant_scheme(quant, int(group_size), symmetric=symmetric, resident_dtype=resident_dtype,
+                              embed_dtype=embed_dtype)
+        report = import_hf(hf_dir, out, scheme, name=name, progress=progress)
+        with Container.open(out) as container:
+            bpw = container.bits_per_weight
+    except Int4Error as exc:
+        raise _error(exc) from None
+    except OSError as exc:
+        raise InputError(f"{exc.filename or out}: {exc.strerror}") from None
+    click.echo(
+        f"wrote {out}: {report.model_type}, {_mb(report.file_size)} from {_mb(report.checkpoint_bytes)} of "
+        f"safetensors (experts {quant}, {bpw:.3f} bits/weight) in {report.seconds:.1f} s"
+    )
+
+
 @main.command()
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable: includes every expert's offset and length.")
@@ -156,8 +195,8 @@ def inspect(file: Path, as_json: bool) -> None:
     click.echo(f"{file}  (colibri-int4 {summary['format_version']})")
     click.echo(f"  model      d_model {cfg.get('d_model')}, {cfg.get('n_layers')} layers, {cfg.get('n_experts')} experts "
                f"x {cfg.get('expert_dim')}, vocab {cfg.get('vocab_size')}; {summary['total_params']:,} params")
-    click.echo(f"  scheme     int4 group {q['group_size']} {'sym' if q['symmetric'] else 'asym'}, scales {q['scale_dtype']}, "
-               f"resident {q['resident_dtype']}, embeddings {q['embed_dtype']}")
+    click.echo(f"  scheme     experts {q['expert_dtype']}, group {q['group_size']} {'sym' if q['symmetric'] else 'asym'}, "
+               f"scales {q['scale_dtype']}, resident {q['resident_dtype']}, embeddings {q['embed_dtype']}")
     click.echo(f"  file       {_mb(summary['file_size'])} = resident {_mb(summary['resident_bytes'])} + experts "
                f"{_mb(summary['expert_bytes'])} ({summary['n_routed_experts']} blobs of {summary['blob_length']:,} B)")
     click.echo(f"  bits/weight experts {summary['bits_per_weight']:.3f}, whole file {summary['bits_per_weight_total']:.3f}")

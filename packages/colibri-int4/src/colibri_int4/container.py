@@ -186,6 +186,19 @@ class Container:
             raise ChecksumError(f"tensor '{t.name}' at bytes [{t.offset}, {t.offset + t.length}): checksum mismatch")
         return decode_tensor(chunk, t.name, t.encoding, tuple(t.shape), self.scheme)
 
+    @property
+    def tokenizer_config(self) -> dict | None:
+        """The chat template, special tokens and end-of-generation ids the importer carried
+        (format 1.1, `TokenizerConfig`), or None (1.0 files, and exports of Colibri checkpoints)."""
+        config = self.header.tokenizer_config
+        return None if config is None else config.model_dump()
+
+    @property
+    def chat_template(self) -> str | None:
+        """The model's own chat template (Jinja), when the container carries one."""
+        config = self.header.tokenizer_config
+        return None if config is None else config.chat_template
+
     def read_tokenizer_json(self) -> str | None:
         """The checkpoint's tokenizer.json carried in the container, verified, or None."""
         tok = self.header.tokenizer

@@ -28,3 +28,9 @@ class ChecksumError(ContainerError):
 class CheckpointError(Int4Error):
     """A checkpoint directory (config.json + model.safetensors) is missing, malformed or does
     not match the tensor names and shapes of CHECKPOINT.md."""
+
+
+class HFImportError(CheckpointError):
+    """A Hugging Face checkpoint directory that `import-hf` cannot convert: a missing or malformed
+    file, an unknown `model_type`, or a config field whose value Colibri cannot represent (the
+    message names the field and its value)."""

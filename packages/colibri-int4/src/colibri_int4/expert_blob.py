@@ -1,5 +1,8 @@
 """One routed expert as one contiguous blob: encode, verify, view, dequantize.
 
+Experts are group-wise int4 (q4) unless the scheme says int8 (q8) or bf16 (format 1.1); the
+layout (layout.ExpertBlobLayout) says which, and every function here follows it.
+
 The streaming runtime reads a blob with its own aligned `preadv` (O_DIRECT) into its own
 buffer and hands the bytes here: `ExpertBlob.parse(buffer, layout, crc32)` checks the CRC and
 returns zero-copy numpy views of the packed nibbles and scales (for repacking into torch's
@@ -16,7 +19,15 @@ import numpy as np
 
 from .errors import ChecksumError, ContainerError
 from .layout import ExpertBlobLayout
-from .quantize import decode_half, dequantize_q4, quantize_q4
+from .quantize import (
+    bf16_bits_to_f32,
+    decode_half,
+    dequantize_q4,
+    dequantize_q8,
+    f32_to_bf16_bits,
+    quantize_q4,
+    quantize_q8,
+)
 from .scheme import QuantScheme
 
 PARTS = ("gate", "up", "down")
@@ -27,28 +38,44 @@ def encode_expert_blob(
 ) -> bytearray:
     """Quantize one expert's three matrices into a zero-padded blob of `layout.blob_length`."""
     blob = bytearray(layout.blob_length)
-    quantized = {
-        part: quantize_q4(matrix, layout.groups[part], scheme.symmetric, scheme.scale_dtype)
-        for part, matrix in zip(PARTS, (gate, up, down), strict=True)
-    }
+    matrices = dict(zip(PARTS, (gate, up, down), strict=True))
+    if layout.encoding == "q4":
+        quantized = {p: quantize_q4(m, layout.groups[p], scheme.symmetric, scheme.scale_dtype) for p, m in matrices.items()}
+    elif layout.encoding == "q8":
+        quantized = {p: quantize_q8(m, layout.groups[p], scheme.scale_dtype) for p, m in matrices.items()}
+    else:
+        quantized = {p: _Bits(f32_to_bf16_bits(m)) for p, m in matrices.items()}
     for section in layout.sections:
         q = quantized[section.part]
-        array = {"packed": q.data, "scales": q.scales, "zeros": q.zeros}[section.kind]
+        array = {"packed": q.data, "data": q.data, "scales": q.scales, "zeros": q.zeros}[section.kind]
         blob[section.offset : section.offset + section.length] = np.ascontiguousarray(array).tobytes()
     return blob
 
 
 @dataclass
+class _Bits:
+    """bf16 bit patterns in the shape of a quantized matrix (no scales)."""
+
+    data: np.ndarray
+    scales: None = None
+    zeros: None = None
+
+
+@dataclass
 class ExpertBlob:
-    """Zero-copy views of one parsed blob. `packed[part]`: uint8 `[rows, cols/2]`, low nibble
-    = even column; `scales[part]` / `zeros[part]`: uint16 bit patterns of `scale_dtype`,
-    `[rows, cols/groups[part]]`; dequantized weight = `(nibble - 8) * scale (+ zero)`."""
+    """Zero-copy views of one parsed blob. For q4 (`encoding`, the default): `packed[part]`:
+    uint8 `[rows, cols/2]`, low nibble = even column; `scales[part]` / `zeros[part]`: uint16
+    bit patterns of `scale_dtype`, `[rows, cols/groups[part]]`; dequantized weight =
+    `(nibble - 8) * scale (+ zero)`. For q8: `data[part]` int8 `[rows, cols]` and `scales`;
+    for bf16: `data[part]` uint16 bf16 bit patterns `[rows, cols]`, no scales."""
 
     packed: dict[str, np.ndarray]
     scales: dict[str, np.ndarray]
     zeros: dict[str, np.ndarray] | None
     groups: dict[str, int]
     scale_dtype: str
+    encoding: str = "q4"
+    data: dict[str, np.ndarray] | None = None
 
     @classmethod
     def parse(cls, buffer, layout: ExpertBlobLayout, crc32: str | None = None, where: str = "expert blob") -> ExpertBlob:
@@ -61,11 +88,17 @@ class ExpertBlob:
         raw = raw[: layout.blob_length]
         if crc32 is not None and f"{zlib.crc32(raw) & 0xFFFFFFFF:08x}" != crc32:
             raise ChecksumError(f"{where}: checksum mismatch (CRC-32 {crc32} expected): the blob is corrupted")
-        views: dict[str, dict[str, np.ndarray]] = {"packed": {}, "scales": {}, "zeros": {}}
+        views: dict[str, dict[str, np.ndarray]] = {"packed": {}, "data": {}, "scales": {}, "zeros": {}}
+        data_dtype = np.int8 if layout.encoding == "q8" else np.dtype("<u2")
         for s in layout.sections:
             chunk = raw[s.offset : s.offset + s.length]
-            views[s.kind][s.part] = (chunk if s.kind == "packed" else chunk.view("<u2")).reshape(s.shape)
-        return cls(views["packed"], views["scales"], views["zeros"] or None, layout.groups, layout.scale_dtype)
+            if s.kind == "packed":
+                view = chunk
+            else:
+                view = chunk.view(data_dtype if s.kind == "data" else "<u2")
+            views[s.kind][s.part] = view.reshape(s.shape)
+        return cls(views["packed"], views["scales"], views["zeros"] or None, layout.groups, layout.scale_dtype,
+                   layout.encoding, views["data"] or None)
 
     def scales_f32(self, part: str) -> np.ndarray:
         return decode_half(self.scales[part], self.scale_dtype)
@@ -75,6 +108,11 @@ class ExpertBlob:
 
     def dequantize(self) -> dict[str, np.ndarray]:
         """fp32 `{"gate": [expert_dim, d], "up": [expert_dim, d], "down": [d, expert_dim]}`."""
+        if self.encoding == "bf16":
+            return {part: bf16_bits_to_f32(self.data[part]) for part in PARTS}
+        if self.encoding == "q8":
+            return {part: dequantize_q8(self.data[part], self.scales[part], self.groups[part], self.scale_dtype)
+                    for part in PARTS}
         return {
             part: dequantize_q4(
                 self.packed[part], self.scales[part], None if self.zeros is None else self.zeros[part],

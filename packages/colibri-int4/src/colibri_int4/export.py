@@ -3,9 +3,9 @@
 Memory: the layout depends only on config + scheme (layout.py), so every offset is known
 before any weight is read. We then read one resident tensor (or one expert's three matrices)
 at a time, quantize it, `pwrite` it at its final offset and drop it; the header (with the
-CRCs) is written last, at offset 0. Peak memory is about the largest resident tensor (the
-embedding: vocab x d fp32, 200 MB for nano) plus quantizer temporaries, independent of the
-number of experts; a Grande export fits a 16 GB machine. The file is written as `OUT.tmp` and
+CRCs) is written last, at offset 0. Large matrices (the embedding) are converted a block of rows
+at a time (`ROW_BLOCK_BYTES`), so peak memory is one expert or one block plus quantizer
+temporaries, independent of the number of experts and of the vocabulary. The file is written as `OUT.tmp` and
 renamed when complete, so an interrupted export never leaves a file that looks valid.
 
 No torch: bf16 checkpoints are widened to fp32 with numpy bit shifts (exact).
@@ -36,6 +36,7 @@ from .header import (
     ExpertIndex,
     RegionRef,
     TensorEntry,
+    TokenizerConfig,
     pack_preamble,
 )
 from .layout import PAGE, ContainerPlan, align, expert_tensor_names, plan_container
@@ -59,7 +60,8 @@ class ExportReport:
         return self.input_bytes / 1e6 / max(self.seconds, 1e-9)
 
 
-def _build_header(config: dict, scheme: QuantScheme, plan: ContainerPlan, crcs: dict) -> ContainerHeader:
+def _build_header(config: dict, scheme: QuantScheme, plan: ContainerPlan, crcs: dict,
+                  tokenizer_config: TokenizerConfig | None = None) -> ContainerHeader:
     tokenizer = None
     if plan.tokenizer_length:
         tokenizer = BlobRef(offset=plan.tokenizer_offset, length=plan.tokenizer_length,
@@ -75,21 +77,25 @@ def _build_header(config: dict, scheme: QuantScheme, plan: ContainerPlan, crcs: 
                     crc32=crcs.get((layer, expert), _PLACEHOLDER_CRC))
         for layer, expert, offset in plan.experts
     ]
-    return ContainerHeader(
+    header = ContainerHeader(
         container_version=f"{VERSION_MAJOR}.{VERSION_MINOR}", format_name=FORMAT_NAME, file_size=plan.file_size,
-        config=config, quantization=scheme, tokenizer=tokenizer,
+        config=config, quantization=scheme, tokenizer=tokenizer, tokenizer_config=tokenizer_config,
         resident=RegionRef(offset=plan.resident_offset, length=plan.resident_length),
         tensors=tensors, experts=ExpertIndex(blob_length=blob_length, entries=experts),
     )
+    if not header.uses_1_1():  # the lowest version that describes the file (FORMAT.md, Versioning)
+        header.container_version = f"{VERSION_MAJOR}.0"
+    return header
 
 
-def plan_with_header(config: dict, shape, scheme: QuantScheme, tokenizer_length: int) -> tuple[ContainerPlan, int]:
+def plan_with_header(config: dict, shape, scheme: QuantScheme, tokenizer_length: int,
+                     tokenizer_config: TokenizerConfig | None = None) -> tuple[ContainerPlan, int]:
     """The plan whose reserved header region fits the header JSON. CRCs are fixed-width hex, so
     the JSON length with placeholders equals the final one; two rounds converge."""
     header_end = PAGE
     while True:
         plan = plan_container(shape, scheme, header_end, tokenizer_length)
-        json_length = len(_build_header(config, scheme, plan, {}).to_json_bytes())
+        json_length = len(_build_header(config, scheme, plan, {}, tokenizer_config).to_json_bytes())
         if PREAMBLE_SIZE + json_length <= header_end:
             return plan, json_length
         header_end = align(PREAMBLE_SIZE + json_length)
@@ -115,15 +121,18 @@ class ContainerFileWriter:
             writer.crcs[name_or_(layer, expert)] = "%08x" % crc
     """
 
-    def __init__(self, out_path: str | os.PathLike, config: dict, scheme: QuantScheme, plan, json_length: int):
+    def __init__(self, out_path: str | os.PathLike, config: dict, scheme: QuantScheme, plan, json_length: int,
+                 tokenizer_config: TokenizerConfig | None = None):
         self.out_path = Path(out_path)
         self.tmp = self.out_path.with_name(self.out_path.name + ".tmp")
         self.config, self.scheme, self.plan, self.json_length = config, scheme, plan, json_length
+        self.tokenizer_config = tokenizer_config
         self.crcs: dict = {}
         self.fd = -1
 
     def __enter__(self) -> ContainerFileWriter:
-        self.fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        # read-write: write_body reads row-blocked tensors back for their CRC
+        self.fd = os.open(self.tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             os.ftruncate(self.fd, self.plan.file_size)
         except BaseException:
@@ -139,10 +148,12 @@ class ContainerFileWriter:
             self._abort()
             return
         try:
-            json_bytes = _build_header(self.config, self.scheme, self.plan, self.crcs).to_json_bytes()
+            header = _build_header(self.config, self.scheme, self.plan, self.crcs, self.tokenizer_config)
+            json_bytes = header.to_json_bytes()
             if len(json_bytes) != self.json_length:  # fixed-width CRCs make this impossible; guard anyway
                 raise RuntimeError("header length changed between planning and writing")
-            _pwrite_all(self.fd, pack_preamble(json_bytes) + json_bytes, 0)
+            minor = int(header.container_version.split(".")[1])
+            _pwrite_all(self.fd, pack_preamble(json_bytes, minor) + json_bytes, 0)
             os.fsync(self.fd)
         except BaseException:
             self._abort()
@@ -178,41 +189,112 @@ def export_checkpoint(
         input_bytes = sum(st.nbytes(name) for name in st.entries)
         with ContainerFileWriter(out_path, config, scheme, plan, json_length) as writer:
             bar = tqdm(total=input_bytes, unit="B", unit_scale=True, desc="export", disable=not progress)
-            writer.crcs.update(_write_body(writer.fd, st, plan, scheme, tokenizer, bar))
+            writer.crcs.update(write_body(writer.fd, _CheckpointTensors(st), plan, scheme, tokenizer, bar))
             bar.close()
     return ExportReport(out_path, plan.file_size, plan.resident_length, plan.expert_bytes, input_bytes,
                         time.perf_counter() - started)
 
 
-def _write_body(fd: int, st: SafetensorsFile, plan: ContainerPlan, scheme: QuantScheme, tokenizer: bytes, bar) -> dict:
+class _CheckpointTensors:
+    """A Colibri checkpoint's model.safetensors as a `write_body` source: names are already the
+    container's, routed experts stacked `[n_experts, out, in]`."""
+
+    def __init__(self, st: SafetensorsFile):
+        self.st = st
+
+    def read(self, name: str) -> tuple[np.ndarray, int]:
+        return self.st.read(name), self.st.nbytes(name)
+
+    def read_rows(self, name: str, start: int, stop: int) -> tuple[np.ndarray, int]:
+        rows = self.st.read_rows(name, start, stop)
+        return rows, self.st.nbytes(name) * rows.shape[0] // self.st.entries[name][1][0]
+
+    def read_expert(self, layer: int, expert: int) -> tuple[list[np.ndarray], int]:
+        names = expert_tensor_names(layer)
+        matrices = [self.st.read(names[part], index=expert) for part in ("gate", "up", "down")]
+        n_experts = self.st.entries[names["gate"]][1][0]
+        return matrices, sum(self.st.nbytes(names[part]) for part in ("gate", "up", "down")) // n_experts
+
+
+# fp32 bytes of a resident matrix converted at a time. The embedding of a 150k-token vocabulary is
+# 1.2 GB in fp32; converted whole it, not the weights, set the peak RAM of an export or import.
+ROW_BLOCK_BYTES = 32 << 20
+
+
+def _write_whole(fd: int, source, placed, scheme: QuantScheme) -> tuple[str, int]:
+    array, nbytes = source.read(placed.spec.name)
+    sections = encode_tensor(array, placed.spec.encoding, scheme)
+    del array
+    offset, crc = placed.offset, 0
+    for section in sections:
+        data = memoryview(np.ascontiguousarray(section)).cast("B")  # no copy
+        _pwrite_all(fd, data, offset)
+        crc, offset = zlib.crc32(data, crc), offset + len(data)
+    if offset - placed.offset != placed.length:
+        raise RuntimeError(f"{placed.spec.name}: wrote {offset - placed.offset} bytes, planned {placed.length}")
+    return f"{crc:08x}", nbytes
+
+
+def _write_in_row_blocks(fd: int, source, placed, scheme: QuantScheme) -> tuple[str, int]:
+    """Encode a large matrix a block of rows at a time. Every encoding is row-major section by
+    section (data | scales | zeros, FORMAT.md), so block rows [lo, hi) of section k go to
+    `section_start_k + lo * row_bytes_k`; the CRC is taken by reading the written range back
+    (the page cache serves it), since the sections are not written in file order."""
+    rows, cols = placed.spec.shape
+    step = max(1, ROW_BLOCK_BYTES // (4 * cols))
+    starts: list[int] | None = None
+    nbytes = 0
+    for lo in range(0, rows, step):
+        hi = min(rows, lo + step)
+        block, read = source.read_rows(placed.spec.name, lo, hi)
+        nbytes += read
+        sections = [np.ascontiguousarray(s) for s in encode_tensor(block, placed.spec.encoding, scheme)]
+        del block
+        row_bytes = [s.nbytes // (hi - lo) for s in sections]
+        if starts is None:
+            starts = [placed.offset + sum(r * rows for r in row_bytes[:k]) for k in range(len(sections))]
+        for start, per_row, section in zip(starts, row_bytes, sections, strict=True):
+            _pwrite_all(fd, memoryview(section).cast("B"), start + lo * per_row)
+    total = sum(r * rows for r in row_bytes)
+    if total != placed.length:
+        raise RuntimeError(f"{placed.spec.name}: wrote {total} bytes, planned {placed.length}")
+    crc, done = 0, 0
+    while done < total:
+        chunk = os.pread(fd, min(ROW_BLOCK_BYTES, total - done), placed.offset + done)
+        crc, done = zlib.crc32(chunk, crc), done + len(chunk)
+    return f"{crc:08x}", nbytes
+
+
+def write_body(fd: int, source, plan: ContainerPlan, scheme: QuantScheme, tokenizer: bytes, bar) -> dict:
+    """Write the tokenizer, every resident tensor and every expert blob at their planned offsets,
+    one tensor (or one expert) in memory at a time; returns their CRCs for the header.
+
+    `source.read(name) -> (fp32 array, bytes read)` gives a resident tensor by its container name,
+    `source.read_rows(name, start, stop) -> (fp32 rows, bytes read)` a block of a large matrix's rows (so the
+    peak stays at `ROW_BLOCK_BYTES`, whatever the vocabulary), and
+    `source.read_expert(layer, expert) -> ([gate, up, down], bytes read)` one routed expert. The
+    export reads a Colibri checkpoint this way; `import_hf` a Hugging Face one."""
     crcs: dict = {}
     if tokenizer:
         _pwrite_all(fd, tokenizer, plan.tokenizer_offset)
         crcs["tokenizer"] = f"{zlib.crc32(tokenizer):08x}"
     for placed in plan.tensors:
-        name = placed.spec.name
+        name, dims = placed.spec.name, placed.spec.shape
         try:
-            sections = encode_tensor(st.read(name), placed.spec.encoding, scheme)
+            if len(dims) == 2 and 4 * dims[0] * dims[1] > ROW_BLOCK_BYTES:
+                crcs[name], nbytes = _write_in_row_blocks(fd, source, placed, scheme)
+            else:
+                crcs[name], nbytes = _write_whole(fd, source, placed, scheme)
         except ValueError as exc:
             raise CheckpointError(f"tensor '{name}': {exc}") from None
-        offset, crc = placed.offset, 0
-        for section in sections:
-            data = memoryview(np.ascontiguousarray(section)).cast("B")  # no copy
-            _pwrite_all(fd, data, offset)
-            crc, offset = zlib.crc32(data, crc), offset + len(data)
-        if offset - placed.offset != placed.length:
-            raise RuntimeError(f"{name}: wrote {offset - placed.offset} bytes, planned {placed.length}")
-        crcs[name] = f"{crc:08x}"
-        bar.update(st.nbytes(name))
+        bar.update(nbytes)
     for layer, expert, offset in plan.experts:
-        names = expert_tensor_names(layer)
-        matrices = [st.read(names[part], index=expert) for part in ("gate", "up", "down")]
+        matrices, nbytes = source.read_expert(layer, expert)
         try:
             blob = encode_expert_blob(*matrices, plan.blob, scheme)
         except ValueError as exc:
             raise CheckpointError(f"routed expert (layer {layer}, expert {expert}): {exc}") from None
         _pwrite_all(fd, blob, offset)
         crcs[(layer, expert)] = f"{zlib.crc32(blob):08x}"
-        n_experts = st.entries[names["gate"]][1][0]
-        bar.update(sum(st.nbytes(names[part]) for part in ("gate", "up", "down")) // n_experts)
+        bar.update(nbytes)
     return crcs

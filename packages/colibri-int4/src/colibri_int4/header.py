@@ -31,7 +31,7 @@ from .scheme import QuantScheme
 
 MAGIC = b"\x89COLI4\r\n"
 FORMAT_NAME = "colibri-int4"
-VERSION_MAJOR, VERSION_MINOR = 1, 0
+VERSION_MAJOR, VERSION_MINOR = 1, 1
 PREAMBLE = struct.Struct("<8sHHIQII")
 PREAMBLE_SIZE = PREAMBLE.size  # 32
 MAX_JSON_LENGTH = 64 << 20
@@ -76,6 +76,19 @@ class ExpertIndex(_Strict):
     entries: list[ExpertEntry]
 
 
+class TokenizerConfig(_Strict):
+    """What a runtime needs beside tokenizer.json to talk to the model (format 1.1): the chat
+    template (a Jinja string, as Hugging Face tokenizers carry it), the special tokens by text
+    and the ids that end a generation."""
+
+    chat_template: str | None = Field(None, max_length=1 << 20)
+    bos_token: str | None = Field(None, max_length=256)
+    eos_token: str | None = Field(None, max_length=256)
+    pad_token: str | None = Field(None, max_length=256)
+    eos_token_ids: list[int] = Field(default_factory=list, max_length=64)
+    add_bos_token: bool = False
+
+
 class ContainerHeader(_Strict):
     """The header JSON (FORMAT.md). `config` is the checkpoint's config.json, verbatim."""
 
@@ -85,16 +98,27 @@ class ContainerHeader(_Strict):
     config: dict
     quantization: QuantScheme
     tokenizer: BlobRef | None = None
+    tokenizer_config: TokenizerConfig | None = None  # since 1.1
     resident: RegionRef
     tensors: list[TensorEntry]
     experts: ExpertIndex
 
+    def uses_1_1(self) -> bool:
+        return self.tokenizer_config is not None or self.quantization.expert_dtype != "int4"
+
     def to_json_bytes(self) -> bytes:
-        return json.dumps(self.model_dump(mode="json"), separators=(",", ":")).encode("utf-8")
+        """The JSON a writer stores. 1.1 keys are written only when used, so a container
+        without 1.1 features is byte-identical to what a 1.0 writer made (and labelled 1.0)."""
+        data = self.model_dump(mode="json")
+        if data["tokenizer_config"] is None:
+            del data["tokenizer_config"]
+        if data["quantization"]["expert_dtype"] == "int4":
+            del data["quantization"]["expert_dtype"]
+        return json.dumps(data, separators=(",", ":")).encode("utf-8")
 
 
-def pack_preamble(json_bytes: bytes) -> bytes:
-    head = PREAMBLE.pack(MAGIC, VERSION_MAJOR, VERSION_MINOR, 0, len(json_bytes), zlib.crc32(json_bytes), 0)
+def pack_preamble(json_bytes: bytes, minor: int = VERSION_MINOR) -> bytes:
+    head = PREAMBLE.pack(MAGIC, VERSION_MAJOR, minor, 0, len(json_bytes), zlib.crc32(json_bytes), 0)
     return head[:28] + struct.pack("<I", zlib.crc32(head[:28]))
 
 

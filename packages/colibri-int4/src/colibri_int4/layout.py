@@ -38,6 +38,11 @@ class ModelShape(BaseModel):
     n_kv_heads: int = Field(ge=1, le=4096)
     head_dim: int = Field(ge=1, le=4096)
     qk_norm: bool
+    # config schema 1.1 (CHECKPOINT.md); the defaults are what a 1.0 config means
+    qk_norm_scope: Literal["head", "projection"] = "head"
+    qkv_bias: bool = False
+    shared_expert_gate: bool = False
+    selection_bias: bool = True
     dense_ffn_dim: int = Field(ge=0, le=1 << 20)
     n_experts: int = Field(ge=0, le=4096)
     expert_dim: int = Field(ge=0, le=1 << 20)
@@ -80,13 +85,15 @@ def checkpoint_tensor_shapes(shape: ModelShape) -> dict[str, tuple[int, ...]]:
     for i in range(shape.n_layers):
         p = f"layers.{i}."
         out[p + "attn_norm.weight"] = (d,)
-        out[p + "attn.q_proj.weight"] = (q_dim, d)
-        out[p + "attn.k_proj.weight"] = (kv_dim, d)
-        out[p + "attn.v_proj.weight"] = (kv_dim, d)
+        for proj, rows in (("q", q_dim), ("k", kv_dim), ("v", kv_dim)):
+            out[p + f"attn.{proj}_proj.weight"] = (rows, d)
+            if shape.qkv_bias:
+                out[p + f"attn.{proj}_proj.bias"] = (rows,)
         out[p + "attn.o_proj.weight"] = (d, q_dim)
         if shape.qk_norm:
-            out[p + "attn.q_norm.weight"] = (shape.head_dim,)
-            out[p + "attn.k_norm.weight"] = (shape.head_dim,)
+            projection = shape.qk_norm_scope == "projection"
+            out[p + "attn.q_norm.weight"] = (q_dim if projection else shape.head_dim,)
+            out[p + "attn.k_norm.weight"] = (kv_dim if projection else shape.head_dim,)
         out[p + "ffn_norm.weight"] = (d,)
         if i < shape.n_dense_layers:
             out[p + "ffn.gate_proj.weight"] = (shape.dense_ffn_dim, d)
@@ -94,11 +101,14 @@ def checkpoint_tensor_shapes(shape: ModelShape) -> dict[str, tuple[int, ...]]:
             out[p + "ffn.down_proj.weight"] = (d, shape.dense_ffn_dim)
             continue
         out[p + "moe.router.weight"] = (shape.n_experts, d)
-        out[p + "moe.router.expert_bias"] = (shape.n_experts,)
+        if shape.selection_bias:
+            out[p + "moe.router.expert_bias"] = (shape.n_experts,)
         if shape.shared_expert_dim > 0:
             out[p + "moe.shared.gate_proj.weight"] = (shape.shared_expert_dim, d)
             out[p + "moe.shared.up_proj.weight"] = (shape.shared_expert_dim, d)
             out[p + "moe.shared.down_proj.weight"] = (d, shape.shared_expert_dim)
+            if shape.shared_expert_gate:
+                out[p + "moe.shared_gate.weight"] = (1, d)
         names = expert_tensor_names(i)
         out[names["gate"]] = (shape.n_experts, shape.expert_dim, d)
         out[names["up"]] = (shape.n_experts, shape.expert_dim, d)
@@ -113,7 +123,7 @@ def resident_encoding(name: str, ndim: int, scheme: QuantScheme) -> Encoding:
     """The encoding FORMAT.md assigns to a resident tensor."""
     if ndim == 1:
         return "f32"
-    if name.endswith("moe.router.weight"):
+    if name.endswith(("moe.router.weight", "moe.shared_gate.weight")):  # gates: tiny, decisive
         return "bf16"
     dtype: ResidentDtype = scheme.embed_dtype if name in ("embed.weight", "lm_head.weight") else scheme.resident_dtype
     return _ENCODING_OF_DTYPE[dtype]
@@ -164,7 +174,8 @@ def check_groupable(encoding: Encoding, dims: tuple[int, ...], scheme: QuantSche
 
 @dataclass(frozen=True)
 class BlobSection:
-    """One array inside an expert blob: `kind` is "packed", "scales" or "zeros"."""
+    """One array inside an expert blob: `kind` is "packed" (q4 nibbles), "data" (q8 int8 or
+    bf16 bits), "scales" or "zeros"."""
 
     part: str
     kind: str
@@ -173,42 +184,58 @@ class BlobSection:
     shape: tuple[int, int]
 
 
+_EXPERT_ENCODING: dict[str, Encoding] = {"int4": "q4", "int8": "q8", "bf16": "bf16"}
+
+
 @dataclass(frozen=True)
 class ExpertBlobLayout:
-    """Byte layout of one routed-expert blob (identical for every expert of a container)."""
+    """Byte layout of one routed-expert blob (identical for every expert of a container).
+    `encoding` is the scheme's `expert_dtype` as an encoding: "q4" (the default), "q8" or "bf16"
+    (FORMAT.md, Routed-expert blob)."""
 
     sections: tuple[BlobSection, ...]
     payload_length: int
     blob_length: int
-    groups: dict[str, int]  # effective group size per part (see effective_group)
+    groups: dict[str, int]  # effective group size per part (see effective_group); 0 for bf16
     symmetric: bool
     scale_dtype: str
     weights_per_expert: int
+    encoding: Encoding = "q4"
 
     @classmethod
     def build(cls, shape: ModelShape, scheme: QuantScheme) -> ExpertBlobLayout:
+        encoding = _EXPERT_ENCODING[scheme.expert_dtype]
         mats = {
             "gate": (shape.expert_dim, shape.d_model),
             "up": (shape.expert_dim, shape.d_model),
             "down": (shape.d_model, shape.expert_dim),
         }
         for part, dims in mats.items():
-            reason = check_groupable("q4", dims, scheme)
+            reason = check_groupable(encoding, dims, scheme)
             if reason:
                 raise ValueError(f"routed expert {part}_proj: {reason}")
-        groups = {part: effective_group(cols, scheme.group_size) for part, (_, cols) in mats.items()}
+        grouped = encoding != "bf16"
+        groups = {part: effective_group(cols, scheme.group_size) if grouped else 0 for part, (_, cols) in mats.items()}
         sections: list[BlobSection] = []
         cursor = 0
-        kinds = ["packed", "scales"] + ([] if scheme.symmetric else ["zeros"])
+        if encoding == "q4":
+            kinds = ["packed", "scales"] + ([] if scheme.symmetric else ["zeros"])
+        else:  # q8 is always symmetric; bf16 has no scales
+            kinds = ["data", "scales"] if grouped else ["data"]
         for kind in kinds:
             for part, (rows, cols) in mats.items():
-                dims = (rows, cols // 2) if kind == "packed" else (rows, cols // groups[part])
-                length = dims[0] * dims[1] * (1 if kind == "packed" else 2)
+                if kind == "packed":
+                    dims, itemsize = (rows, cols // 2), 1
+                elif kind == "data":
+                    dims, itemsize = (rows, cols), 1 if encoding == "q8" else 2
+                else:
+                    dims, itemsize = (rows, cols // groups[part]), 2
+                length = dims[0] * dims[1] * itemsize
                 sections.append(BlobSection(part, kind, cursor, length, dims))
                 cursor += length
         weights = sum(r * c for r, c in mats.values())
-        return cls(tuple(sections), cursor, align(cursor), groups, scheme.symmetric,
-                   scheme.scale_dtype, weights)
+        return cls(tuple(sections), cursor, align(cursor), groups, scheme.symmetric or encoding != "q4",
+                   scheme.scale_dtype, weights, encoding)
 
 
 @dataclass(frozen=True)

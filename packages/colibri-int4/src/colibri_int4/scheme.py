@@ -19,8 +19,10 @@ GROUP_SIZES = (32, 64, 128)
 
 class QuantScheme(BaseModel):
     """How weights are quantized. `resident_dtype` applies to attention, dense FFN and shared
-    experts; `embed_dtype` to `embed.weight` and `lm_head.weight`; routed experts are always
-    group-wise int4."""
+    experts; `embed_dtype` to `embed.weight` and `lm_head.weight`; `expert_dtype` (format 1.1)
+    to the routed experts: group-wise int4 (the default, and all that 1.0 knew), group-wise
+    symmetric int8, or bf16 (lossless for a bf16 checkpoint: the reference an int4 container
+    is compared with)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -30,9 +32,14 @@ class QuantScheme(BaseModel):
     scale_dtype: ScaleDtype = "bf16"
     resident_dtype: ResidentDtype = "int8"
     embed_dtype: ResidentDtype = "bf16"
+    expert_dtype: ResidentDtype = "int4"
 
     def expert_bits_per_weight(self) -> float:
         """Bits per routed-expert weight before blob padding: nibble + scale (+ zero) per group."""
+        if self.expert_dtype == "bf16":
+            return 16.0
+        if self.expert_dtype == "int8":
+            return 8 + 16 / self.group_size
         per_group = 16 * (1 if self.symmetric else 2)
         return self.bits + per_group / self.group_size
 

@@ -13,7 +13,7 @@ from .checkpoint import (
     read_config,
     save_checkpoint,
 )
-from .config import PRESETS, ColibriConfig, ConfigError, count_params, get_preset
+from .config import PRESETS, ColibriConfig, ConfigError, RopeScaling, count_params, get_preset
 from .experts import ExpertBackend, GroupedExperts
 from .layers import KVCache
 from .model import CausalLMOutput, ColibriForCausalLM
@@ -34,6 +34,7 @@ __all__ = [
     "CheckpointFormatError",
     "ColibriConfig",
     "ColibriForCausalLM",
+    "RopeScaling",
     "ConfigError",
     "ExpertBackend",
     "ExpertBiasBalancer",

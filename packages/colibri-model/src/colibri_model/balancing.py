@@ -72,7 +72,8 @@ class ExpertBiasBalancer:
             routed = (counts.sum(dim=1, keepdim=True) > 0).to(counts.dtype)
             delta = self.gamma * torch.sign(counts.mean(dim=1, keepdim=True) - counts) * routed
             for layer, layer_delta in zip(layers, delta):
-                layer.router.expert_bias += layer_delta
+                if layer.router.expert_bias is not None:  # imported softmax routers have no bias
+                    layer.router.expert_bias += layer_delta
         for layer in layers:
             layer.router.tokens_per_expert.zero_()
         self._last_counts, self._last_stats = counts, None

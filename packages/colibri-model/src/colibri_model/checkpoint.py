@@ -41,7 +41,7 @@ MODEL_TYPE = "colibri"
 def checkpoint_config_dict(config: ColibriConfig) -> dict:
     """The config.json object of a checkpoint of `config` (CHECKPOINT.md): the config's fields
     plus `format_version` and `model_type`. `parse_checkpoint_config` reads it back."""
-    return {"format_version": FORMAT_VERSION, "model_type": MODEL_TYPE, **config.model_dump()}
+    return {"format_version": FORMAT_VERSION, "model_type": MODEL_TYPE, **config.to_dict()}
 
 
 def config_to_checkpoint_json(config: ColibriConfig) -> str:
@@ -149,7 +149,7 @@ def load_tensors(path: str | os.PathLike, dtype: torch.dtype | None = None) -> t
         tensors = {}
         for name in f.keys():
             view = f.get_tensor(name)
-            target = held_dtype(view.shape, dtype) if dtype is not None and view.is_floating_point() else view.dtype
+            target = held_dtype(view.shape, dtype, name) if dtype is not None and view.is_floating_point() else view.dtype
             tensors[name] = view.to(target) if view.dtype != target else view.clone()
     return tensors, metadata
 
@@ -189,7 +189,8 @@ def load_checkpoint(path: str | os.PathLike, dtype: torch.dtype | None = None, d
     # Buffers that are not saved (token counters) must be materialised off the meta device.
     for layer in model.moe_layers():
         layer.router.tokens_per_expert = torch.zeros(config.n_experts, dtype=torch.float32)
-        layer.router.expert_bias = layer.router.expert_bias.float()
+        if layer.router.expert_bias is not None:
+            layer.router.expert_bias = layer.router.expert_bias.float()
     if device is not None:
         model.to(device)
     return model

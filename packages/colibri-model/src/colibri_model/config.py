@@ -23,17 +23,69 @@ import json
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
-SCHEMA_VERSION = "1.0"
+SCHEMA_VERSION = "1.1"
+# Schema 1.1 added these fields (architecture variants of imported checkpoints). At these values
+# a config is exactly what 1.0 described, and `to_dict` writes it as 1.0 did (no new keys,
+# schema_version "1.0"), so every existing checkpoint, preset and config hash stays byte-identical
+# and a 1.0 reader still reads it.
+V1_1_DEFAULTS: dict = {
+    "selection_bias": True,
+    "shared_expert_gate": False,
+    "qk_norm_scope": "head",
+    "qkv_bias": False,
+    "rope_scaling": None,
+}
 
 
 class ConfigError(ValueError):
     """An invalid model configuration; the message names the offending field."""
 
 
+_JSON_OBJECT = TypeAdapter(dict)
+
+
+class RopeScaling(BaseModel):
+    """Rotary frequency scaling for a longer context than the model was pre-trained on.
+
+    - "linear": every frequency divided by `factor` (position interpolation).
+    - "llama3": Llama 3.1's rule: wavelengths below `original_max_seq_len / high_freq_factor`
+      unchanged, above `original_max_seq_len / low_freq_factor` divided by `factor`, a smooth
+      interpolation between.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["linear", "llama3"]
+    factor: float = Field(gt=0)
+    low_freq_factor: float | None = Field(None, gt=0)
+    high_freq_factor: float | None = Field(None, gt=0)
+    original_max_seq_len: int | None = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _check_kind(self) -> RopeScaling:
+        llama3 = (self.low_freq_factor, self.high_freq_factor, self.original_max_seq_len)
+        if self.kind == "llama3":
+            if None in llama3:
+                raise ValueError("rope_scaling: llama3 needs low_freq_factor, high_freq_factor, original_max_seq_len")
+            if self.high_freq_factor <= self.low_freq_factor:
+                raise ValueError("rope_scaling: high_freq_factor must exceed low_freq_factor")
+        elif any(v is not None for v in llama3):
+            raise ValueError(f"rope_scaling: {self.kind} takes only factor")
+        return self
+
+
 class ColibriConfig(BaseModel):
-    """Hyper-parameters of a Colibri model (decoder-only, GQA + QK-norm, sigmoid-routed MoE)."""
+    """Hyper-parameters of a Colibri model: a decoder-only transformer with GQA and, after
+    `n_dense_layers` dense layers, MoE layers.
+
+    The defaults are Colibri's own design (QK-norm per head, sigmoid router with a selection
+    bias); the other values describe imported checkpoints (colibri-int4 `import-hf`): a softmax
+    router without bias (Qwen-MoE, OLMoE, Mixtral), a sigmoid-gated shared expert (Qwen2-MoE),
+    QK-norm over the whole projection (OLMoE), q/k/v biases (Qwen2-MoE), RoPE scaling, and an
+    all-dense model (`n_dense_layers == n_layers`, `n_experts = 0`: Llama, SmolLM2).
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -48,17 +100,26 @@ class ColibriConfig(BaseModel):
     n_kv_heads: int = Field(gt=0)
     head_dim: int = Field(gt=0)
     qk_norm: bool = True
+    # "head": RMSNorm over head_dim, one weight shared by every head (Qwen3, Colibri);
+    # "projection": RMSNorm over the whole q (n_heads*head_dim) and k projection (OLMoE).
+    qk_norm_scope: Literal["head", "projection"] = "head"
+    qkv_bias: bool = False  # biases on q_proj, k_proj, v_proj (Qwen2-MoE); o_proj never has one
     rope_theta: float = Field(10000.0, gt=0)
+    rope_scaling: RopeScaling | None = None
     max_seq_len: int = Field(2048, gt=0)
     dense_ffn_dim: int = Field(gt=0)
 
-    n_experts: int = Field(gt=0)
-    expert_dim: int = Field(gt=0)
+    n_experts: int = Field(ge=0)  # 0 only for an all-dense model
+    expert_dim: int = Field(ge=0)
     top_k_train: int = Field(2, gt=0)
     top_k_infer: int = Field(1, gt=0)
     shared_expert_dim: int = Field(0, ge=0)
+    shared_expert_gate: bool = False  # shared expert output scaled by sigmoid(x . w_gate) (Qwen2-MoE)
 
-    router_score: Literal["sigmoid"] = "sigmoid"
+    router_score: Literal["sigmoid", "softmax"] = "sigmoid"  # softmax: over all experts, fp32
+    # The per-expert bias that only chooses the top-k (aux-loss-free balancing). Imported softmax
+    # routers were trained without one: they have no `expert_bias` tensor at all.
+    selection_bias: bool = True
     route_norm: bool = True
     route_scale: float = Field(1.0, gt=0)
     bias_update_gamma: float = Field(1e-3, ge=0)
@@ -86,12 +147,25 @@ class ColibriConfig(BaseModel):
             raise ValueError(
                 f"n_dense_layers: {self.n_dense_layers} dense layers exceed n_layers={self.n_layers}"
             )
+        # schema_version always names the lowest schema that describes this config (what
+        # `to_dict` writes), so a config equals itself read back from its JSON.
+        object.__setattr__(self, "schema_version", SCHEMA_VERSION if self._uses_1_1() else "1.0")
+        if self.n_moe_layers == 0:
+            return self  # all dense: the routing fields describe nothing
+        for field in ("n_experts", "expert_dim"):
+            if getattr(self, field) == 0:
+                raise ValueError(f"{field}: must be > 0 when there are MoE layers (n_dense_layers < n_layers)")
         for field in ("top_k_train", "top_k_infer"):
             if getattr(self, field) > self.n_experts:
                 raise ValueError(
                     f"{field}: top_k={getattr(self, field)} exceeds n_experts={self.n_experts}"
                 )
         return self
+
+    def _uses_1_1(self) -> bool:
+        if self.router_score != "sigmoid" or self.n_experts == 0:
+            return True
+        return any(getattr(self, key) != default for key, default in V1_1_DEFAULTS.items())
 
     # --- derived shapes -------------------------------------------------------------------
     @property
@@ -102,8 +176,17 @@ class ColibriConfig(BaseModel):
         return layer >= self.n_dense_layers
 
     # --- JSON round trip ------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        """The JSON object of this config, written at the lowest schema that describes it: a
+        config that uses no 1.1 feature comes out exactly as schema 1.0 wrote it."""
+        data = self.model_dump(mode="json")
+        if self.schema_version == "1.0":
+            for key in V1_1_DEFAULTS:
+                del data[key]
+        return data
+
     def to_json(self) -> str:
-        return self.model_dump_json(indent=2)
+        return _JSON_OBJECT.dump_json(self.to_dict(), indent=2).decode()  # pydantic's formatting, as 1.0 wrote
 
     @classmethod
     def from_json(cls, text: str) -> ColibriConfig:
@@ -177,11 +260,13 @@ def count_params(config: ColibriConfig) -> dict[str, int]:
     """
     d, hd = config.d_model, config.head_dim
     attn = d * config.n_heads * hd * 2 + d * config.n_kv_heads * hd * 2  # q, o + k, v
-    attn += 2 * hd if config.qk_norm else 0
+    if config.qk_norm:
+        attn += 2 * hd if config.qk_norm_scope == "head" else (config.n_heads + config.n_kv_heads) * hd
+    attn += (config.n_heads + 2 * config.n_kv_heads) * hd if config.qkv_bias else 0
     norms_per_layer = 2 * d
     dense_ffn = 3 * d * config.dense_ffn_dim
     expert = 3 * d * config.expert_dim
-    shared = 3 * d * config.shared_expert_dim
+    shared = 3 * d * config.shared_expert_dim + (d if config.shared_expert_gate else 0)
     router = config.n_experts * d
     head = config.vocab_size * d
 

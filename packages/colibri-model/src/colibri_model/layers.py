@@ -1,17 +1,23 @@
 """Dense building blocks: RMSNorm, rotary embeddings, grouped-query attention with QK-norm and a
 KV cache, and the SwiGLU feed-forward used by the dense layers and the shared expert.
 
+Variants of imported checkpoints are configuration here (ColibriConfig): QK-norm per head or
+over the whole projection, q/k/v biases, RoPE scaling ("linear", "llama3"; `rope_inv_freq`).
+
 The math is specified in CHECKPOINT.md; colibri-stream runs these same modules (it only swaps
 the routed experts), so there is exactly one definition of attention and norms.
 """
 
 from __future__ import annotations
 
+import functools
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import ColibriConfig
+from .config import ColibriConfig, RopeScaling
 
 
 class RMSNorm(nn.Module):
@@ -28,6 +34,37 @@ class RMSNorm(nn.Module):
         return (xf * self.weight.float()).to(x.dtype)
 
 
+def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None, device=None) -> torch.Tensor:
+    """fp64 inverse frequencies `theta^(-2j/head_dim)`, j < head_dim/2, after `scaling`."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float64) / head_dim))
+    if scaling is None:
+        return inv_freq
+    if scaling.kind == "linear":
+        return inv_freq / scaling.factor
+    # llama3: keep short wavelengths, stretch long ones by `factor`, blend the band between.
+    low_wavelen = scaling.original_max_seq_len / scaling.low_freq_factor
+    high_wavelen = scaling.original_max_seq_len / scaling.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    smooth = (scaling.original_max_seq_len / wavelen - scaling.low_freq_factor) / (
+        scaling.high_freq_factor - scaling.low_freq_factor
+    )
+    blended = (1 - smooth) * inv_freq / scaling.factor + smooth * inv_freq
+    out = torch.where(wavelen > low_wavelen, inv_freq / scaling.factor, inv_freq)
+    return torch.where((wavelen >= high_wavelen) & (wavelen <= low_wavelen), blended, out)
+
+
+@functools.lru_cache(maxsize=16)
+def _rope_tables(head_dim: int, theta: float, scaling: RopeScaling | None, size: int,
+                 device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 cos/sin tables [size, head_dim], built once and shared by every layer (and model) of the
+    same rope: an imported model with a 40,960-token max_seq_len would otherwise hold one 42 MB pair
+    per layer."""
+    inv_freq = rope_inv_freq(head_dim, theta, scaling, device)
+    angles = torch.outer(torch.arange(size, device=device, dtype=torch.float64), inv_freq)
+    angles = torch.cat([angles, angles], dim=-1)
+    return angles.cos().float(), angles.sin().float()
+
+
 class RotaryEmbedding(nn.Module):
     """Rotate-half RoPE over fp32 tables of `max_len` positions (the config's max_seq_len).
 
@@ -39,24 +76,19 @@ class RotaryEmbedding(nn.Module):
     block always finds the tables ready. Positions past the table raise an index error.
     """
 
-    def __init__(self, head_dim: int, theta: float, max_len: int = 2048):
+    def __init__(self, head_dim: int, theta: float, max_len: int = 2048, scaling: RopeScaling | None = None):
         super().__init__()
         self.head_dim = head_dim
         self.theta = theta
         self.max_len = max_len
+        self.scaling = scaling
         self._cos: torch.Tensor | None = None
         self._sin: torch.Tensor | None = None
 
     def ensure(self, length: int, device: torch.device) -> None:
         if self._cos is not None and self._cos.shape[0] >= length and self._cos.device == device:
             return
-        size = max(length, self.max_len)
-        inv_freq = 1.0 / (
-            self.theta ** (torch.arange(0, self.head_dim, 2, device=device, dtype=torch.float64) / self.head_dim)
-        )
-        angles = torch.outer(torch.arange(size, device=device, dtype=torch.float64), inv_freq)
-        angles = torch.cat([angles, angles], dim=-1)
-        self._cos, self._sin = angles.cos().float(), angles.sin().float()
+        self._cos, self._sin = _rope_tables(self.head_dim, self.theta, self.scaling, max(length, self.max_len), device)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """x: [B, H, T, D]; positions: [T] absolute positions of the T tokens (< the table length)."""
@@ -91,30 +123,38 @@ class KVCache:
 
 
 class Attention(nn.Module):
-    """Grouped-query attention with per-head QK-norm, RoPE and SDPA (`enable_gqa`)."""
+    """Grouped-query attention with QK-norm (per head, or over the projection), RoPE and SDPA
+    (`enable_gqa`)."""
 
     def __init__(self, config: ColibriConfig, layer_index: int):
         super().__init__()
         self.layer_index = layer_index
         self.n_heads, self.n_kv_heads, self.head_dim = config.n_heads, config.n_kv_heads, config.head_dim
         d = config.d_model
-        self.q_proj = nn.Linear(d, self.n_heads * self.head_dim, bias=False)
-        self.k_proj = nn.Linear(d, self.n_kv_heads * self.head_dim, bias=False)
-        self.v_proj = nn.Linear(d, self.n_kv_heads * self.head_dim, bias=False)
+        bias = config.qkv_bias
+        self.q_proj = nn.Linear(d, self.n_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(d, self.n_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(d, self.n_kv_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, d, bias=False)
+        # "projection" (OLMoE): one RMSNorm over all heads' q (and k) before the head split.
+        self.norm_projection = config.qk_norm and config.qk_norm_scope == "projection"
         if config.qk_norm:
-            self.q_norm = RMSNorm(self.head_dim, config.norm_eps)
-            self.k_norm = RMSNorm(self.head_dim, config.norm_eps)
+            per_q, per_k = (self.n_heads, self.n_kv_heads) if self.norm_projection else (1, 1)
+            self.q_norm = RMSNorm(per_q * self.head_dim, config.norm_eps)
+            self.k_norm = RMSNorm(per_k * self.head_dim, config.norm_eps)
         else:
             self.q_norm = self.k_norm = None
-        self.rope = RotaryEmbedding(self.head_dim, config.rope_theta, config.max_seq_len)
+        self.rope = RotaryEmbedding(self.head_dim, config.rope_theta, config.max_seq_len, config.rope_scaling)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
         B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim)
-        k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim)
+        q, k = self.q_proj(x), self.k_proj(x)
+        if self.norm_projection:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = q.view(B, T, self.n_heads, self.head_dim)
+        k = k.view(B, T, self.n_kv_heads, self.head_dim)
         v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim)
-        if self.q_norm is not None:
+        if self.q_norm is not None and not self.norm_projection:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H, T, D]
         q, k = self.rope(q, positions), self.rope(k, positions)

@@ -110,6 +110,8 @@ class ColibriForCausalLM(nn.Module):
             if isinstance(module, nn.Linear):
                 is_output = name.endswith(("o_proj", "down_proj"))
                 nn.init.normal_(module.weight, std=out_std if is_output else std)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
             elif isinstance(module, nn.Embedding):
                 nn.init.normal_(module.weight, std=std)
             elif isinstance(module, RMSNorm):
@@ -118,7 +120,8 @@ class ColibriForCausalLM(nn.Module):
                 module.reset_parameters(std, out_std)
         for layer in self.moe_layers():
             nn.init.normal_(layer.router.weight, std=std)
-            layer.router.expert_bias.zero_()
+            if layer.router.expert_bias is not None:
+                layer.router.expert_bias.zero_()
 
     # --- structure ----------------------------------------------------------------------------
     def moe_layers(self) -> list[MoELayer]:

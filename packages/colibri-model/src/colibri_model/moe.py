@@ -25,6 +25,9 @@ class MoELayer(nn.Module):
         self.aux_loss_alpha = config.aux_loss_alpha
         self.router = Router(config)
         self.shared = SwiGLU(config.d_model, config.shared_expert_dim) if config.shared_expert_dim else None
+        # Qwen2-MoE scales the shared expert per token by sigmoid(x . w): a [1, d] projection.
+        gated = config.shared_expert_gate and self.shared is not None
+        self.shared_gate = nn.Linear(config.d_model, 1, bias=False) if gated else None
         self.experts = experts if experts is not None else GroupedExperts(
             config.n_experts, config.d_model, config.expert_dim
         )
@@ -50,6 +53,8 @@ class MoELayer(nn.Module):
         # and predicts the next layer's experts from `h + shared(x)` while the routed experts
         # are fetched and computed (colibri-stream, prefetch.py).
         shared_out = self.shared(flat) if self.shared is not None else None
+        if self.shared_gate is not None:
+            shared_out = torch.sigmoid(self.shared_gate(flat)) * shared_out
         out = self.experts(flat, expert_ids, gates)
         if shared_out is not None:
             out = out + shared_out

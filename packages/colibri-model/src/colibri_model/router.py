@@ -5,6 +5,12 @@
   output, so it carries no gradient and can be nudged freely by the balancer (balancing.py);
 - gate weights are the chosen raw scores, divided by their sum (route_norm), times route_scale.
 
+Imported checkpoints configure the same router differently (ColibriConfig): `router_score =
+"softmax"` scores with a softmax over all experts (fp32, Qwen-MoE / OLMoE / Mixtral), and
+`selection_bias = False` removes the bias (those routers were trained without one). Mixtral's
+"softmax over the top-k logits" is the same as softmax over all, top-k, renormalised
+(route_norm): the softmax's denominator cancels.
+
 NOTE: with route_norm at top_k=1 the gate is s/s = 1 for every token, so the LM loss sends the
 router no gradient at all: the router only learns at top_k >= 2. That is NanoColibri's lesson
 (train at top-2, serve at top-1) and a regression test. The normalisation runs in fp64 so that
@@ -38,9 +44,11 @@ class Router(nn.Module):
         self.n_experts = config.n_experts
         self.route_norm = config.route_norm
         self.route_scale = config.route_scale
+        self.score = config.router_score
         self.weight = nn.Parameter(torch.empty(config.n_experts, config.d_model))
         # Persistent: the bias is part of the trained model (it decides routing at inference).
-        self.register_buffer("expert_bias", torch.zeros(config.n_experts, dtype=torch.float32))
+        bias = torch.zeros(config.n_experts, dtype=torch.float32) if config.selection_bias else None
+        self.register_buffer("expert_bias", bias)
         # Not persistent: a running count since the last balancer step.
         self.register_buffer(
             "tokens_per_expert", torch.zeros(config.n_experts, dtype=torch.float32), persistent=False
@@ -50,8 +58,10 @@ class Router(nn.Module):
     def forward(self, x: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x: [N, d]. Returns (expert_ids [N, k] int64, gates [N, k] in x's dtype, scores [N, E] fp32)."""
         with torch.autocast(x.device.type, enabled=False):
-            scores = torch.sigmoid(F.linear(x.float(), self.weight.float()))
-            _, expert_ids = torch.topk(scores.detach() + self.expert_bias.float(), top_k, dim=-1)
+            logits = F.linear(x.float(), self.weight.float())
+            scores = torch.sigmoid(logits) if self.score == "sigmoid" else torch.softmax(logits, dim=-1)
+            choice = scores.detach() if self.expert_bias is None else scores.detach() + self.expert_bias.float()
+            _, expert_ids = torch.topk(choice, top_k, dim=-1)
             chosen = scores.gather(-1, expert_ids)
             if self.route_norm:
                 chosen64 = chosen.double()

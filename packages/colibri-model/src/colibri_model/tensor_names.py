@@ -27,12 +27,17 @@ def checkpoint_tensor_shapes(config: ColibriConfig) -> dict[str, tuple[int, ...]
     return {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
 
 
-def held_dtype(shape: Sequence[int], dtype: torch.dtype) -> torch.dtype:
-    """The dtype a checkpoint tensor of `shape` is held in by a model that runs in `dtype`.
+def held_dtype(shape: Sequence[int], dtype: torch.dtype, name: str | None = None) -> torch.dtype:
+    """The dtype a checkpoint tensor of `shape` (named `name`) is held in by a model that runs in
+    `dtype`.
 
     1-D tensors (the RMSNorm weights and `moe.router.expert_bias`) stay fp32: they are a few
     kilobytes, RMSNorm computes in fp32 anyway (so an fp32 weight costs no time and loses no
-    bits), and the bias decides top-k ties, which bf16 rounding would change. Everything else is
-    held in `dtype`.
+    bits), and the bias decides top-k ties, which bf16 rounding would change. Linear biases
+    (names ending in `.bias`, `qkv_bias`) are the exception: `F.linear` needs them in the
+    weight's dtype. Without `name` a bias is counted as fp32, which only over-counts its bytes.
+    Everything else is held in `dtype`.
     """
+    if name is not None and name.endswith(".bias"):
+        return dtype
     return torch.float32 if len(shape) == 1 else dtype

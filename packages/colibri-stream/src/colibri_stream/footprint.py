@@ -178,7 +178,7 @@ class Sizing:
         slot = prepared_nbytes(layout, config.d_model, config.expert_dim, compute, expert_dtype) if layout else 0
         by_dtype: dict[str, int] = {}
         for t in self.container.header.tensors:
-            target = held_dtype(t.shape, dtype)  # colibri-model's rule, as resident.py materialises
+            target = held_dtype(t.shape, dtype, t.name)  # colibri-model's rule, as resident.py materialises
             n = target.itemsize * _numel(t.shape)
             by_dtype[dtype_name(target)] = by_dtype.get(dtype_name(target), 0) + n
         # the routers' token counters (fp32 buffers the model keeps even when not counting)

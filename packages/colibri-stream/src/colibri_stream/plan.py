@@ -146,7 +146,7 @@ def make_plan(container: Container, opts: EngineOptions, ram_budget: int | None 
     """The plan of `container` with `opts`, split at `ram_budget` when given (see module doc)."""
     config = model_config(container)
     top_k = opts.top_k or config.top_k_infer
-    if not 1 <= top_k <= config.n_experts:
+    if config.n_moe_layers and not 1 <= top_k <= config.n_experts:  # a dense model has no top_k
         raise ValueError(f"top_k must be in [1, {config.n_experts}], got {top_k}")
     layout = container.blob_layout
     prefetch = opts.prefetch

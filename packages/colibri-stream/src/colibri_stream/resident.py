@@ -51,7 +51,7 @@ def build_model(
         model = ColibriForCausalLM(config, expert_backends=backends)
     state = {}
     for raw in container.iter_resident():
-        state[raw.name] = _materialise(raw, held_dtype(raw.shape, dtype), device)
+        state[raw.name] = _materialise(raw, held_dtype(raw.shape, dtype, raw.name), device)
     expected = set(model.state_dict())
     missing, unexpected = expected - set(state), set(state) - expected
     if missing or unexpected:

@@ -112,7 +112,7 @@ class TrainingState(BaseModel):
 
 def config_hash(config: ColibriConfig) -> str:
     """sha256 of the model config (every field but the display name)."""
-    payload = config.model_dump()
+    payload = config.to_dict()  # a config without 1.1 features hashes as it did under schema 1.0
     payload.pop("name", None)
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 

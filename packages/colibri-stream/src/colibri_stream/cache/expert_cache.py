@@ -85,7 +85,8 @@ class ExpertCache:
         self._slab_index: dict[ExpertKey, int] = {}
         self._slots: dict[ExpertKey, object] = {}
         self._unused_prefetch: set[ExpertKey] = set()
-        self._staging = AlignedBuffer(layout.blob_length)
+        # An all-dense model (no layout) has no blobs: a one-page buffer that is never read.
+        self._staging = AlignedBuffer(layout.blob_length if layout is not None else 1)
         self.bytes_held = 0
         self.prefetcher = None  # set by prefetch.Prefetcher
 

@@ -44,6 +44,8 @@ INT4_GROUPS = (32, 64, 128, 256)
 
 def int4_supported(layout: ExpertBlobLayout, d_model: int, expert_dim: int) -> str | None:
     """None if the int4 kernels can run these shapes, else the reason they cannot."""
+    if layout.encoding != "q4":
+        return f"the routed experts are stored as {layout.encoding}, not int4"
     if not hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu"):
         return "this torch build has no _weight_int4pack_mm_for_cpu"
     for part, n_out in (("gate", expert_dim), ("up", expert_dim), ("down", d_model)):
@@ -121,7 +123,8 @@ class Int4Expert:
 
 
 class DequantExpert:
-    """Plain dequantized matrices: the reference path (and the CUDA path)."""
+    """Plain dequantized matrices: the reference path (and the CUDA path), and the only path
+    for int8 and bf16 experts (format 1.1)."""
 
     __slots__ = ("gate", "up", "down", "nbytes")
 

@@ -1,0 +1,18 @@
+"""`import_hf`: a Hugging Face checkpoint directory (config.json, safetensors shards, tokenizer,
+chat template) into a container, without torch and in bounded memory.
+
+    config_fields.py   config.json field by field: every field mapped or refused by name and value
+    hf_directory.py    the directory: shards (index or single file), tokenizer.json, chat template
+    names.py           Colibri tensor names -> the Llama-style HF names (per-expert and fused experts)
+    families/          one module per family: qwen3_moe, qwen2_moe, olmoe, mixtral, llama (dense)
+    convert.py         the conversion: names checked both ways, then the exporter's body writer
+
+Supported model types: qwen3_moe, qwen2_moe, olmoe, mixtral, llama. The produced config is a
+colibri-model config.json (CHECKPOINT.md, schema 1.1) that colibri-model's reader validates when
+a runtime opens the container.
+"""
+
+from .convert import QUANT_PRESETS, ImportReport, import_hf, quant_scheme
+from .families import FAMILIES
+
+__all__ = ["FAMILIES", "QUANT_PRESETS", "ImportReport", "import_hf", "quant_scheme"]

@@ -1,0 +1,181 @@
+"""Reading a Hugging Face config.json field by field, so that nothing is silently dropped.
+
+Every family mapper takes the fields it understands through `ConfigFields`; `finish()` then
+refuses any field nobody took, unless it is bookkeeping that cannot change the math
+(`BOOKKEEPING`). A field Colibri cannot represent is refused by name and value
+(`HFImportError: config.json: rope_parameters.rope_type='yarn' is not supported ...`), so a new
+architecture knob in some checkpoint fails the import instead of producing a model that
+computes something else.
+
+Also here: the pieces every family shares (RoPE, activation, dense/MoE layer pattern) and the
+Colibri config dict (colibri-model's CHECKPOINT.md, schema 1.1) they fill in.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import HFImportError
+
+_MISSING = object()
+
+# Keys of transformers' PretrainedConfig and generation/serving settings: none changes the forward.
+BOOKKEEPING = frozenset({
+    "_name_or_path", "architectures", "chunk_size_feed_forward", "dtype", "torch_dtype", "id2label",
+    "label2id", "is_encoder_decoder", "model_type", "output_attentions", "output_hidden_states",
+    "problem_type", "return_dict", "transformers_version", "use_cache", "bos_token_id", "eos_token_id",
+    "pad_token_id", "unk_token_id", "sep_token_id", "decoder_start_token_id", "tokenizer_class", "prefix",
+    "task_specific_params", "finetuning_task", "is_decoder", "add_cross_attention", "tie_encoder_decoder",
+    "pruned_heads", "torchscript", "tf_legacy_loss", "use_bfloat16", "output_router_logits",
+    "router_aux_loss_coef", "attention_dropout", "initializer_range", "max_length", "min_length",
+    "do_sample", "temperature", "top_p", "top_k", "num_beams", "repetition_penalty",
+})
+
+
+class ConfigFields:
+    """config.json of `directory`, handed out field by field (see the module docstring)."""
+
+    def __init__(self, data: dict, where: Path | str):
+        self.data, self.where, self.taken = data, str(where), set()
+
+    def get(self, key: str, default=_MISSING):
+        self.taken.add(key)
+        if key in self.data and self.data[key] is not None:
+            return self.data[key]
+        if default is _MISSING:
+            raise HFImportError(f"{self.where}: required field '{key}' is missing")
+        return default
+
+    def first(self, keys: tuple[str, ...], default=_MISSING):
+        """The first of several names for one field (e.g. num_experts / num_local_experts)."""
+        for key in keys:
+            self.taken.add(key)
+        for key in keys:
+            if self.data.get(key) is not None:
+                return self.data[key]
+        if default is _MISSING:
+            raise HFImportError(f"{self.where}: required field '{keys[0]}' is missing")
+        return default
+
+    def integer(self, key: str, default=_MISSING, minimum: int = 1) -> int:
+        value = self.get(key, default)
+        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+            self.refuse(key, value, f"expected an integer >= {minimum}")
+        return value
+
+    def expect(self, key: str, allowed: tuple, default=_MISSING):
+        """The field's value, which must be one of `allowed` (what Colibri can represent)."""
+        value = self.get(key, default)
+        if value not in allowed:
+            self.refuse(key, value, f"supported: {', '.join(repr(a) for a in allowed)}")
+        return value
+
+    def refuse(self, key: str, value, why: str):
+        raise HFImportError(f"{self.where}: {key}={value!r} is not supported ({why})")
+
+    def finish(self) -> None:
+        if self.data.get("quantization_config") is not None:
+            method = (self.data["quantization_config"] or {}).get("quant_method", "?")
+            self.refuse("quantization_config.quant_method", method,
+                        "a pre-quantized checkpoint; import the bf16/fp16 original")
+        for key, value in self.data.items():
+            # "_name_or_path" and friends: transformers' private bookkeeping
+            if key not in self.taken and key not in BOOKKEEPING and not key.startswith("_"):
+                self.refuse(key, value, "a field import-hf does not know; it may change the math")
+
+
+def head_dim(fields: ConfigFields, d_model: int, n_heads: int) -> int:
+    value = fields.get("head_dim", None)
+    if value is None:
+        if d_model % n_heads:
+            fields.refuse("num_attention_heads", n_heads, f"hidden_size {d_model} is not a multiple of it")
+        return d_model // n_heads
+    return value
+
+
+def silu_activation(fields: ConfigFields) -> None:
+    fields.expect("hidden_act", ("silu",), "silu")
+
+
+def rope(fields: ConfigFields, max_seq_len: int) -> tuple[float, dict | None]:
+    """(rope_theta, Colibri rope_scaling) from transformers 5's `rope_parameters` or the older
+    `rope_theta` + `rope_scaling` pair. Default, linear and llama3 RoPE are supported; others
+    (yarn, dynamic, longrope) are refused by name."""
+    params = fields.get("rope_parameters", None)
+    legacy = fields.get("rope_scaling", None)
+    theta = fields.get("rope_theta", None)
+    if params is None:
+        params = dict(legacy or {})
+        params.setdefault("rope_theta", 10000.0 if theta is None else theta)
+        where = "rope_scaling"
+    else:
+        where = "rope_parameters"
+    if not isinstance(params, dict):
+        fields.refuse(where, params, "expected an object")
+    kind = params.get("rope_type", params.get("type", "default"))
+    if params.get("partial_rotary_factor", 1.0) != 1.0:
+        fields.refuse(f"{where}.partial_rotary_factor", params["partial_rotary_factor"], "only full rotary")
+    known = {"rope_theta", "rope_type", "type", "partial_rotary_factor"}
+    if kind == "default":
+        scaling = None
+    elif kind == "linear":
+        scaling = {"kind": "linear", "factor": float(params["factor"]), "low_freq_factor": None,
+                   "high_freq_factor": None, "original_max_seq_len": None}  # every key, as colibri-model writes it
+        known |= {"factor"}
+    elif kind == "llama3":
+        scaling = {
+            "kind": "llama3", "factor": float(params["factor"]), "low_freq_factor": float(params["low_freq_factor"]),
+            "high_freq_factor": float(params["high_freq_factor"]),
+            "original_max_seq_len": int(params.get("original_max_position_embeddings", max_seq_len)),
+        }
+        known |= {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}
+    else:
+        fields.refuse(f"{where}.rope_type", kind, "supported: 'default', 'linear', 'llama3'")
+    for key in params:
+        if key not in known:
+            fields.refuse(f"{where}.{key}", params[key], f"not used by {kind} RoPE here")
+    return float(params["rope_theta"]), scaling
+
+
+def leading_dense_layers(fields: ConfigFields, n_layers: int, dense: set[int]) -> int:
+    """Colibri's dense layers come first: `dense` (the indices of dense layers) must be 0..k-1."""
+    k = len(dense)
+    if dense != set(range(k)):
+        fields.refuse("mlp_only_layers", sorted(dense), "dense layers must be the first ones")
+    return k
+
+
+def colibri_config(**fields) -> dict:
+    """A complete Colibri config.json object (CHECKPOINT.md, config schema 1.1) with the routing
+    defaults of an imported softmax router: no selection bias, no balancing."""
+    defaults = dict(
+        format_version="1.0", model_type="colibri", schema_version="1.1", qk_norm=False, qk_norm_scope="head",
+        qkv_bias=False, rope_scaling=None, n_dense_layers=0, n_experts=0, expert_dim=0, top_k_train=1,
+        top_k_infer=1, shared_expert_dim=0, shared_expert_gate=False, router_score="softmax", selection_bias=False,
+        route_norm=True, route_scale=1.0, bias_update_gamma=0.0, aux_loss_alpha=0.0, tie_embeddings=False,
+        init_std=0.02,
+    )
+    return {**defaults, **fields}
+
+
+def qwen_dense_layers(fields: ConfigFields, n_layers: int) -> int:
+    """Qwen-MoE's layer pattern: layer i is dense if in `mlp_only_layers` or if
+    `(i + 1) % decoder_sparse_step != 0`; Colibri needs those to be the leading layers."""
+    only_dense = set(fields.get("mlp_only_layers", []))
+    step = fields.integer("decoder_sparse_step", 1)
+    dense = {i for i in range(n_layers) if i in only_dense or (i + 1) % step}
+    if dense != set(range(len(dense))):
+        fields.refuse("mlp_only_layers/decoder_sparse_step", (sorted(only_dense), step),
+                      "Colibri's dense layers must be the first ones")
+    return len(dense)
+
+
+def no_sliding_window(fields: ConfigFields) -> None:
+    """Qwen's `use_sliding_window` (with `sliding_window`, `max_window_layers`, `layer_types`)."""
+    if fields.get("use_sliding_window", False):
+        fields.refuse("use_sliding_window", True, "sliding-window attention is not implemented")
+    fields.get("sliding_window", None)
+    fields.get("max_window_layers", None)
+    kinds = set(fields.get("layer_types", ["full_attention"]))
+    if kinds != {"full_attention"}:
+        fields.refuse("layer_types", sorted(kinds), "only full attention")

@@ -1,0 +1,28 @@
+"""One module per Hugging Face family: `map_config(fields, name) -> Colibri config dict` and the
+tensor names (`NAMES`). `family_for(model_type)` picks the module."""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+from ...errors import HFImportError
+from . import llama, mixtral, olmoe, qwen2_moe, qwen3_moe
+
+_MODULES: tuple[ModuleType, ...] = (qwen3_moe, qwen2_moe, olmoe, mixtral, llama)
+FAMILIES: dict[str, ModuleType] = {model_type: m for m in _MODULES for model_type in m.MODEL_TYPES}
+
+# What the families import-hf does not convert would need (the issue 17 note says more).
+_NOT_YET = {
+    "deepseek_v2": "multi-head latent attention (MLA) and group-limited routing",
+    "deepseek_v3": "multi-head latent attention (MLA), group-limited sigmoid routing and multi-token prediction",
+    "gpt_oss": "MXFP4 experts, attention sinks, sliding-window layers and clamped SwiGLU with biases",
+}
+
+
+def family_for(model_type, where: str) -> ModuleType:
+    if model_type in FAMILIES:
+        return FAMILIES[model_type]
+    extra = f" ({_NOT_YET[model_type]} are not implemented)" if model_type in _NOT_YET else ""
+    raise HFImportError(
+        f"{where}: model_type={model_type!r} is not supported{extra}; supported: {', '.join(sorted(FAMILIES))}"
+    )

@@ -1,0 +1,181 @@
+"""Hugging Face checkpoints imported with `colibri-int4 import-hf` compute what transformers
+computes: for each family a tiny random transformers model (its own config class, saved with
+`save_pretrained` in bf16), imported with `--quant bf16`, gives the same logits as transformers'
+own forward and the same 32 greedy tokens, at a full and at the minimum RAM budget; `--quant
+int4` is measured (top-1 agreement, KL) against a loose bound, and the figures printed.
+
+The engine runs colibri-model's ColibriForCausalLM (the variants are its configuration), with
+the routed experts streamed from the container: nothing here is a second model."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+
+transformers = pytest.importorskip("transformers", minversion="5")
+
+import torch  # noqa: E402
+from colibri_int4 import Container  # noqa: E402
+from colibri_int4.import_hf import import_hf, quant_scheme  # noqa: E402
+from colibri_model import parse_checkpoint_config  # noqa: E402
+from colibri_stream import Engine  # noqa: E402
+from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: E402
+
+VOCAB = 256
+COMMON = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+              max_position_embeddings=96, initializer_range=0.08, rms_norm_eps=1e-6, eos_token_id=1, pad_token_id=0)
+# Each family with the knobs that matter to it, away from the defaults where the default is the easy case.
+FAMILIES = {
+    "qwen3_moe": lambda: transformers.Qwen3MoeConfig(
+        **COMMON, head_dim=16, intermediate_size=96, moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2,
+        norm_topk_prob=True, mlp_only_layers=[0]),
+    "olmoe": lambda: transformers.OlmoeConfig(
+        **COMMON, intermediate_size=32, num_experts=8, num_experts_per_tok=2, norm_topk_prob=False),
+    "mixtral": lambda: transformers.MixtralConfig(
+        **COMMON, intermediate_size=32, num_local_experts=8, num_experts_per_tok=2,
+        rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}),
+    "qwen2_moe": lambda: transformers.Qwen2MoeConfig(
+        **COMMON, intermediate_size=96, moe_intermediate_size=32, shared_expert_intermediate_size=64, num_experts=8,
+        num_experts_per_tok=2, norm_topk_prob=False),
+    "llama": lambda: transformers.LlamaConfig(
+        **COMMON, intermediate_size=96, tie_word_embeddings=True,
+        rope_parameters={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                         "original_max_position_embeddings": 16, "rope_theta": 500000.0}),
+}
+CONTEXT = 64
+STEPS = 32
+
+
+def _tokenizer() -> Tokenizer:
+    tokenizer = Tokenizer(models.WordLevel({f"w{i}": i for i in range(VOCAB)}, unk_token="w0"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return tokenizer
+
+
+def _checkpoint(family: str, directory):
+    torch.manual_seed(17)
+    config = FAMILIES[family]()
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    model.to(torch.bfloat16).save_pretrained(directory)  # what the Hub holds: bf16 safetensors
+    _tokenizer().save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text('{"chat_template": "{{ messages }}", "eos_token": "w1"}')
+    return transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def imported(request, tmp_path_factory):
+    """(family, transformers model in fp32 with the checkpoint's bf16 weights, bf16 container)."""
+    directory = tmp_path_factory.mktemp(request.param)
+    reference = _checkpoint(request.param, directory / "hf")
+    container = directory / "bf16.coli"
+    import_hf(directory / "hf", container, quant_scheme("bf16"))
+    return request.param, reference, container, directory
+
+
+def _prompt() -> list[int]:
+    return torch.randint(2, VOCAB, (12,), generator=torch.Generator().manual_seed(3)).tolist()
+
+
+@torch.inference_mode()
+def _hf_greedy(model, prompt: list[int], steps: int) -> list[int]:
+    ids = torch.tensor([prompt])
+    out = []
+    for _ in range(steps):
+        token = int(model(ids).logits[0, -1].argmax())
+        out.append(token)
+        ids = torch.cat([ids, torch.tensor([[token]])], dim=1)
+    return out
+
+
+def _minimum_budget(container, **options) -> int:
+    from colibri_stream import BudgetError
+
+    with pytest.raises(BudgetError) as err:
+        Engine.open(container, ram_budget=1, **options)
+    return err.value.minimum_bytes
+
+
+def test_imported_config_is_a_colibri_config_and_the_container_keeps_the_tokenizer(imported):
+    family, reference, container, _ = imported
+    with Container.open(container) as c:
+        config = parse_checkpoint_config(c.config, str(container))  # colibri-model's one reader
+        assert c.chat_template == "{{ messages }}" and c.tokenizer_config["eos_token_ids"] == [1]
+        assert Tokenizer.from_str(c.read_tokenizer_json()).token_to_id("w7") == 7
+        assert c.scheme.expert_dtype == "bf16" and c.version == (1, 1)
+    assert config.n_layers == 3 and config.vocab_size == VOCAB
+    assert config.to_dict() == {k: v for k, v in c.config.items() if k not in ("format_version", "model_type")}
+    if family == "llama":
+        assert config.n_experts == 0 and config.n_moe_layers == 0 and config.tie_embeddings
+    else:
+        assert config.router_score == "softmax" and not config.selection_bias
+
+
+def test_bf16_import_matches_transformers_logits_and_greedy_tokens_at_full_and_tiny_budget(imported):
+    family, reference, container, _ = imported
+    prompt = _prompt()
+    expected = _hf_greedy(reference, prompt, STEPS)
+    with torch.inference_mode():
+        ref_logits = reference(torch.tensor([prompt + expected])).logits[0]
+    options = dict(dtype="f32", max_context=CONTEXT, prefill_chunk=16)
+    for budget in ("1GB", _minimum_budget(container, **options)):
+        with Engine.open(container, ram_budget=budget, **options) as eng:
+            logits = eng.logits(prompt + expected)
+            # same bf16 weights, both fp32: only summation order differs
+            diff = float((logits - ref_logits).abs().max())
+            assert diff < 1e-4 * max(1.0, float(ref_logits.abs().max())), (family, budget, diff)
+            result = eng.generate(prompt, STEPS, stop_token_ids=[])
+            assert result.token_ids == expected, (family, budget)
+            if budget != "1GB" and family != "llama":
+                assert eng.stats.to_dict()["misses"] > eng.budget.slots  # the tiny budget really streamed
+    # bf16 activations: no further from the fp32 logits than transformers' own bf16 forward is
+    # (both round the same bf16 weights; a near-tie in the router can flip in either)
+    with Engine.open(container, ram_budget="1GB", dtype="bf16", max_context=CONTEXT) as eng:
+        engine_error = float((eng.logits(prompt + expected) - ref_logits).abs().mean())
+    with torch.inference_mode():  # a copy: .to(bf16) would also round transformers' RoPE inv_freq buffer
+        hf_bf16 = copy.deepcopy(reference).to(torch.bfloat16)(torch.tensor([prompt + expected])).logits[0].float()
+    hf_error = float((hf_bf16 - ref_logits).abs().mean())
+    assert engine_error <= 2 * hf_error + 1e-3 * float(ref_logits.abs().max()), (family, engine_error, hf_error)
+
+
+def _agreement(reference_logits: torch.Tensor, logits: torch.Tensor) -> tuple[float, float]:
+    """(top-1 agreement, mean KL(reference || other) in nats) over positions."""
+    top1 = float((reference_logits.argmax(-1) == logits.argmax(-1)).float().mean())
+    p = torch.log_softmax(reference_logits.double(), -1)
+    q = torch.log_softmax(logits.double(), -1)
+    kl = float((p.exp() * (p - q)).sum(-1).mean())
+    return top1, kl
+
+
+BOUNDS = {"int4": (0.75, 0.05), "int8": (0.9, 0.005)}  # top-1 at least, KL at most
+
+
+@pytest.mark.parametrize("quant", ["int8", "int4"])
+def test_quantized_import_top1_agreement_and_kl(imported, quant, capsys):
+    family, reference, _, directory = imported
+    container = directory / f"{quant}.coli"
+    import_hf(directory / "hf", container, quant_scheme(quant, group_size=32))
+    ids = torch.randint(2, VOCAB, (48,), generator=torch.Generator().manual_seed(5)).tolist()
+    with torch.inference_mode():
+        ref_logits = reference(torch.tensor([ids])).logits[0]
+    with Engine.open(container, ram_budget="1GB", max_context=CONTEXT) as eng:
+        top1, kl = _agreement(ref_logits, eng.logits(ids))
+        compute = eng.stats.compute_mode
+    with capsys.disabled():
+        print(f"\n  {family:10s} {quant} g32 (resident int8, {compute}): top-1 agreement {top1:.3f}, KL {kl:.5f} nats")
+    min_top1, max_kl = BOUNDS[quant]
+    assert top1 >= min_top1 and math.isfinite(kl) and kl < max_kl, (family, quant, top1, kl)
+
+
+def test_dequantized_import_is_a_colibri_checkpoint_with_transformers_logits(imported, tmp_path):
+    """import-hf --quant bf16, then `colibri-int4 dequantize`: a colibri-model checkpoint that
+    load_checkpoint reads (and the trainer could fine-tune), computing transformers' logits."""
+    from colibri_int4 import dequantize_container
+    from colibri_model import load_checkpoint
+
+    family, reference, container, _ = imported
+    model = load_checkpoint(dequantize_container(container, tmp_path / "ckpt")).eval()
+    ids = torch.tensor([_prompt()])
+    with torch.inference_mode():
+        torch.testing.assert_close(model(ids).logits, reference(ids).logits, atol=1e-4, rtol=1e-4)
