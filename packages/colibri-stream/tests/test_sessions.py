@@ -115,3 +115,31 @@ def test_session_kv_grows_with_the_context(engine):
     assert s.kv.capacity < engine.max_context  # not a whole context per session
     s.append([2] * 100)
     assert s.kv.capacity >= 110 and len(s) == 110
+
+
+def test_a_padded_batch_gives_each_prompt_its_own_result(engine):
+    prompts = ["Once upon a time", "Hi", "The little bird sang a song today"]
+    single = [engine.generate(p, 10, stop_token_ids=[]) for p in prompts]
+    before = engine.stats.prefill_tokens
+    batch = engine.generate(prompts, 10, stop_token_ids=[])
+    assert engine.stats.prefill_tokens - before == sum(r.prompt_tokens for r in single)  # padding not counted
+    assert [r.token_ids for r in batch] == [r.token_ids for r in single]
+    assert [r.prompt_tokens for r in batch] == [r.prompt_tokens for r in single]
+    # the padded rows' logits are those of each prompt alone
+    from colibri_stream.batch import prefill_batch
+
+    ids = [engine.encode(p) for p in prompts]
+    for session, row in zip(prefill_batch(engine, ids), ids):
+        torch.testing.assert_close(session.last_logits().cpu(), engine.logits(row)[-1], atol=1e-4, rtol=1e-4)
+        assert session.tokens == row and len(session) == len(row)
+    with pytest.raises(ValueError, match="at least one token"):
+        engine.generate([[], [1, 2]], 2)
+
+
+def test_a_batch_prefill_is_chunked_by_the_workspace(tiny, engine):
+    prompts = ["Once upon a time", "The little bird sang a song today"]
+    with Engine.open(tiny[0], ram_budget="200MB", prefill_chunk=4) as small:
+        steps = small.stats.steps
+        sessions = small.generate(prompts, 3, stop_token_ids=[])
+        assert small.stats.steps - steps >= len(small.encode(prompts[1])) // 2  # 2 columns per pass
+    assert [r.token_ids for r in sessions] == [engine.generate(p, 3, stop_token_ids=[]).token_ids for p in prompts]

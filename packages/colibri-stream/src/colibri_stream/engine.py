@@ -285,14 +285,19 @@ class Engine:
         """`stream`, text pieces only."""
         return self.session().stream_text(prompt, max_new_tokens, **kwargs)
 
-    def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 128, *,
-                 on_text: Callable[[str], None] | None = None, **kwargs) -> GenerationResult:
+    def generate(self, prompt, max_new_tokens: int = 128, *, on_text: Callable[[str], None] | None = None,
+                 **kwargs):
         """Generate up to `max_new_tokens` after `prompt` (text or token ids) on a fresh session.
         Greedy unless `temperature > 0` (then `top_k`, `top_p`, `min_p`, repeatable with `seed`);
         `repetition_penalty`; stops at an end token (`end_token_ids` by default) or at the first
         of the `stop` strings (cut from the text); `logprobs=n` adds the n most likely
         alternatives to each of `result.tokens`. `on_text(piece)` receives the text as it is
-        produced."""
+        produced. A list of prompts (texts, or lists of ids) returns a list of results, their
+        prefill run as one padded batch (batch.py)."""
+        if isinstance(prompt, (list, tuple)) and prompt and not isinstance(prompt[0], int):
+            from .batch import generate_batch
+
+            return generate_batch(self, list(prompt), max_new_tokens, on_text=on_text, **kwargs)
         return self.session().generate(prompt, max_new_tokens, on_text=on_text, **kwargs)
 
     def chat(self, messages: list[dict], max_new_tokens: int = 256, **kwargs) -> GenerationResult:
