@@ -143,3 +143,17 @@ def test_a_batch_prefill_is_chunked_by_the_workspace(tiny, engine):
         sessions = small.generate(prompts, 3, stop_token_ids=[])
         assert small.stats.steps - steps >= len(small.encode(prompts[1])) // 2  # 2 columns per pass
     assert [r.token_ids for r in sessions] == [engine.generate(p, 3, stop_token_ids=[]).token_ids for p in prompts]
+
+
+def test_branch_logits_score_continuations_in_one_batch(engine):
+    s = engine.session()
+    context = engine.encode("The weather today is")
+    s.append(context)
+    branches = [engine.encode(" sunny and warm"), engine.encode(" cold"), engine.encode(" a mystery to all of us")]
+    got = s.branch_logits(branches)
+    assert len(s) == len(context) and s.tokens == context  # the session is unchanged
+    for logits, branch in zip(got, branches):
+        want = engine.logits(context + branch)[len(context):]
+        torch.testing.assert_close(logits.cpu(), want, atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match="at least one token"):
+        s.branch_logits([[]])

@@ -1,4 +1,5 @@
-"""A padded batch of prompts: one prefill through the model for all of them, then a session each.
+"""Padded batches through the model: prompts (one prefill for all, then a session each), and
+continuations of one context (`branch_logits`, what an eval scoring choices needs).
 
     >>> results = engine.generate(["The sky is", "Once upon a time there"], 32)   # doctest: +SKIP
 
@@ -25,6 +26,45 @@ import time
 import torch
 
 from .session import Session
+
+
+@torch.inference_mode()
+def branch_logits(session: Session, continuations: list[list[int]]) -> list[torch.Tensor]:
+    """fp32 logits ([len_i, V], on the engine's device) of each continuation run after
+    `session`'s context (which may be empty), all in one right-padded batch: every row starts at
+    the same position (the context's length) over a copy of the context's keys and values, so a
+    row never sees another's tokens or its own padding. The session itself is left as it was."""
+    if not continuations or any(not c for c in continuations):
+        raise ValueError("branch_logits needs continuations of at least one token each")
+    engine = session.engine
+    if len(session):
+        session.last_logits()  # runs any deferred token: the context is then all in the KV cache
+    past, longest, rows = len(session), max(len(c) for c in continuations), len(continuations)
+    if past + longest > engine.max_context:
+        raise ValueError(f"{past + longest} tokens exceed the engine's max_context={engine.max_context}")
+    ids = torch.tensor([c + [c[-1]] * (longest - len(c)) for c in continuations], dtype=torch.long,
+                       device=engine.device)
+    kv = engine.model.new_kv_cache(rows, past + longest)
+    for layer in range(len(kv.keys) if past else 0):
+        kv.keys[layer][:, :, :past] = session.kv.keys[layer][:, :, :past]
+        kv.values[layer][:, :, :past] = session.kv.values[layer][:, :, :past]
+    kv.length = past
+    width = max(1, engine.prefill_chunk // rows)
+    pieces = []
+    with engine._lock:
+        engine.stats.prefill_tokens += sum(len(c) for c in continuations)
+        for start in range(0, longest, width):
+            engine.stats.steps += 1
+            engine.cache.policy.begin_step(engine.stats.steps)
+            began = time.perf_counter()
+            pieces.append(engine.model(ids[:, start : start + width], cache=kv).logits.float())
+            engine.stats.forward_seconds += time.perf_counter() - began
+        if engine.cache.prefetcher is not None:
+            engine.cache.prefetcher.drain()
+        engine.heap_trimmer.maybe_trim(engine.stats.bytes_read)
+        engine._update_io()
+    logits = torch.cat(pieces, 1)
+    return [logits[row, : len(c)] for row, c in enumerate(continuations)]
 
 
 @torch.inference_mode()
