@@ -221,7 +221,15 @@ class Engine:
         self.stats.steps += 1
         self.cache.policy.begin_step(self.stats.steps)
         began = time.perf_counter()
-        logits = self.model(chunk, cache=kv).logits
+        # Only the last position's logits are wanted: cut the final norm's output to it (a torch
+        # forward hook, colibri-model's forward unchanged), so the vocab projection runs on one
+        # row, not on every prompt token (for SmolLM2's 49k vocab, most of a small model's prefill).
+        hook = self.model.norm.register_forward_hook(_last_position) if not all_logits and chunk.shape[1] > 1 else None
+        try:
+            logits = self.model(chunk, cache=kv).logits
+        finally:
+            if hook is not None:
+                hook.remove()
         self.stats.forward_seconds += time.perf_counter() - began
         return logits[0].float() if all_logits else logits[0, -1].float()
 
@@ -304,3 +312,7 @@ class Engine:
         """The assistant's reply to `messages` ([{"role": ..., "content": ...}, ...]) on a fresh
         chat session (the overflow policy of chat.py applies); `chat_session()` keeps the cache."""
         return self.chat_session().reply(messages, max_new_tokens, **kwargs)
+
+
+def _last_position(module, args, output: torch.Tensor) -> torch.Tensor:
+    return output[:, -1:]
