@@ -150,3 +150,17 @@ def test_the_cli_serves_on_loopback(tiny):
         proc.wait(timeout=30)
     bad = subprocess.run(cmd[:-6] + ["--port", "70000"], capture_output=True, text=True)
     assert bad.returncode == 2 and "70000" in bad.stderr
+
+
+def test_a_resent_conversation_prefills_only_its_new_turn(served):
+    engine, server, client = served
+    messages = [{"role": "user", "content": "Name three birds."}]
+    first = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8, temperature=0)
+    messages += [{"role": "assistant", "content": first.choices[0].message.content},
+                 {"role": "user", "content": "And three fish?"}]
+    before = engine.stats.prefill_tokens
+    second = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8, temperature=0)
+    prefilled = engine.stats.prefill_tokens - before
+    assert prefilled <= second.usage.prompt_tokens - first.usage.prompt_tokens + 1  # not the first turn again
+    assert second.choices[0].message.content == engine.chat(messages, 8).text
+    assert 1 <= len(server.pool) <= 4

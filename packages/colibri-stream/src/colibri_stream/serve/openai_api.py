@@ -8,7 +8,8 @@ Endpoints: `/v1/chat/completions` (messages through the container's chat templat
 the extensions `top_k`, `min_p`, `repetition_penalty` (as llama.cpp's and vLLM's servers take
 them). `n` > 1, `echo`, non-zero `presence_penalty` / `frequency_penalty`, tools and
 `response_format` are refused with a 400 naming the parameter, not ignored. Every request runs
-on its own session, so concurrent requests are safe (the engine serialises forward passes).
+on its own session, so concurrent requests are safe (the engine serialises forward passes); a
+chat request continues the pooled session sharing its longest prefix (session_pool.py).
 """
 
 from __future__ import annotations
@@ -117,8 +118,9 @@ def parse_request(kind: str, body, model_name: str) -> Request:
     return Request(kind, body, stream, bool(options.get("include_usage")), kwargs, max_tokens, logprobs)
 
 
-def start(engine, request: Request) -> tuple[Iterator[StreamedToken], list[GenerationResult]]:
-    """Begin generating (errors in the input raise `APIError` here, before any output)."""
+def start(engine, request: Request, pool=None) -> tuple[Iterator[StreamedToken], list[GenerationResult]]:
+    """Begin generating (errors in the input raise `APIError` here, before any output). Chat
+    requests take a session from `pool` (session_pool.py) when one is given."""
     result: list[GenerationResult] = []
     kwargs = dict(request.kwargs, logprobs=request.logprobs or 0, result=result)
     try:
@@ -127,7 +129,11 @@ def start(engine, request: Request) -> tuple[Iterator[StreamedToken], list[Gener
             if not isinstance(messages, list) or not messages:
                 raise bad("'messages' must be a non-empty list", "messages")
             messages = [_plain_message(m, i) for i, m in enumerate(messages)]
-            tokens = engine.chat_session().stream(messages, request.max_tokens, **kwargs)
+            if pool is None:
+                tokens = engine.chat_session().stream(messages, request.max_tokens, **kwargs)
+            else:
+                chat = pool.take(engine.chat_prompt(messages))
+                tokens = pool.returning(chat, chat.stream(messages, request.max_tokens, **kwargs))
         else:
             prompt = request.body.get("prompt")
             if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):

@@ -4,7 +4,8 @@
     server.serve_forever()
 
 A `ThreadingHTTPServer`: one thread per connection, each request on its own session (the engine's
-lock serialises forward passes, so requests interleave token by token). `stream: true` answers
+lock serialises forward passes, so requests interleave token by token); chat sessions are kept
+between requests (session_pool.py), so a resent conversation prefills only its new turn. `stream: true` answers
 with server-sent events (`data: {json}` per chunk, then `data: [DONE]`) and closes the
 connection; a client that goes away stops its generation. Errors are OpenAI-shaped JSON
 (`{"error": {"message", "type", "param", "code"}}`): 400 for a bad request (malformed JSON, a bad
@@ -22,6 +23,7 @@ import traceback
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from .openai_api import APIError, full_response, models_response, parse_request, start, stream_chunks
+from .session_pool import ChatSessionPool
 
 MAX_BODY_BYTES = 16 << 20
 ROUTES = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
@@ -70,7 +72,7 @@ class Handler(BaseHTTPRequestHandler):
         try:
             body = self._read_json()
             request = parse_request(kind, body, self.server.model_name)
-            tokens, result = start(self.server.engine, request)
+            tokens, result = start(self.server.engine, request, self.server.pool)
             if request.stream:
                 return self._stream(request, tokens, result)
             for _ in tokens:
@@ -119,9 +121,10 @@ class Handler(BaseHTTPRequestHandler):
 class ColibriServer(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, address, engine, model_name: str, verbose: bool = False):
+    def __init__(self, address, engine, model_name: str, verbose: bool = False, keep_sessions: int = 4):
         super().__init__(address, Handler)
         self.engine, self.model_name, self.verbose = engine, model_name, verbose
+        self.pool = ChatSessionPool(engine, keep_sessions)
         self.created = int(time.time())
 
     @property
@@ -131,10 +134,11 @@ class ColibriServer(ThreadingHTTPServer):
 
 
 def make_server(engine, host: str = "127.0.0.1", port: int = 8000, model_name: str | None = None,
-                verbose: bool = False) -> ColibriServer:
+                verbose: bool = False, keep_sessions: int = 4) -> ColibriServer:
+    """`keep_sessions`: chat sessions kept between requests for prefix reuse (session_pool.py)."""
     from pathlib import Path
 
-    return ColibriServer((host, port), engine, model_name or Path(engine.path).stem, verbose)
+    return ColibriServer((host, port), engine, model_name or Path(engine.path).stem, verbose, keep_sessions)
 
 
 def serve_in_thread(server: ColibriServer) -> threading.Thread:
