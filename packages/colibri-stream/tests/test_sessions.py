@@ -157,3 +157,15 @@ def test_branch_logits_score_continuations_in_one_batch(engine):
         torch.testing.assert_close(logits.cpu(), want, atol=1e-4, rtol=1e-4)
     with pytest.raises(ValueError, match="at least one token"):
         s.branch_logits([[]])
+
+
+def test_branch_logits_can_skip_the_leading_positions(tiny):
+    with Engine.open(tiny[0], ram_budget="200MB", prefill_chunk=4) as eng:  # skip spans whole chunks too
+        rows = [eng.encode("The weather today is sunny and warm"), eng.encode("Once upon a time there was a bird")]
+        full = eng.session().branch_logits(rows)
+        for skip in (1, 5, 6):
+            cut = eng.session().branch_logits(rows, skip=skip)
+            for a, b in zip(cut, full):
+                torch.testing.assert_close(a, b[skip:], atol=1e-4, rtol=1e-4)
+        with pytest.raises(ValueError, match="skip"):
+            eng.session().branch_logits(rows, skip=min(len(r) for r in rows))

@@ -29,13 +29,17 @@ from .session import Session
 
 
 @torch.inference_mode()
-def branch_logits(session: Session, continuations: list[list[int]]) -> list[torch.Tensor]:
-    """fp32 logits ([len_i, V], on the engine's device) of each continuation run after
+def branch_logits(session: Session, continuations: list[list[int]], skip: int = 0) -> list[torch.Tensor]:
+    """fp32 logits ([len_i - skip, V], on the engine's device) of each continuation run after
     `session`'s context (which may be empty), all in one right-padded batch: every row starts at
     the same position (the context's length) over a copy of the context's keys and values, so a
-    row never sees another's tokens or its own padding. The session itself is left as it was."""
+    row never sees another's tokens or its own padding. The first `skip` positions of every row
+    get no logits (the vocab projection is not run there: a forward hook cuts the final norm's
+    output). The session itself is left as it was."""
     if not continuations or any(not c for c in continuations):
         raise ValueError("branch_logits needs continuations of at least one token each")
+    if not 0 <= skip < min(len(c) for c in continuations):
+        raise ValueError(f"skip={skip} must leave every continuation at least one position")
     engine = session.engine
     if len(session):
         session.last_logits()  # runs any deferred token: the context is then all in the KV cache
@@ -57,14 +61,29 @@ def branch_logits(session: Session, continuations: list[list[int]]) -> list[torc
             engine.stats.steps += 1
             engine.cache.policy.begin_step(engine.stats.steps)
             began = time.perf_counter()
-            pieces.append(engine.model(ids[:, start : start + width], cache=kv).logits.float())
+            cut = skip - start  # columns of this chunk before `skip`
+            hook = engine.model.norm.register_forward_hook(_drop_columns(cut)) if cut > 0 else None
+            try:
+                logits = engine.model(ids[:, start : start + width], cache=kv).logits.float()
+            finally:
+                if hook is not None:
+                    hook.remove()
+            if cut < width:
+                pieces.append(logits)
             engine.stats.forward_seconds += time.perf_counter() - began
         if engine.cache.prefetcher is not None:
             engine.cache.prefetcher.drain()
         engine.heap_trimmer.maybe_trim(engine.stats.bytes_read)
         engine._update_io()
     logits = torch.cat(pieces, 1)
-    return [logits[row, : len(c)] for row, c in enumerate(continuations)]
+    return [logits[row, : len(c) - skip] for row, c in enumerate(continuations)]
+
+
+def _drop_columns(cut: int):
+    def hook(module, args, output):  # a chunk wholly before `skip` keeps one column (discarded)
+        return output[:, cut:] if cut < output.shape[1] else output[:, -1:]
+
+    return hook
 
 
 @torch.inference_mode()

@@ -94,13 +94,14 @@ class Session:
         twin._pending = list(self._pending)
         return twin
 
-    def branch_logits(self, continuations: Sequence[Sequence[int]]) -> list[torch.Tensor]:
-        """fp32 logits of each continuation after this context ([len_i, V] each), run as one
-        padded batch over a copy of the context's KV cache (batch.py); the session is unchanged.
-        The same numbers as `fork().append(c, all_logits=True)` per continuation, in one pass."""
+    def branch_logits(self, continuations: Sequence[Sequence[int]], skip: int = 0) -> list[torch.Tensor]:
+        """fp32 logits of each continuation after this context ([len_i - skip, V] each: none for
+        the first `skip` positions), run as one padded batch over a copy of the context's KV
+        cache (batch.py); the session is unchanged. The same numbers as
+        `fork().append(c, all_logits=True)[skip:]` per continuation, in one pass."""
         from .batch import branch_logits
 
-        return branch_logits(self, [[int(i) for i in c] for c in continuations])
+        return branch_logits(self, [[int(i) for i in c] for c in continuations], skip)
 
     def truncate(self, length: int) -> None:
         """Keep the first `length` tokens of the context (0 empties it)."""

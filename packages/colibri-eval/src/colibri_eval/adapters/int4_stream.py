@@ -38,8 +38,9 @@ class Int4StreamLM:
         each trimmed after its last wanted position (the rest is padding, or unused)."""
         members = [r for r in range(input_ids.shape[0]) if bool((rows == r).any())]
         sequences = [input_ids[r, : int(cols[rows == r].max()) + 1].tolist() for r in members]
-        by_row = dict(zip(members, self.engine.session().branch_logits(sequences)))
-        return torch.stack([by_row[int(r)][int(c)] for r, c in zip(rows, cols)]).cpu()
+        skip = int(cols.min())  # no row needs logits before this position (its context)
+        by_row = dict(zip(members, self.engine.session().branch_logits(sequences, skip)))
+        return torch.stack([by_row[int(r)][int(c) - skip] for r, c in zip(rows, cols)]).cpu()
 
     def shared_prefix_logits(self, prefix_ids, prefix_lengths, suffix_ids, owner, rows, cols):
         """Each LEFT-padded prefix once on an engine session, then all its suffix rows in one
