@@ -25,6 +25,7 @@ import time
 
 import torch
 
+from .passes import finish_passes, forward_pass
 from .session import Session
 
 
@@ -58,32 +59,14 @@ def branch_logits(session: Session, continuations: list[list[int]], skip: int = 
     with engine._lock:
         engine.stats.prefill_tokens += sum(len(c) for c in continuations)
         for start in range(0, longest, width):
-            engine.stats.steps += 1
-            engine.cache.policy.begin_step(engine.stats.steps)
-            began = time.perf_counter()
-            cut = skip - start  # columns of this chunk before `skip`
-            hook = engine.model.norm.register_forward_hook(_drop_columns(cut)) if cut > 0 else None
-            try:
-                logits = engine.model(ids[:, start : start + width], cache=kv).logits.float()
-            finally:
-                if hook is not None:
-                    hook.remove()
+            cut = skip - start  # columns of this chunk before `skip`: no logits there
+            logits = forward_pass(engine, ids[:, start : start + width], kv, cut if cut > 0 else None)
             if cut < width:
                 pieces.append(logits)
-            engine.stats.forward_seconds += time.perf_counter() - began
-        if engine.cache.prefetcher is not None:
-            engine.cache.prefetcher.drain()
-        engine.heap_trimmer.maybe_trim(engine.stats.bytes_read)
-        engine._update_io()
+        finish_passes(engine)
     logits = torch.cat(pieces, 1)
     return [logits[row, : len(c) - skip] for row, c in enumerate(continuations)]
 
-
-def _drop_columns(cut: int):
-    def hook(module, args, output):  # a chunk wholly before `skip` keeps one column (discarded)
-        return output[:, cut:] if cut < output.shape[1] else output[:, -1:]
-
-    return hook
 
 
 @torch.inference_mode()
@@ -102,18 +85,11 @@ def prefill_batch(engine, prompts: list[list[int]]) -> list[Session]:
     with engine._lock:
         engine.stats.prefill_tokens += sum(len(p) for p in prompts)
         for start in range(0, longest, width):
-            engine.stats.steps += 1
-            engine.cache.policy.begin_step(engine.stats.steps)
-            began = time.perf_counter()
-            logits = engine.model(ids[:, start : start + width], cache=kv).logits
-            engine.stats.forward_seconds += time.perf_counter() - began
+            logits = forward_pass(engine, ids[:, start : start + width], kv)
             for row, prompt in enumerate(prompts):
                 if start <= len(prompt) - 1 < start + width:
-                    last[row] = logits[row, len(prompt) - 1 - start].float()
-        if engine.cache.prefetcher is not None:
-            engine.cache.prefetcher.drain()
-        engine.heap_trimmer.maybe_trim(engine.stats.bytes_read)
-        engine._update_io()
+                    last[row] = logits[row, len(prompt) - 1 - start]
+        finish_passes(engine)
     sessions = []
     for row, prompt in enumerate(prompts):
         session = engine.session()

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -43,6 +42,7 @@ from .hit_rate_target import budget_for_hit_rate
 from .io.accounting import ReadBytesCounter, agreement
 from .io.heap import HeapTrimmer
 from .options import EngineOptions
+from .passes import finish_passes, forward_pass
 from .plan import Plan
 from .session import Session
 from .session_kv import SessionKV
@@ -207,31 +207,10 @@ class Engine:
             outputs = []
             for start in range(0, len(ids), self.prefill_chunk):
                 chunk = torch.tensor([ids[start : start + self.prefill_chunk]], dtype=torch.long, device=self.device)
-                outputs.append(self._forward_chunk(chunk, kv, all_logits))
-            if self.cache.prefetcher is not None:
-                self.cache.prefetcher.drain()
-            # Freed verify/repack temporaries stay on the C heap (io/heap.py): give them back once
-            # they have grown past the budget's slack. Trimming after every miss cost 27% of
-            # tokens/s; the check itself is only made after a slack's worth of reads (RESULTS.md).
-            self.heap_trimmer.maybe_trim(self.stats.bytes_read)
-            self._update_io()
+                logits = forward_pass(self, chunk, kv, None if all_logits else chunk.shape[1] - 1)[0]
+                outputs.append(logits if all_logits else logits[-1])
+            finish_passes(self)
         return torch.cat(outputs, 0) if all_logits else outputs[-1]
-
-    def _forward_chunk(self, chunk: torch.Tensor, kv, all_logits: bool) -> torch.Tensor:
-        self.stats.steps += 1
-        self.cache.policy.begin_step(self.stats.steps)
-        began = time.perf_counter()
-        # Only the last position's logits are wanted: cut the final norm's output to it (a torch
-        # forward hook, colibri-model's forward unchanged), so the vocab projection runs on one
-        # row, not on every prompt token (for SmolLM2's 49k vocab, most of a small model's prefill).
-        hook = self.model.norm.register_forward_hook(_last_position) if not all_logits and chunk.shape[1] > 1 else None
-        try:
-            logits = self.model(chunk, cache=kv).logits
-        finally:
-            if hook is not None:
-                hook.remove()
-        self.stats.forward_seconds += time.perf_counter() - began
-        return logits[0].float() if all_logits else logits[0, -1].float()
 
     @property
     def _context(self) -> Session:
@@ -313,6 +292,3 @@ class Engine:
         chat session (the overflow policy of chat.py applies); `chat_session()` keeps the cache."""
         return self.chat_session().reply(messages, max_new_tokens, **kwargs)
 
-
-def _last_position(module, args, output: torch.Tensor) -> torch.Tensor:
-    return output[:, -1:]
