@@ -130,3 +130,35 @@ def test_colibri_and_int4_models_hold_tensors_in_the_same_dtypes_in_bf16(tmp_pat
     assert norms and set(norms.values()) == {torch.float32}
     assert dtypes(dense)["layers.0.attn.q_proj.weight"] == torch.bfloat16
     assert all(d == held_dtype(dense.state_dict()[n].shape, torch.bfloat16) for n, d in dtypes(dense).items())
+
+
+@pytest.mark.skipif(not (_has("colibri_stream", "Engine") and _has("colibri_int4", "export_checkpoint")),
+                    reason="colibri-stream / colibri-int4 not installed")
+def test_int4_shared_prefixes_score_like_full_rows(tmp_path):
+    """The int4 adapter runs a shared context once on an engine session (append, then each
+    continuation appended and truncated away): the same scores as every row in full."""
+    import torch
+    from colibri_eval import load_model
+    from colibri_eval.request_encoding import encode_requests
+    from colibri_eval.scoring_engine import ScoringEngine
+    from colibri_int4 import export_checkpoint
+    from colibri_model import ColibriForCausalLM, get_preset
+
+    torch.manual_seed(0)
+    ColibriForCausalLM(get_preset("tiny")).save_pretrained(tmp_path / "ckpt")
+    export_checkpoint(tmp_path / "ckpt", tmp_path / "model.coli")
+    loaded = load_model(f"int4:{tmp_path / 'model.coli'}", ram_budget="2GB")
+    assert loaded.model.supports_prefix_cache
+    docs = load_documents(get_task("arc_easy"), "bundled", limit=2) + load_documents(get_task("hellaswag"),
+                                                                                     "bundled", limit=1)
+    items = [encode_requests(loaded.tokenizer, d.item.requests) for d in docs]
+    engine = loaded.model.engine
+    before = engine.stats.prefill_tokens
+    shared = ScoringEngine(loaded.model, share_prefixes=True).score(items)
+    shared_tokens = engine.stats.prefill_tokens - before
+    before = engine.stats.prefill_tokens
+    full = ScoringEngine(loaded.model, share_prefixes=False).score(items)
+    assert shared_tokens < engine.stats.prefill_tokens - before  # the contexts ran once
+    for a, b in zip(shared, full, strict=True):
+        for (ll_a, greedy_a), (ll_b, greedy_b) in zip(a, b, strict=True):
+            assert ll_a == pytest.approx(ll_b, rel=1e-5, abs=1e-3) and greedy_a == greedy_b

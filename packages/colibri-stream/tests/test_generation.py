@@ -18,8 +18,10 @@ def engine(tiny):
 
 def test_stream_pieces_add_up_to_the_result(engine):
     result = []
-    pieces = list(engine.stream("Once upon a time", 24, stop_token_ids=[], result=result))
-    assert "".join(pieces) == result[0].text
+    tokens = list(engine.stream("Once upon a time", 24, stop_token_ids=[], result=result))
+    assert "".join(t.text for t in tokens) == result[0].text
+    assert [t.id for t in tokens if t.id is not None] == result[0].token_ids
+    assert "".join(engine.stream_text("Once upon a time", 24, stop_token_ids=[])) == result[0].text
     assert len(result[0].token_ids) == 24 and result[0].finish_reason == "length"
     assert result[0].text == engine.tokenizer.decode(result[0].token_ids)
 

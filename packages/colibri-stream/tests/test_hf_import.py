@@ -90,11 +90,7 @@ def _hf_greedy(model, prompt: list[int], steps: int) -> list[int]:
 
 
 def _minimum_budget(container, **options) -> int:
-    from colibri_stream import BudgetError
-
-    with pytest.raises(BudgetError) as err:
-        Engine.open(container, ram_budget=1, **options)
-    return err.value.minimum_bytes
+    return Engine.plan(container, **options).min_budget  # from the header: no engine is built
 
 
 def test_imported_config_is_a_colibri_config_and_the_container_keeps_the_tokenizer(imported):
@@ -110,6 +106,18 @@ def test_imported_config_is_a_colibri_config_and_the_container_keeps_the_tokeniz
         assert config.n_experts == 0 and config.n_moe_layers == 0 and config.tie_embeddings
     else:
         assert config.router_score == "softmax" and not config.selection_bias
+
+
+def test_chat_goes_through_the_imported_template_and_stops_on_its_end_tokens(imported):
+    from colibri_stream.chat import ChatTemplate
+
+    _, _, container, _ = imported
+    messages = [{"role": "user", "content": "w3 w4"}]
+    with Engine.open(container, ram_budget="1GB") as eng:
+        template = ChatTemplate.for_engine(eng)
+        assert template.name == "container"  # not the ChatML fallback
+        assert template.render(messages) == str(messages)  # the fixture's template: "{{ messages }}"
+        assert eng.end_token_ids == [1]  # tokenizer_config's eos_token "w1"
 
 
 def test_bf16_import_matches_transformers_logits_and_greedy_tokens_at_full_and_tiny_budget(imported):

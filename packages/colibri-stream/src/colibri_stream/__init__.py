@@ -22,17 +22,20 @@ from .cache.policies import (
     serving_policy_names,
 )
 from .cache.replay import ReplayResult, access_sequence, belady, replay
+from .chat import ChatSession, ChatTemplate, ChatTemplateError, ContextOverflowError
 from .compute.expert_compute import DequantExpert, Int4Expert
 from .compute.streamed_experts import StreamedExperts
 from .engine import Engine
 from .errors import BudgetError, ContainerConfigError, ExpertCorruptError, SizeFormatError, StreamError
 from .footprint import Budget, Footprint
-from .generation import GenerationResult, SamplingConfig
+from .generation import GenerationResult, StreamedToken
 from .hit_rate_target import HitRateTarget
 from .io.direct_io import AlignedBuffer, BlobReader, IOFallbackWarning
 from .io.memory_cap import MemoryCap, read_memory_cap
 from .plan import Plan
 from .report import GenerateReport, ReportVersionError, StatsReport, read_generate_report
+from .sampling import SamplingConfig, TokenSampler
+from .session import Session
 from .sizes import format_size, parse_size
 from .stats import LayerCounters, StreamStats
 from .traces.events import TraceEvent
@@ -55,6 +58,13 @@ __all__ = [
     "read_memory_cap",
     "BudgetError",
     "CachePolicy",
+    "ChatSession",
+    "ChatTemplate",
+    "ChatTemplateError",
+    "ContextOverflowError",
+    "Session",
+    "StreamedToken",
+    "TokenSampler",
     "ContainerConfigError",
     "DequantExpert",
     "Engine",

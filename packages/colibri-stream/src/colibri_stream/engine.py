@@ -11,31 +11,41 @@ building anything; `Engine.open` follows that plan: it builds colibri-model's
 `ColibriForCausalLM` with a `StreamedExperts` backend per MoE layer (the transformer math is
 colibri-model's, not a copy; assembly.py) and preallocates the KV cache. Every forward pass,
 prefill or decode, goes through the KV cache in chunks of at most `prefill_chunk` tokens, so
-activations stay within the workspace the budget reserved. `forward_tokens` is that pass,
-public: it appends to the context and returns logits; `reset()` empties the context. Serving
-uses the config's `top_k_infer` (top-1 for the presets, trained at top-2) unless `top_k` is given.
+activations stay within the workspace the budget reserved. Serving uses the config's
+`top_k_infer` (top-1 for the presets, trained at top-2) unless `top_k` is given.
+
+Contexts are `Session`s (session.py): `engine.session()` holds its own KV cache and token ids
+(`append(ids) -> logits`, `fork`, `truncate`, `stream`, `generate`); `generate`, `stream`,
+`logits` and `chat` each run on a fresh session. Threads: the weights, the expert cache, the
+prefetcher and `stats` are shared, so every forward pass, whatever its session, holds the
+engine's lock (`run_session`); sessions may be used from several threads (one thread per session
+at a time). `forward_tokens` / `reset` / `context_length` are the engine's own default session,
+one context: kept for single-threaded callers, not for concurrent use.
 """
 
 from __future__ import annotations
 
 import os
-import time
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 
 import torch
 from colibri_int4 import Container
-from colibri_model.chat import encode_chat
 from colibri_model.tokenizer import EOS_TOKEN, IM_END
 
 from .assembly import assemble, parse_budget, plan_for
-from .generation import GenerationResult, SamplingConfig, decode_loop
+from .chat import ChatSession, ChatTemplate
+from .generation import GenerationResult, StreamedToken
 from .hit_rate_target import budget_for_hit_rate
 from .io.accounting import ReadBytesCounter, agreement
 from .io.heap import HeapTrimmer
 from .options import EngineOptions
+from .passes import finish_passes, forward_pass
 from .plan import Plan
+from .session import Session
+from .session_kv import SessionKV
 from .traces.routing_trace import RoutingTrace, read_trace, write_trace
 
 
@@ -50,7 +60,9 @@ class Engine:
         self.budget = plan.budget
         self.max_context, self.prefill_chunk = plan.footprint.max_context, plan.footprint.prefill_chunk
         self.device = options.device
-        self.kv_cache = self.model.new_kv_cache(1, self.max_context)
+        self._lock = threading.RLock()  # one forward pass at a time: see the module docstring
+        self._default_session: Session | None = None
+        self._chat_template: ChatTemplate | None = None
         self.path = container.path
         self.heap_trimmer = HeapTrimmer(self.budget.heap_slack_bytes)
         self._os_reads = ReadBytesCounter()  # from here on, every storage read is the run's
@@ -129,9 +141,10 @@ class Engine:
 
     def reset_stats(self) -> None:
         """Start a new measurement window (counters and the OS read_bytes baseline alike)."""
-        self.stats.reset()
-        self._os_reads.rebase()
-        self._update_io()
+        with self._lock:
+            self.stats.reset()
+            self._os_reads.rebase()
+            self._update_io()
 
     def _update_io(self) -> None:
         self.stats.bytes_read_os = self._os_reads.since()
@@ -152,99 +165,130 @@ class Engine:
                            n_experts=config.n_experts, top_k=self.top_k, model=Path(self.path).name, source=source)
 
     # --- forward passes --------------------------------------------------------------------
-    @property
-    def context_length(self) -> int:
-        """Tokens the context (KV cache) holds now."""
-        return self.kv_cache.length
+    def session(self) -> Session:
+        """A new, empty context on this engine (session.py)."""
+        return Session(self)
 
-    def reset(self) -> None:
-        """Empty the context: the next `forward_tokens` starts a new sequence."""
-        self.kv_cache.length = 0
+    def new_session_kv(self) -> SessionKV:
+        return SessionKV.for_model(self.config, self.max_context, self.device, self.model.embed.weight.dtype)
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """KV-cache bytes one context position holds (per session)."""
+        return self.new_session_kv().bytes_per_position
+
+    @property
+    def end_token_ids(self) -> list[int]:
+        """Token ids that end a generation by default: the container's (format 1.1), else
+        `<|endoftext|>` and `<|im_end|>` where the tokenizer has them."""
+        config = self.container.tokenizer_config or {}
+        if config.get("eos_token_ids"):
+            return [int(i) for i in config["eos_token_ids"]]
+        ends = (self.tokenizer.token_to_id(EOS_TOKEN), self.tokenizer.token_to_id(IM_END))
+        return [i for i in ends if i is not None]
 
     @torch.inference_mode()
+    def run_session(self, session: Session, ids: list[int], all_logits: bool) -> torch.Tensor:
+        """Run `ids` after `session`'s context, in chunks of `prefill_chunk`, under the engine's
+        lock; returns fp32 logits of the last position ([V]) or of every one ([T, V]). One token
+        after a non-empty context counts as a decode step, anything else as prefill
+        (`stats.decode_tokens` / `prefill_tokens`). `Session.append` is the public way in."""
+        if not ids:
+            raise ValueError("a forward pass needs at least one token")
+        kv = session.kv
+        with self._lock:
+            if kv.length + len(ids) > self.max_context:
+                raise ValueError(f"{kv.length + len(ids)} tokens exceed the engine's max_context={self.max_context}")
+            kv.reserve(kv.length + len(ids))
+            if len(ids) == 1 and kv.length > 0:
+                self.stats.decode_tokens += 1
+            else:
+                self.stats.prefill_tokens += len(ids)
+            outputs = []
+            for start in range(0, len(ids), self.prefill_chunk):
+                chunk = torch.tensor([ids[start : start + self.prefill_chunk]], dtype=torch.long, device=self.device)
+                logits = forward_pass(self, chunk, kv, None if all_logits else chunk.shape[1] - 1)[0]
+                outputs.append(logits if all_logits else logits[-1])
+            finish_passes(self)
+        return torch.cat(outputs, 0) if all_logits else outputs[-1]
+
+    @property
+    def _context(self) -> Session:
+        if self._default_session is None:
+            self._default_session = self.session()
+        return self._default_session
+
+    @property
+    def context_length(self) -> int:
+        """Tokens the engine's default context holds now (see `forward_tokens`)."""
+        return len(self._context)
+
+    def reset(self) -> None:
+        """Empty the engine's default context."""
+        self._context.reset()
+
     def forward_tokens(self, ids: Sequence[int], *, all_logits: bool = False) -> torch.Tensor:
-        """Append `ids` to the context and run them, in chunks of `prefill_chunk`; returns the fp32
-        logits of the last position ([V]) or, with `all_logits`, of every one ([T, V]), on the
-        engine's device. One token after a non-empty context counts as a decode step, anything
-        else as prefill (`stats.decode_tokens` / `prefill_tokens`)."""
+        """Append `ids` to the engine's default context (one session, for single-threaded use;
+        `engine.session()` gives independent ones) and return its logits (`Session.append`)."""
         ids = [int(i) for i in ids]
         if not ids:
             raise ValueError("forward_tokens() needs at least one token")
-        if self.kv_cache.length + len(ids) > self.max_context:
-            raise ValueError(
-                f"{self.kv_cache.length + len(ids)} tokens exceed the engine's max_context={self.max_context}"
-            )
-        if len(ids) == 1 and self.kv_cache.length > 0:
-            self.stats.decode_tokens += 1
-        else:
-            self.stats.prefill_tokens += len(ids)
-        outputs = []
-        for start in range(0, len(ids), self.prefill_chunk):
-            chunk = torch.tensor([ids[start : start + self.prefill_chunk]], dtype=torch.long, device=self.device)
-            self.stats.steps += 1
-            self.cache.policy.begin_step(self.stats.steps)
-            began = time.perf_counter()
-            logits = self.model(chunk, cache=self.kv_cache).logits[0]
-            self.stats.forward_seconds += time.perf_counter() - began
-            outputs.append(logits.float() if all_logits else logits[-1].float())
-        if self.cache.prefetcher is not None:
-            self.cache.prefetcher.drain()
-        # Freed verify/repack temporaries stay on the C heap (io/heap.py): give them back once
-        # they have grown past the budget's slack. Trimming after every miss cost 27% of
-        # tokens/s; the check itself is only made after a slack's worth of reads (RESULTS.md).
-        self.heap_trimmer.maybe_trim(self.stats.bytes_read)
-        self._update_io()
-        return torch.cat(outputs, 0) if all_logits else outputs[-1]
+        return self._context.append(ids, all_logits=all_logits)
 
     def logits(self, input_ids: Sequence[int] | torch.Tensor) -> torch.Tensor:
-        """fp32 logits `[T, vocab]` of one sequence (a 1-D tensor or list of token ids), from
-        an empty context: row t scores the token after position t."""
+        """fp32 logits `[T, vocab]` (on the CPU) of one sequence (a 1-D tensor or list of token
+        ids), on a fresh session: row t scores the token after position t."""
         ids = input_ids.flatten().tolist() if isinstance(input_ids, torch.Tensor) else list(input_ids)
         if not ids:
             raise ValueError("logits() needs at least one token")
-        self.reset()
-        return self.forward_tokens(ids, all_logits=True).cpu()
+        return self.session().append(ids, all_logits=True).cpu()
 
     # --- text ------------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False).ids
 
+    @property
+    def chat_template(self) -> ChatTemplate:
+        """The container's chat template (format 1.1), else colibri-model's ChatML (chat.py)."""
+        if self._chat_template is None:
+            self._chat_template = ChatTemplate.for_engine(self)
+        return self._chat_template
+
     def chat_prompt(self, messages: list[dict]) -> list[int]:
-        """Token ids of a conversation in colibri-model's ChatML template, ending with the
-        assistant header so that the model writes the next turn."""
-        return encode_chat(messages, self.tokenizer, add_generation_prompt=True)[0]
+        """Token ids of a conversation in the chat template, ending with the assistant header so
+        that the model writes the next turn."""
+        return self.chat_template.encode(messages, add_generation_prompt=True)
 
-    def stream(self, prompt: str | Sequence[int], max_new_tokens: int = 128, *, temperature: float = 0.0,
-               top_p: float = 1.0, seed: int | None = None, stop: Sequence[str] = (),
-               stop_token_ids: Sequence[int] | None = None, result: list | None = None) -> Iterator[str]:
-        """Yield text pieces as they are generated (see `generate`). If `result` is a list, the
-        final `GenerationResult` is appended to it when the iterator is exhausted."""
-        prompt_ids = self.encode(prompt) if isinstance(prompt, str) else [int(i) for i in prompt]
-        if not prompt_ids:
-            raise ValueError("the prompt is empty")
-        if max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-        if stop_token_ids is None:
-            ends = (self.tokenizer.token_to_id(EOS_TOKEN), self.tokenizer.token_to_id(IM_END))
-            stop_token_ids = [i for i in ends if i is not None]
-        sampling = SamplingConfig(temperature, top_p, seed)
-        yield from decode_loop(self, prompt_ids, max_new_tokens, sampling, tuple(stop), set(stop_token_ids), result)
+    def chat_session(self) -> ChatSession:
+        """A conversation whose KV cache is kept across turns (chat.py: prefix reuse, overflow)."""
+        return ChatSession(self, self.chat_template)
 
-    def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 128, *, temperature: float = 0.0,
-                 top_p: float = 1.0, seed: int | None = None, stop: Sequence[str] = (),
-                 stop_token_ids: Sequence[int] | None = None,
-                 on_text: Callable[[str], None] | None = None) -> GenerationResult:
-        """Generate up to `max_new_tokens` after `prompt` (text or token ids). Greedy unless
-        `temperature > 0` (then nucleus sampling with `top_p`, repeatable with `seed`). Stops at
-        an end token (`<|endoftext|>`, `<|im_end|>` by default), or at the first of the `stop`
-        strings (cut from the text). `on_text(piece)` receives the text as it is produced."""
-        result: list[GenerationResult] = []
-        for piece in self.stream(prompt, max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
-                                 stop=stop, stop_token_ids=stop_token_ids, result=result):
-            if on_text is not None:
-                on_text(piece)
-        return result[0]
+    def stream(self, prompt: str | Sequence[int], max_new_tokens: int = 128, **kwargs) -> Iterator[StreamedToken]:
+        """Yield a `StreamedToken` (id, text piece, logprob) per generated token, on a fresh
+        session (`Session.stream` for the sampling options, stop strings and logprobs)."""
+        return self.session().stream(prompt, max_new_tokens, **kwargs)
+
+    def stream_text(self, prompt: str | Sequence[int], max_new_tokens: int = 128, **kwargs) -> Iterator[str]:
+        """`stream`, text pieces only."""
+        return self.session().stream_text(prompt, max_new_tokens, **kwargs)
+
+    def generate(self, prompt, max_new_tokens: int = 128, *, on_text: Callable[[str], None] | None = None,
+                 **kwargs):
+        """Generate up to `max_new_tokens` after `prompt` (text or token ids) on a fresh session.
+        Greedy unless `temperature > 0` (then `top_k`, `top_p`, `min_p`, repeatable with `seed`);
+        `repetition_penalty`; stops at an end token (`end_token_ids` by default) or at the first
+        of the `stop` strings (cut from the text); `logprobs=n` adds the n most likely
+        alternatives to each of `result.tokens`. `on_text(piece)` receives the text as it is
+        produced. A list of prompts (texts, or lists of ids) returns a list of results, their
+        prefill run as one padded batch (batch.py)."""
+        if isinstance(prompt, (list, tuple)) and prompt and not isinstance(prompt[0], int):
+            from .batch import generate_batch
+
+            return generate_batch(self, list(prompt), max_new_tokens, on_text=on_text, **kwargs)
+        return self.session().generate(prompt, max_new_tokens, on_text=on_text, **kwargs)
 
     def chat(self, messages: list[dict], max_new_tokens: int = 256, **kwargs) -> GenerationResult:
-        """The assistant's reply to `messages` ([{"role": ..., "content": ...}, ...])."""
-        return self.generate(self.chat_prompt(messages), max_new_tokens, **kwargs)
+        """The assistant's reply to `messages` ([{"role": ..., "content": ...}, ...]) on a fresh
+        chat session (the overflow policy of chat.py applies); `chat_session()` keeps the cache."""
+        return self.chat_session().reply(messages, max_new_tokens, **kwargs)
+

@@ -1,10 +1,7 @@
-"""Token selection and text assembly for generation: sampling, stop strings, streaming text.
+"""Generation: the decode loop, streaming text with stop strings, and what a run reports.
 
-- `SamplingConfig`: greedy when `temperature == 0` (the default), else softmax at the
-  temperature restricted to the nucleus (`top_p`): the smallest set of most likely tokens whose
-  probabilities sum to at least `top_p`. A seeded `torch.Generator` makes sampling repeatable.
-- `decode_loop`: prefill, then sample / decode one token at a time through the engine's public
-  incremental API (`reset`, `forward_tokens`, `context_length`), yielding text;
+- `decode_loop`: on a `Session` (session.py), prefill the prompt, then sample (sampling.py) and
+  decode one token at a time, yielding a `StreamedToken` (id, text piece, logprob) per step;
   `GenerationResult` is what it reports at the end.
 - `TextAssembler`: turns the growing list of generated ids into text pieces for streaming. It
   re-decodes the whole generation each step (byte-level BPE merges and multi-byte characters
@@ -21,51 +18,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
-import torch
 from tokenizers import Tokenizer
 
-
-@dataclass(frozen=True)
-class SamplingConfig:
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seed: int | None = None
-
-    def __post_init__(self):
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0
-
-
-class TokenSampler:
-    """Picks the next token from a logits row according to a `SamplingConfig`."""
-
-    def __init__(self, config: SamplingConfig):
-        self.config = config
-        self.generator = torch.Generator()
-        if config.seed is not None:
-            self.generator.manual_seed(config.seed)
-        else:
-            self.generator.seed()
-
-    def __call__(self, logits: torch.Tensor) -> int:
-        logits = logits.float().cpu()
-        if self.config.greedy:
-            return int(torch.argmax(logits))
-        probs = torch.softmax(logits / self.config.temperature, dim=-1)
-        if self.config.top_p < 1.0:
-            sorted_probs, order = torch.sort(probs, descending=True)
-            before = torch.cumsum(sorted_probs, 0) - sorted_probs  # mass of strictly more likely tokens
-            keep = before < self.config.top_p  # always keeps the most likely token
-            sorted_probs = torch.where(keep, sorted_probs, torch.zeros_like(sorted_probs))
-            choice = torch.multinomial(sorted_probs, 1, generator=self.generator)
-            return int(order[choice])
-        return int(torch.multinomial(probs, 1, generator=self.generator))
+from .sampling import SamplingConfig, TokenSampler, token_logprobs
 
 
 @dataclass
@@ -116,6 +71,19 @@ class TextAssembler:
         return longest
 
 
+@dataclass(frozen=True)
+class StreamedToken:
+    """One step of a stream: the token `id`, the `text` that became safe to show with it (may be
+    empty: an incomplete character or a possible stop string is held back, and shows with a later
+    token), its `logprob` under the model and, when asked for, the `top_logprobs` [(id, logprob)].
+    A last event with `id=None` carries held-back text when generation ends at an end token."""
+
+    id: int | None
+    text: str
+    logprob: float | None = None
+    top_logprobs: tuple[tuple[int, float], ...] = ()
+
+
 @dataclass
 class GenerationResult:
     text: str
@@ -125,6 +93,12 @@ class GenerationResult:
     prefill_seconds: float  # time to first token
     decode_seconds: float
     stats: dict = field(default_factory=dict)
+    prefilled_tokens: int = -1  # prompt tokens actually run (fewer when a session reused its cache)
+    tokens: list[StreamedToken] = field(default_factory=list)  # per generated token: id, text, logprobs
+
+    @property
+    def logprobs(self) -> list[float]:
+        return [t.logprob for t in self.tokens if t.id is not None]
 
     @property
     def tokens_per_s(self) -> float:
@@ -145,44 +119,59 @@ class GenerationResult:
         }
 
 
+
 def decode_loop(
-    engine,
+    session,
     prompt_ids: list[int],
     max_new_tokens: int,
     sampling: SamplingConfig,
     stop: tuple[str, ...],
     stop_ids: set[int],
     result: list | None,
-) -> Iterator[str]:
-    """The generation loop of `Engine.stream` (engine: its `reset`, `forward_tokens`,
-    `context_length`, `max_context`, `tokenizer` and `stats`). Appends a `GenerationResult` to
-    `result` at the end."""
+    top_logprobs: int = 0,
+) -> Iterator[StreamedToken]:
+    """Generation on a `Session` (session.py): append `prompt_ids` to its context (an empty prompt
+    continues from the context's last logits), then sample and append one token at a time,
+    yielding `StreamedToken`s. The last sampled token is deferred (`Session.defer`: in the
+    context, run by whatever comes next), so no pass is spent on logits nobody reads. Appends a
+    `GenerationResult` to `result` at the end."""
+    engine = session.engine
     sampler = TokenSampler(sampling)
     assembler = TextAssembler(engine.tokenizer, stop)
-    engine.reset()
+    history = session.tokens + list(prompt_ids)  # what the repetition penalty looks at
     finish = "length"
     began = time.perf_counter()
-    logits = None
+    logits, events = None, []
     if max_new_tokens > 0:
-        logits = engine.forward_tokens(prompt_ids)
+        logits = session.append(prompt_ids) if prompt_ids else session.last_logits()
     prefill_seconds = time.perf_counter() - began
     for step in range(max_new_tokens):
-        token = sampler(logits)
+        token = sampler(logits, history)
         if token in stop_ids:
             finish = "eos"
             break
+        history.append(token)
+        logprob, top = token_logprobs(logits, token, top_logprobs)
         piece = assembler.add(token)
-        if piece:
-            yield piece
+        last = assembler.stopped or step + 1 == max_new_tokens or len(session) + 1 > engine.max_context
+        if last:
+            piece += assembler.finish()
+        event = StreamedToken(token, piece, logprob, tuple(top))
+        events.append(event)
+        yield event
         if assembler.stopped:
             finish = "stop"
+            session.defer([token])
             break
-        if step + 1 == max_new_tokens or engine.context_length + 1 > engine.max_context:
+        if last:
+            session.defer([token])
             break
-        logits = engine.forward_tokens([token])
+        logits = session.append([token])
     tail = assembler.finish()
     if tail:
-        yield tail
+        event = StreamedToken(None, tail)
+        events.append(event)
+        yield event
     if result is not None:
         result.append(
             GenerationResult(
@@ -193,5 +182,7 @@ def decode_loop(
                 prefill_seconds,
                 time.perf_counter() - began - prefill_seconds,
                 engine.stats.to_dict(),
+                prefilled_tokens=len(prompt_ids),
+                tokens=events,
             )
         )

@@ -1,9 +1,12 @@
 """Adapter for a colibri-stream int4 container (``int4:PATH``), served at top-1.
 
-Uses colibri-stream's public API: ``Engine.open(path, ram_budget=..., dtype=...)`` and
-``engine.logits(input_ids)`` -> ``[T, V]`` for ONE sequence, so the engine's batches are
-scored row by row (each row trimmed after its last scored position). The tokenizer is the
-engine's (the one carried in the container, else the bundled SmolLM2 one);
+Uses colibri-stream's public API: ``Engine.open(path, ram_budget=..., dtype=...)`` and its
+sessions (``engine.session()``, ``append``, ``branch_logits``). A batch of rows runs as one
+right-padded batch on an empty session (each row trimmed after its last scored position).
+Shared prefixes (``supports_prefix_cache``: the scoring engine groups continuations of one
+context) run once: the context is appended to a session, then its continuations run as one
+right-padded batch after it (``Session.branch_logits``, each row over a copy of the context's KV
+cache), so a context is neither recomputed nor copied per choice. The tokenizer is the engine's (the one carried in the container, else the bundled SmolLM2 one);
 ``max_length`` is the engine's ``max_context``. ``dtype`` is the engine's (resident weights and
 activations), so ``--dtype bfloat16`` means the same for ``colibri:`` and ``int4:`` models:
 both hold their tensors as colibri-model's ``held_dtype`` says (1-D tensors fp32).
@@ -24,23 +27,40 @@ from colibri_eval.errors import ModelSpecError
 class Int4StreamLM:
     """``TokenLogitsModel`` over a colibri-stream ``Engine``."""
 
-    supports_prefix_cache = False
+    supports_prefix_cache = True
 
     def __init__(self, engine: Any, max_length: int) -> None:
         self.engine = engine
         self.max_length = max_length
 
     def logits_at(self, input_ids: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-        out = []
-        for row in range(input_ids.shape[0]):
-            wanted = cols[rows == row]
-            if wanted.numel() == 0:
+        """The batch's rows as one padded batch on an empty session (``Session.branch_logits``),
+        each trimmed after its last wanted position (the rest is padding, or unused)."""
+        members = [r for r in range(input_ids.shape[0]) if bool((rows == r).any())]
+        sequences = [input_ids[r, : int(cols[rows == r].max()) + 1].tolist() for r in members]
+        skip = int(cols.min())  # no row needs logits before this position (its context)
+        by_row = dict(zip(members, self.engine.session().branch_logits(sequences, skip)))
+        return torch.stack([by_row[int(r)][int(c) - skip] for r, c in zip(rows, cols)]).cpu()
+
+    def shared_prefix_logits(self, prefix_ids, prefix_lengths, suffix_ids, owner, rows, cols):
+        """Each LEFT-padded prefix once on an engine session, then all its suffix rows in one
+        padded batch after it (``Session.branch_logits``: over a copy of the prefix's KV cache)."""
+        width = prefix_ids.shape[1]
+        last, by_row = [], {}
+        for group in range(prefix_ids.shape[0]):
+            length = int(prefix_lengths[group])
+            session = self.engine.session()
+            last.append(torch.as_tensor(session.append(prefix_ids[group, width - length:])).cpu())
+            members = [r for r in torch.nonzero(owner == group).flatten().tolist() if bool((rows == r).any())]
+            if not members:
                 continue
-            # positions after the last wanted one are padding (or unused): do not compute them
-            length = int(wanted.max()) + 1
-            logits = torch.as_tensor(self.engine.logits(input_ids[row, :length]))
-            out.append(logits[wanted])
-        return torch.cat(out, dim=0)
+            # each row's suffix up to its last scored position (the rest is padding)
+            suffixes = [suffix_ids[r, : int(cols[rows == r].max()) + 1].tolist() for r in members]
+            for row, logits in zip(members, session.branch_logits(suffixes)):
+                by_row[row] = torch.as_tensor(logits).cpu()
+        out = torch.stack([by_row[int(r)][int(c)] for r, c in zip(rows, cols)]) if rows.numel() else \
+            torch.zeros((0, last[0].shape[-1]))
+        return torch.stack(last), out
 
 
 _DTYPES = ("float32", "bfloat16")
@@ -62,3 +82,4 @@ def load_int4(spec: str, path: str, ram_budget: str | None, dtype: str = "float3
     max_length = int(getattr(engine, "max_context", 2048))
     info = {"dtype": dtype, "ram_budget": ram_budget or "engine default", "max_length": max_length, "serving": "top-1"}
     return LoadedModel(spec, "int4", path, TokenizersTokenizer(engine.tokenizer), Int4StreamLM(engine, max_length), info)
+

@@ -1,6 +1,7 @@
 """The `colibri-stream` command line: the group, and where each command lives.
 
     run.py     generate, chat, plan       (serving, and the budget plan)
+    serve.py   serve                      (the OpenAI-compatible HTTP server)
     sweep.py   bench                      (a budget sweep with disk-honesty checks)
     bench.py   bench-suite                (every workload and study of issue 9)
     traces.py  trace-hf, policy-study     (routing traces of any MoE, policies replayed on them)
@@ -31,10 +32,11 @@ def main() -> None:
 
 from .bench import bench_suite  # noqa: E402 - commands register on the group defined above
 from .run import chat, generate, plan  # noqa: E402
+from .serve import serve  # noqa: E402
 from .sweep import bench  # noqa: E402
 from .traces import policy_study_command, trace_hf  # noqa: E402
 
-for _command in (generate, chat, plan, bench, bench_suite, policy_study_command, trace_hf):
+for _command in (generate, chat, plan, serve, bench, bench_suite, policy_study_command, trace_hf):
     main.add_command(_command)
 
 if __name__ == "__main__":

@@ -87,12 +87,28 @@ def _sampling_options(f):
         click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True, help="0 = greedy."),
         click.option("--top-p", type=click.FloatRange(min=0, max=1, min_open=True), default=1.0, show_default=True,
                      help="Nucleus sampling mass (with --temperature > 0)."),
+        click.option("--sample-top-k", "sample_top_k", type=click.IntRange(min=0), default=0, show_default=True,
+                     help="Sampling: keep the k most likely tokens (0 = off; --top-k is experts per token)."),
+        click.option("--min-p", type=click.FloatRange(0, 1), default=0.0, show_default=True,
+                     help="Keep tokens at least this fraction as likely as the best (0 = off)."),
+        click.option("--repetition-penalty", type=click.FloatRange(min=0, min_open=True), default=1.0,
+                     show_default=True, help="Divide the logits of tokens already in the context (1 = off)."),
         click.option("--seed", type=int, default=None, help="Seed for sampling."),
         click.option("--stop", multiple=True, help="Stop string (repeatable); cut from the output."),
     ]
     for option in reversed(options):
         f = option(f)
     return f
+
+
+SAMPLING_KEYS = ("temperature", "top_p", "sample_top_k", "min_p", "repetition_penalty", "seed", "stop")
+
+
+def _sampling(options: dict) -> dict:
+    """Pop the sampling options out of `options`, as `Session.stream` keywords."""
+    out = {key: options.pop(key) for key in SAMPLING_KEYS}
+    out["top_k"] = out.pop("sample_top_k")
+    return out
 
 
 def _split_options(options: dict) -> tuple[object, dict]:
@@ -139,8 +155,9 @@ def _open_engine(container, options: dict, **extra):
 @click.option("--trace", is_flag=True, help="With --json: include the routing trace.")
 @click.option("--trace-out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write the routing trace to this file (ROUTING_TRACE.md; .gz compresses) for policy-study.")
-def generate(container, prompt, max_new_tokens, temperature, top_p, seed, stop, as_json, trace, trace_out, **options):
+def generate(container, prompt, max_new_tokens, as_json, trace, trace_out, **options):
     """Continue PROMPT with the model in CONTAINER (greedy unless --temperature is given)."""
+    sampling = _sampling(options)
     engine = _open_engine(container, options, record_trace=trace or trace_out is not None)
     with engine:
 
@@ -150,8 +167,7 @@ def generate(container, prompt, max_new_tokens, temperature, top_p, seed, stop, 
                 sys.stdout.flush()
 
         try:
-            result = engine.generate(prompt, max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
-                                     stop=stop, on_text=show)
+            result = engine.generate(prompt, max_new_tokens, on_text=show, **sampling)
         except (StreamError, Int4Error, ValueError) as exc:
             raise click_error(exc) from None
         if trace_out is not None:
@@ -175,12 +191,15 @@ def generate(container, prompt, max_new_tokens, temperature, top_p, seed, stop, 
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=256, show_default=True)
 @engine_options(required_budget=True)
 @_sampling_options
-def chat(container, system, max_new_tokens, temperature, top_p, seed, stop, **options):
-    """Chat with the model in CONTAINER (ChatML template). An empty line, /exit or EOF ends."""
+def chat(container, system, max_new_tokens, **options):
+    """Chat with the model in CONTAINER (its chat template, else ChatML). The KV cache is kept
+    across turns: each turn prefills only its new tokens. An empty line, /exit or EOF ends."""
+    sampling = _sampling(options)
     engine = _open_engine(container, options)
     messages = [{"role": "system", "content": system}] if system else []
     interactive = sys.stdin.isatty()
     with engine:
+        session = engine.chat_session()
         while True:
             if interactive:
                 click.echo("you> ", nl=False, err=True)
@@ -190,14 +209,15 @@ def chat(container, system, max_new_tokens, temperature, top_p, seed, stop, **op
             messages.append({"role": "user", "content": line.rstrip("\n")})
             click.echo("colibri> ", nl=False)
             try:
-                result = engine.chat(messages, max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
-                                     stop=stop, on_text=lambda piece: (click.echo(piece, nl=False), sys.stdout.flush()))
+                result = session.reply(messages, max_new_tokens, **sampling,
+                                       on_text=lambda piece: (click.echo(piece, nl=False), sys.stdout.flush()))
             except (StreamError, Int4Error, ValueError) as exc:
                 raise click_error(exc) from None
             click.echo()
             messages.append({"role": "assistant", "content": result.text})
             s = engine.stats
-            click.echo(f"[{len(result.token_ids)} tokens, {result.tokens_per_s:.1f} tok/s, "
+            click.echo(f"[{len(result.token_ids)} tokens, {result.tokens_per_s:.1f} tok/s, prefilled "
+                       f"{result.prefilled_tokens} of {result.prompt_tokens} prompt tokens, "
                        f"hit rate {s.hit_rate:.1%}, read {format_size(s.bytes_read)}]", err=True)
 
 

@@ -1,0 +1,44 @@
+"""`colibri-stream serve CONTAINER`: the OpenAI-compatible HTTP server (serve/server.py).
+
+    colibri-stream serve model.coli --ram-budget 600MB                 # http://127.0.0.1:8000/v1
+    colibri-stream serve model.coli --ram-budget auto --port 8080 --model-name colibri
+
+Then any OpenAI client: `OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="unused")`.
+"""
+
+from __future__ import annotations
+
+import click
+
+from .run import _open_engine, engine_options
+
+
+@click.command()
+@click.argument("container", type=click.Path(exists=True, dir_okay=False))
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to bind. Loopback by default: the server has no authentication.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True, help="0: any free port.")
+@click.option("--model-name", default=None, help="The model id clients name (default: the container's file stem).")
+@click.option("--keep-sessions", type=click.IntRange(min=0), default=4, show_default=True,
+              help="Chat sessions kept between requests, so a resent conversation prefills only its new turn; "
+              "each holds its KV cache beyond --ram-budget (0: none).")
+@click.option("--verbose", is_flag=True, help="Log every request (and tracebacks of server errors) to stderr.")
+@engine_options(required_budget=True)
+def serve(container, host, port, model_name, keep_sessions, verbose, **options):
+    """Serve CONTAINER over an OpenAI-compatible HTTP API: /v1/chat/completions and
+    /v1/completions (stream: true for server-sent events), /v1/models."""
+    from ..serve.server import make_server
+
+    engine = _open_engine(container, options)
+    with engine:
+        try:
+            server = make_server(engine, host, port, model_name, verbose, keep_sessions)
+        except OSError as exc:
+            raise click.UsageError(f"cannot listen on {host}:{port} ({exc.strerror or exc})") from None
+        click.echo(f"serving {server.model_name} at {server.url} (Ctrl-C stops)", err=True)
+        try:
+            server.serve_forever()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            server.server_close()
