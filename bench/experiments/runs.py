@@ -29,6 +29,7 @@ from colibri_model import ColibriConfig
 from colibri_model.corpus import prose_files
 from colibri_model.data.manifest import open_data_dir
 from colibri_model.training import TrainConfig, Trainer
+from colibri_model.training.checkpointing import latest_checkpoint
 from colibri_model.training.metrics import MetricsRecord, read_metrics
 
 VOCAB_SIZE = 2048
@@ -112,8 +113,11 @@ def train_run(run_dir: Path, data: Path, model_cfg: ColibriConfig | None, train_
               probe: Callable[[int, torch.nn.Module], None] | None = None, probe_every: int = 0,
               resume_from: Path | None = None, init_from: Path | None = None,
               fresh: bool = True) -> tuple[list[MetricsRecord], Path]:
-    """Train one run from scratch (or from a checkpoint); returns (metrics, final checkpoint)."""
-    if fresh and run_dir.exists():
+    """Train one run from scratch (or from a checkpoint); returns (metrics, final checkpoint).
+
+    fresh=False reuses RUN_DIR when it holds a checkpoint (the trainer resumes from it: a finished
+    run trains no further); a directory without one is started afresh either way."""
+    if run_dir.exists() and (fresh or latest_checkpoint(run_dir) is None):
         shutil.rmtree(run_dir)
     kwargs = {}
     if resume_from is not None:
