@@ -120,6 +120,12 @@ def summarize(results: list[dict]) -> dict:
     return summary
 
 
+def _smooth(values: list[float], window: int = 5) -> list[float]:
+    """Rolling mean over up to WINDOW logged points (one batch's routing is noisy)."""
+    return [sum(values[max(0, i - window + 1):i + 1]) / len(values[max(0, i - window + 1):i + 1])
+            for i in range(len(values))]
+
+
 def plot(results: list[dict], out: Path, title: str) -> Path:
     fig, axes = report.figure(2, 3, title)
     colors = {"off": "tab:red", "default": "tab:blue", "10x": "tab:green"}
@@ -130,10 +136,10 @@ def plot(results: list[dict], out: Path, title: str) -> Path:
         for r in results:
             c = r["curves"]["router"]
             for j, layer in enumerate(layers):
-                ax.plot(c["step"], c[f"{layer}_{key}"], color=colors[r["name"]], alpha=0.35 + 0.2 * j,
+                ax.plot(c["step"], _smooth(c[f"{layer}_{key}"]), color=colors[r["name"]], alpha=0.35 + 0.2 * j,
                         linewidth=0.8, label=f"gamma {r['gamma']:g}" if (j == 0 and r["seed"] == results[0]["seed"])
                         else None)
-        ax.set_title(f"{label}, each layer", fontsize=8)
+        ax.set_title(f"{label}, each MoE layer (rolling mean of 5 points)", fontsize=8)
     ax = axes[1][0]
     for r in results:
         v = r["curves"]["val"]
