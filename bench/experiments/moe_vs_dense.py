@@ -86,7 +86,8 @@ def summarize(results: list[dict]) -> dict:
         summary[key.replace("val_loss_", "val_loss_") + "_vs_dense"] = {
             "moe": report.spread(a), "dense": report.spread(b),
             "moe_minus_dense": report.spread([x - y for x, y in zip(a, b)]),
-            "exceeds_seed_spread": report.exceeds_spread(a, b)}
+            "exceeds_seed_spread": report.exceeds_spread(a, b),
+            "same_sign_every_seed": report.same_sign_every_seed([x - y for x, y in zip(a, b)])}
     tasks = {}
     for task in moe[0]["eval"]["served_top1"]:
         metric, _ = primary(moe[0]["eval"]["served_top1"][task])

@@ -114,6 +114,14 @@ def exceeds_spread(a: list[float], b: list[float]) -> bool | None:
     return max(a) < min(b) or max(b) < min(a)
 
 
+def same_sign_every_seed(differences: list[float]) -> bool | None:
+    """Paired view (same seed = same init and data order on both sides): True when the per-seed
+    difference has the same sign for every seed. None with a single seed."""
+    if len(differences) < 2:
+        return None
+    return all(d > 0 for d in differences) or all(d < 0 for d in differences)
+
+
 def figure(rows: int, cols: int, title: str):
     import matplotlib
 

@@ -96,7 +96,8 @@ def summarize(results: list[dict]) -> dict:
     summary = {name: report.spread(values) for name, values in by.items()}
     for a, b in (("cosine_N", "wsd_N"), ("cosine_continued_1.5N", "wsd_resumed_1.5N")):
         diffs = [x - y for x, y in zip(by[a], by[b])]  # seeds in the same order
-        summary[f"{a}_minus_{b}"] = {**report.spread(diffs), "exceeds_seed_spread": report.exceeds_spread(by[a], by[b])}
+        summary[f"{a}_minus_{b}"] = {**report.spread(diffs), "exceeds_seed_spread": report.exceeds_spread(by[a], by[b]),
+                                     "same_sign_every_seed": report.same_sign_every_seed(diffs)}
     return summary
 
 
