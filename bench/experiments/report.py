@@ -54,6 +54,11 @@ def commit() -> str:
         return "unknown"
 
 
+# The code a result came from is the checkout when the experiment STARTED (scripts import this
+# module first thing); HEAD at the end may already hold later edits.
+COMMIT_AT_START = commit()
+
+
 def check_result(doc: dict, where: str = "result") -> dict:
     """Raise ExperimentFormatError naming the first missing or mistyped field."""
     if not isinstance(doc, dict):
@@ -81,7 +86,7 @@ def check_result(doc: dict, where: str = "result") -> dict:
 def write_result(out: Path, experiment: str, finding: str, settings: dict, runs: list[dict], summary: dict,
                  started: float) -> Path:
     doc = {"experiment_version": EXPERIMENT_VERSION, "experiment": experiment, "finding": finding,
-           "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "commit": commit(),
+           "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "commit": COMMIT_AT_START,
            "machine": machine(), "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
            "wall_s": round(time.time() - started, 1), "settings": settings, "runs": runs, "summary": summary}
     check_result(json.loads(json.dumps(doc)))
