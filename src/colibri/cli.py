@@ -76,11 +76,14 @@ def main() -> None:
 @click.option("--lr", type=click.FloatRange(min=0, min_open=True), help="New runs only: peak learning rate.")
 @click.option("--warmup-steps", type=click.IntRange(min=0), help="New runs only: warmup steps.")
 @click.option("--eval-every", type=click.IntRange(min=0), help="New runs only: validation cadence in steps.")
+@click.option("--bias-gamma", type=click.FloatRange(min=0),
+              help="New runs only: the expert-bias balancer's step per optimizer step (the model's "
+                   "bias_update_gamma) [default: the preset's, 1e-3, sized for runs of thousands of steps].")
 @click.option("--progress/--no-progress", default=None, callback=_resolve_progress,
               help="Progress bar on stderr [default: only when stderr is a terminal].")
 def train(relay_spec, preset, data_dir, sft, chat_files, leg_steps, leg_hours, decay, parallelism, work_dir, holder,
           lease_duration, heartbeat, claim_timeout, seq_len, batch_size, micro_batch, lr, warmup_steps,
-          eval_every, progress):
+          eval_every, bias_gamma, progress):
     """Train one leg: claim the baton, pull, train, push, release.
 
     \b
@@ -106,6 +109,7 @@ def train(relay_spec, preset, data_dir, sft, chat_files, leg_steps, leg_hours, d
                       parallelism=parallelism, holder=holder,
                       lease_duration_s=lease_duration, heartbeat_s=heartbeat, claim_timeout_s=claim_timeout,
                       train_overrides=overrides, progress=progress,
+                      model_overrides={} if bias_gamma is None else {"bias_update_gamma": bias_gamma},
                       log=lambda msg: click.echo(msg, err=False))
     from colibri_model.training import TrainingDivergedError
 

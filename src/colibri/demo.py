@@ -35,6 +35,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 LEASE_S, HEARTBEAT_S = 8.0, 2.0
+# The expert-bias balancer's step for the demo's short run. The default, 1e-3 per optimizer step
+# (DeepSeek-V3's), is sized for runs of thousands of steps: a sign update moves a bias by exactly
+# gamma per step, so by at most 0.16 in 160 steps, while at lr 3e-3 each tiny router makes one
+# expert every token's pick within ~20 steps, its score ahead of the median expert's by 0.50-0.55.
+# Measured on the demo's own run (bench/experiments/demo_balance.py; bench/experiments/RESULTS.md):
+# at 1e-3, MaxVio 2.5-3.0 (3 is the most at top-2 of 8) in all three MoE layers, 13 of 24 experts
+# dead per step at steps 40-60 and 3 at step 160, the biases pinned at 0.16; at 1e-2, MaxVio
+# 0.3-0.4 and no dead expert from step ~80 on, at the same loss.
+DEMO_BIAS_GAMMA = 1e-2
 CHAT_PROMPT = "What is the capital of France?"
 
 
@@ -86,7 +95,7 @@ def _train_args(out: Path, holder: str, size: DemoSize, *extra: str) -> list[str
         "--leg-steps", str(size.leg_steps), "--work-dir", out / "work" / holder, "--holder", holder,
         "--lease-duration", str(LEASE_S), "--heartbeat", str(HEARTBEAT_S), "--seq-len", str(size.seq_len),
         "--batch-size", str(size.batch), "--lr", "3e-3", "--warmup-steps", "10", "--eval-every", "0",
-        "--no-progress", *extra,
+        "--bias-gamma", str(DEMO_BIAS_GAMMA), "--no-progress", *extra,
     ]
 
 
@@ -174,6 +183,7 @@ def run_demo(out: Path | None, quick: bool = False) -> dict:
     for holder in ("alice", "bob"):
         stage.run(_train_args(out, holder, size))
     summary["takeover"] = stage_takeover(stage, out, size)
+    summary["routing"] = _routing_balance(out / "work" / "dave" / "leg" / "run")
 
     stage.header("chat SFT leg on the bundled chat sample")
     sft_args = _train_args(out, "erin", size, "--sft", "--chat-data", str(chat_file()))
@@ -218,6 +228,22 @@ def run_demo(out: Path | None, quick: bool = False) -> dict:
           f"  contributor logs      {out / 'logs'}\n"
           f"  summary               {out / 'demo-summary.json'}", flush=True)
     return summary
+
+
+def _routing_balance(run_dir: Path) -> dict:
+    """The routers' balance over the last pretraining steps (what the dashboard plots)."""
+    from colibri_model.training import read_metrics
+
+    records = [r for r in read_metrics(run_dir) if r.router]
+    tail = records[-max(1, len(records) // 10):]
+    layers = len(tail[0].router)
+    max_vio = [round(sum(r.router[i].max_vio for r in tail) / len(tail), 2) for i in range(layers)]
+    dead = round(sum(layer.dead_experts for r in tail for layer in r.router) / len(tail), 1)
+    experts = layers * len(tail[0].router[0].load)
+    print(f"    routing over the last {len(tail)} of {records[-1].step} steps: MaxVio {max_vio} per MoE layer, "
+          f"{dead} of {experts} routed experts dead per step (balancer gamma {DEMO_BIAS_GAMMA:g}; the default "
+          f"1e-3 cannot catch up in {records[-1].step} steps: bench/experiments/RESULTS.md)", flush=True)
+    return {"max_vio": max_vio, "dead_experts": dead, "routed_experts": experts, "bias_gamma": DEMO_BIAS_GAMMA}
 
 
 def _pull_latest(relay_dir: Path, dest: Path) -> None:

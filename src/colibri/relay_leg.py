@@ -62,6 +62,8 @@ class LegOptions:
     claim_timeout_s: float | None = None
     # Hyper-parameters of a NEW run (a resumed run keeps the ones in its training_state.json).
     train_overrides: dict = field(default_factory=dict)
+    # Model config fields of a NEW run, over the preset's (e.g. bias_update_gamma); a resumed run keeps its own.
+    model_overrides: dict = field(default_factory=dict)
     progress: bool = True
     log: Callable[[str], None] = print
 
@@ -134,7 +136,7 @@ def _build_trainer(opts: LegOptions, payload: Path, run_dir: Path, state) -> Tra
     if state is None:
         if not opts.preset:
             raise LegError("the relay is empty: give --preset NAME for the model to start")
-        return Trainer.for_pretraining(run_dir, opts.data_dir, get_preset(opts.preset), cfg)
+        return Trainer.for_pretraining(run_dir, opts.data_dir, get_preset(opts.preset, **opts.model_overrides), cfg)
     return Trainer.for_pretraining(run_dir, opts.data_dir, None, cfg, resume_from=payload)
 
 

@@ -9,7 +9,7 @@ import click
 from . import __version__
 from .config import PRESETS, count_params, get_preset
 from .plan_cli import plan_memory_command
-from .training_cli import convert_checkpoint, prepare, sft, train
+from .training_cli import UserError, convert_checkpoint, prepare, sft, train
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -43,6 +43,35 @@ def presets(as_json: bool) -> None:
             f"{r['name']:<8} {r['total_params'] / 1e9:>9.3f}B {r['active_params_train'] / 1e6:>12.1f}M"
             f" (k={r['top_k_train']}) {r['active_params_infer'] / 1e6:>8.1f}M (k={r['top_k_infer']})"
         )
+
+
+@main.command("train-tokenizer")
+@click.argument("inputs", nargs=-1)
+@click.option("--out", required=True, type=click.Path(),
+              help="tokenizer.json to write (or a directory to hold one).")
+@click.option("--vocab-size", default=4096, show_default=True, type=int,
+              help="Tokens in the vocabulary, special tokens included (259..65536).")
+@click.option("--min-frequency", default=2, show_default=True, type=click.IntRange(min=1),
+              help="A merge must occur at least this often.")
+def train_tokenizer(inputs, out, vocab_size, min_frequency) -> None:
+    """Train a byte-level BPE tokenizer on INPUT... (.txt/.md files or directories).
+
+    Without INPUT it trains on the bundled prose corpus. A small vocabulary (2048-4096) keeps
+    the LM head cheap for CPU-scale runs; pass the result to `prepare --tokenizer`. Example:
+    colibri-model train-tokenizer --vocab-size 2048 --out tok/tokenizer.json
+    """
+    from .corpus import prose_files
+    from .tokenizer import TokenizerError
+    from .tokenizer_training import save_tokenizer, train_bpe_tokenizer
+
+    try:
+        tokenizer = train_bpe_tokenizer(list(inputs) or prose_files(), vocab_size, min_frequency)
+        target = save_tokenizer(tokenizer, out)
+    except TokenizerError as exc:
+        raise UserError(str(exc)) from None
+    except OSError as exc:
+        raise UserError(f"{out}: cannot write ({exc.strerror or exc})") from None
+    click.echo(f"{target}: byte-level BPE, {tokenizer.get_vocab_size()} tokens")
 
 
 main.add_command(prepare)

@@ -1,0 +1,115 @@
+"""The four findings' experiments (bench/experiments/) end to end at the smoke scale: a few steps
+of a 2-layer model through the real tokenizer trainer, prepare, Trainer and metrics.jsonl, the
+results JSON read back through its schema check, and the PNG written. Seconds each."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+EXPERIMENTS = Path(__file__).resolve().parents[1] / "bench" / "experiments"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _load(name: str):
+    """bench/experiments/NAME.py as a module (the scripts import their siblings by name)."""
+    if str(EXPERIMENTS) not in sys.path:
+        sys.path.insert(0, str(EXPERIMENTS))
+    return importlib.import_module(name)
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    return tmp_path_factory.mktemp("experiments-work")  # data and tokenizer shared by the tests
+
+
+def _run(name: str, work: Path, out: Path, *extra: str) -> dict:
+    doc = _load(name).main(["--scale", "smoke", "--work", str(work), "--out", str(out), *extra])
+    png = out / f"{name}.png"
+    assert png.read_bytes()[:8] == PNG_MAGIC
+    assert png.stat().st_size < 300_000  # small enough to commit
+    assert doc["experiment"] == name and doc["runs"]
+    assert json.loads((out / f"{name}.json").read_text()) == doc
+    return doc
+
+
+def test_routing_top_k(work, tmp_path):
+    doc = _run("routing_top_k", work, tmp_path, "--seeds", "0")
+    by = {r["top_k_train"]: r for r in doc["runs"]}
+    # at top-1 the LM loss sends the router no gradient: only AdamW's weight decay shrinks W, by at
+    # most lr * wd per step; at top-2 the router learns and moves far more
+    steps = doc["settings"]["scale"]["steps"]
+    decay_only = steps * 3e-3 * 0.1
+    assert by[1]["final"]["router_change"] <= decay_only * 1.001
+    assert by[2]["final"]["router_change"] > 2 * decay_only
+    assert by[1]["curves"]["probe"]["step"][0] == 0 and by[1]["curves"]["probe"]["flipped_share"][0] == 0.0
+    assert set(doc["summary"]) == {"router_change", "flipped_share", "top1_entropy", "val_loss_top1"}
+
+
+def test_balancing_gamma(work, tmp_path):
+    doc = _run("balancing_gamma", work, tmp_path, "--seeds", "0")
+    assert [r["gamma"] for r in doc["runs"]] == [0.0, 1e-3, 1e-2]
+    for r in doc["runs"]:
+        cache = r["cache"]
+        assert 0 < cache["belady_hit_rate"] <= 1
+        assert cache["default_hit_rate"] <= cache["belady_hit_rate"] + 1e-12  # MIN bounds every policy
+        assert cache["lru_hit_rate"] <= cache["belady_hit_rate"] + 1e-12
+        assert r["curves"]["router"]["step"]
+    # one seed: no spread to compare with, and the summary says so instead of claiming a difference
+    assert doc["summary"]["max_vio"]["exceeds_seed_spread"]["off_vs_default"] is None
+
+
+def test_wsd_continuation(work, tmp_path):
+    doc = _run("wsd_continuation", work, tmp_path, "--seeds", "0", "--steps", "10")
+    names = [r["name"] for r in doc["runs"]]
+    assert names == ["cosine_N", "cosine_continued_1.5N", "wsd_stable_trunk", "wsd_N", "wsd_resumed_1.5N"]
+    final = {r["name"]: r["final"]["step"] for r in doc["runs"]}
+    assert final["cosine_N"] == final["wsd_N"] == 10 and final["wsd_resumed_1.5N"] == 15
+    assert final["cosine_continued_1.5N"] == 15  # the continuation's own steps, shifted to the common axis
+    lr = {r["name"]: r["curves"]["lr"] for r in doc["runs"]}
+    assert lr["cosine_continued_1.5N"]["lr"][0] < lr["cosine_continued_1.5N"]["lr"][1]  # re-warmed
+    assert lr["wsd_resumed_1.5N"]["lr"][-1] == pytest.approx(0.1 * max(lr["wsd_stable_trunk"]["lr"]))
+
+
+def test_moe_vs_dense(work, tmp_path):
+    doc = _run("moe_vs_dense", work, tmp_path, "--seeds", "0")
+    params = doc["summary"]["params"]
+    # equal active parameters at top-2 up to the routers (E x d per MoE layer)
+    moe, dense = params["moe"]["active_params_train"], params["dense"]["active_params_train"]
+    assert abs(moe - dense) / dense < 0.05
+    assert params["moe"]["total_params"] > params["dense"]["total_params"]
+    assert len(doc["summary"]["tasks"]) == 7
+
+
+def test_demo_balance(work, tmp_path):
+    doc = _run("demo_balance", work, tmp_path, "--steps", "4")
+    for r in doc["runs"]:
+        # sign updates move each bias by exactly gamma per optimizer step
+        assert max(r["final"]["max_abs_bias"]) <= r["gamma"] * 4 + 1e-6
+
+
+def test_bad_results_document_is_named(tmp_path):
+    report = _load("report")
+    path = tmp_path / "x.json"
+    path.write_text(json.dumps({"experiment_version": "9.0"}))
+    with pytest.raises(report.ExperimentFormatError, match=r"x\.json: experiment_version 9\.0 is not supported"):
+        report.read_result(path)
+    path.write_text(json.dumps({"experiment_version": "1.0", "experiment": "e"}))
+    with pytest.raises(report.ExperimentFormatError, match="missing field 'finding'"):
+        report.read_result(path)
+    path.write_text("{")
+    with pytest.raises(report.ExperimentFormatError, match="not JSON"):
+        report.read_result(path)
+
+
+def test_bad_flags_exit_2(tmp_path, capsys):
+    runs = _load("runs")
+    for argv in (["--seeds", "a,b"], ["--scale", "huge"], ["--steps", "1"]):
+        with pytest.raises(SystemExit) as exc:
+            runs.experiment_args("x", argv)
+        assert exc.value.code == 2
+    assert "--seeds 'a,b'" in capsys.readouterr().err
