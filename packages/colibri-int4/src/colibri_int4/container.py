@@ -29,11 +29,11 @@ from .header import (
     PREAMBLE_SIZE,
     ContainerHeader,
     ExpertEntry,
+    model_shape,
     parse_header_json,
     read_preamble,
     validate_ranges,
 )
-from .header import model_shape
 from .layout import ExpertBlobLayout, ModelShape, checkpoint_tensor_shapes
 from .positional_read import read_exact, read_into
 from .tensor_codec import RawTensor, decode_tensor
