@@ -259,3 +259,43 @@ def test_large_matrices_written_in_row_blocks_are_the_same_bytes(hf_dir, tmp_pat
     assert (tmp_path / "blocks.coli").read_bytes() == (tmp_path / "whole.coli").read_bytes()
     with Container.open(tmp_path / "blocks.coli") as c:
         assert c.verify().ok
+
+
+@pytest.mark.parametrize("quant", ["int4", "int8", "bf16"])
+def test_a_config_alone_plans_the_container_import_hf_writes(hf_dir, tmp_path, quant):
+    from colibri_int4 import ContainerError
+    from colibri_int4.import_hf import colibri_config_from_hf, planned_container, sizes_by_quant
+
+    (hf_dir / "tokenizer_config.json").write_text('{"chat_template": "{{ messages }}", "eos_token": "w5"}')
+    report = import_hf(hf_dir, tmp_path / "m.coli", quant_scheme(quant))
+    no_weights = tmp_path / "plan" / "hf"  # same directory name (the config's name), no weights
+    no_weights.mkdir(parents=True)
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        (no_weights / name).write_bytes((hf_dir / name).read_bytes())
+    planned = planned_container(no_weights / "config.json", quant)
+    with Container.open(tmp_path / "m.coli") as real:
+        assert planned.header.model_dump(exclude={"tensors", "experts", "tokenizer"}) == \
+               real.header.model_dump(exclude={"tensors", "experts", "tokenizer"})
+        assert [(t.name, t.offset, t.length) for t in planned.header.tensors] == \
+               [(t.name, t.offset, t.length) for t in real.header.tensors]
+        assert planned.file_size == real.file_size == report.file_size and planned.version == real.version
+        assert planned.blob_layout == real.blob_layout and planned.expert_bytes == real.expert_bytes
+    assert report.config == colibri_config_from_hf(CONFIG, "config.json", "qwen3_moe:hf")
+    assert sizes_by_quant(no_weights)[quant].file_size == report.file_size
+    assert not planned.has_file
+    with pytest.raises(ContainerError, match="planned from a config and has no file"):
+        planned.read_expert(0, 0)
+    with pytest.raises(ContainerError, match="planned from a config and has no file"):
+        planned.read_tokenizer_json()
+
+
+def test_planning_a_bad_config_names_the_field(tmp_path):
+    from colibri_int4.import_hf import colibri_config_from_hf, planned_container
+
+    with pytest.raises(HFImportError, match=r"x/config.json: required field 'num_experts' is missing"):
+        colibri_config_from_hf({k: v for k, v in CONFIG.items() if k != "num_experts"}, "x/config.json")
+    (tmp_path / "config.json").write_text(json.dumps({**CONFIG, "num_experts_per_tok": 9}))
+    with pytest.raises(HFImportError, match=r"num_experts_per_tok=9 is not in \[1, 4\]"):
+        planned_container(tmp_path)
+    with pytest.raises(HFImportError, match="missing"):
+        planned_container(tmp_path / "nowhere")

@@ -29,6 +29,7 @@ from .header import (
     PREAMBLE_SIZE,
     ContainerHeader,
     ExpertEntry,
+    model_shape,
     parse_header_json,
     read_preamble,
     validate_ranges,
@@ -77,6 +78,31 @@ class Container:
             raise
         return cls(path, fd, header, shape, blob_layout, (major, minor))
 
+    @classmethod
+    def planned(cls, config: dict, scheme, tokenizer_length: int = 0, where: str | os.PathLike = "planned",
+                tokenizer_config=None) -> Container:
+        """The container `export` / `import-hf` would write for `config` and `scheme`, as a header
+        without a file: sizes, tensor table and blob layout are exact (the writer's own planner),
+        CRCs are placeholders and every read raises `ContainerError`. `where` names its source
+        (e.g. the config.json it was mapped from) in messages and in `path`; `tokenizer_config`
+        (a `TokenizerConfig`) is the chat template and special tokens an import would carry."""
+        from .export import _build_header, plan_with_header  # export imports tqdm; keep open() light
+
+        try:
+            shape = model_shape(config)
+            plan, json_length = plan_with_header(config, shape, scheme, tokenizer_length, tokenizer_config)
+        except ValueError as exc:
+            raise ContainerError(f"{where}: {str(exc).splitlines()[0]}") from None
+        header = _build_header(config, scheme, plan, {}, tokenizer_config)
+        shape, blob_layout = validate_ranges(header, plan.file_size, PREAMBLE_SIZE + json_length)
+        minor = int(header.container_version.split(".")[1])
+        return cls(Path(where), -1, header, shape, blob_layout, (1, minor))
+
+    @property
+    def has_file(self) -> bool:
+        """False for a `planned` container (a header only)."""
+        return self._fd >= 0
+
     def close(self) -> None:
         if self._fd >= 0:
             os.close(self._fd)
@@ -87,6 +113,10 @@ class Container:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+    def _need_file(self, what: str) -> None:
+        if self._fd < 0:
+            raise ContainerError(f"{what}: {self.path} was planned from a config and has no file")
 
     # --- sizes -------------------------------------------------------------------------
     @property
@@ -139,6 +169,7 @@ class Container:
         """Read one blob into `buffer` (writable, >= `blob_length` bytes; e.g. a page-aligned
         mmap) with one `preadv`, verify its CRC, and return views over the buffer."""
         entry = self.expert_entry(layer, expert)
+        self._need_file(f"expert (layer {layer}, expert {expert})")
         view = memoryview(buffer).cast("B")
         if len(view) < entry.length:
             raise ValueError(f"buffer has {len(view)} bytes, expert blobs need {entry.length}")
@@ -247,6 +278,8 @@ class Container:
 
 
 def _read(fd: int, length: int, offset: int, what: str) -> bytearray:
+    if fd < 0:
+        raise ContainerError(f"{what}: this container was planned from a config and has no file")
     try:
         return read_exact(fd, length, offset, what)
     except EOFError:

@@ -176,13 +176,7 @@ class Sizing:
         expert_dtype = opts.kernel_dtype if compute == "int4" else dtype
         elem = torch.empty((), dtype=dtype).element_size()
         slot = prepared_nbytes(layout, config.d_model, config.expert_dim, compute, expert_dtype) if layout else 0
-        by_dtype: dict[str, int] = {}
-        for t in self.container.header.tensors:
-            target = held_dtype(t.shape, dtype, t.name)  # colibri-model's rule, as resident.py materialises
-            n = target.itemsize * _numel(t.shape)
-            by_dtype[dtype_name(target)] = by_dtype.get(dtype_name(target), 0) + n
-        # the routers' token counters (fp32 buffers the model keeps even when not counting)
-        by_dtype["f32"] = by_dtype.get("f32", 0) + 4 * config.n_moe_layers * config.n_experts
+        by_dtype = self.resident_by_dtype(dtype)
         blob = layout.blob_length if layout else 0
         f = Footprint(
             dtype, compute, expert_dtype, max_context, min(chunk, max_context), self.top_k, threads, by_dtype,
@@ -192,6 +186,17 @@ class Sizing:
             slot, config.n_experts, config.n_moe_layers * config.n_experts,
         )
         return replace(f, staging_bytes=self.staging(f, threads))
+
+    def resident_by_dtype(self, dtype: torch.dtype) -> dict[str, int]:
+        """Bytes of the materialised resident model by held dtype, with `dtype` as engine dtype."""
+        by_dtype: dict[str, int] = {}
+        for t in self.container.header.tensors:
+            target = held_dtype(t.shape, dtype, t.name)  # colibri-model's rule, as resident.py materialises
+            n = target.itemsize * _numel(t.shape)
+            by_dtype[dtype_name(target)] = by_dtype.get(dtype_name(target), 0) + n
+        # the routers' token counters (fp32 buffers the model keeps even when not counting)
+        by_dtype["f32"] = by_dtype.get("f32", 0) + 4 * self.config.n_moe_layers * self.config.n_experts
+        return by_dtype
 
     def staging(self, f: Footprint, threads: int) -> int:
         # Prefetch workers each hold a staging buffer and, until it is stored, one prepared expert.

@@ -13,12 +13,19 @@ The parts of a budget and how each is sized: footprint.py.
   routing trace, by replaying the trace (cache/replay.py) with the serving policy.
 
 Defaults that fit a stated budget: a knob the caller leaves unset (`dtype`, `prefill_chunk`,
-`max_context`) starts at its preferred value (f32, 128 tokens, the config's max_seq_len) and is
-degraded one step at a time, in this order, until the minimum fits: dtype f32 -> bf16;
+`max_context`) starts at its preferred value and is degraded one step at a time, in this order, until the minimum fits: dtype f32 -> bf16;
 prefill_chunk 128 -> 64 -> 32; max_context halved down to 256 tokens. A budget that fits the
 preferred values gets exactly them (so results at every budget that worked before are
 unchanged); a knob set explicitly is never changed, and a budget below every candidate is
 refused with `BudgetError` naming both minimums.
+
+The preferred values: 128-token chunks; dtype f32, unless the resident weights alone would
+take more than `F32_RESIDENT_LIMIT` (2 GiB) in f32, then bf16 (Qwen3-30B-A3B's 1.5B-parameter
+backbone is 6.2 GB in f32, 3.1 GB in bf16, and bf16 is the checkpoint's own precision); and
+max_context the config's max_seq_len capped at `DEFAULT_MAX_CONTEXT` (4096: Qwen3-30B-A3B's
+40,960 positions would hold 4.0 GB of bf16 KV cache that a 16 GB laptop needs for experts).
+Every Colibri preset is under both limits, so its plans are unchanged; an explicit `dtype` or
+`max_context` overrides them. `Plan.defaults` says which limit applied.
 """
 
 from __future__ import annotations
@@ -41,6 +48,8 @@ __all__ = ["Budget", "Footprint", "Plan", "make_plan"]
 PREFERRED_PREFILL_CHUNK = 128
 AUTO_PREFILL_CHUNKS = (128, 64, 32)
 MIN_AUTO_CONTEXT = 256
+DEFAULT_MAX_CONTEXT = 4096
+F32_RESIDENT_LIMIT = 2 << 30
 
 # Prefetch pays once reading an expert takes long enough to hide behind the compute of a layer,
 # and only when a CPU is free for the workers (CRC and repack are CPU work). Measured
@@ -80,6 +89,17 @@ class Plan:
     target: object | None = None
     memory_cap: object | None = None
     smallest_choice: str = ""  # the configuration `smallest_budget` is for
+    defaults: list[str] = field(default_factory=list)  # preferred values a size limit set (module doc)
+    max_seq_len: int = 0  # the config's; `max_context` may be shorter
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        f = self.footprint
+        return f.kv_cache_bytes // f.max_context if f.max_context else 0
+
+    def kv_cache_at(self, context: int) -> int:
+        """KV cache bytes (in the plan's dtype) for a context of `context` tokens."""
+        return self.kv_bytes_per_token * context
 
     @property
     def min_budget(self) -> int:
@@ -110,6 +130,9 @@ class Plan:
             "top_k": f.top_k,
             "prefetch": self.prefetch,
             "degraded": list(self.degraded),
+            "defaults": list(self.defaults),
+            "max_seq_len": self.max_seq_len,
+            "kv_bytes_per_token": self.kv_bytes_per_token,
             "resident_bytes": f.resident_bytes,
             "resident_by_dtype": dict(f.resident_by_dtype),
             "kv_cache_bytes": f.kv_cache_bytes,
@@ -152,7 +175,9 @@ def make_plan(container: Container, opts: EngineOptions, ram_budget: int | None 
     prefetch = opts.prefetch
     counted_threads = opts.prefetch_threads if prefetch == "on" and layout else 0
     sizes = Sizing(container, config, opts, top_k)
-    candidates = [sizes.footprint(*knobs, counted_threads) for knobs in _candidate_knobs(opts, config)]
+    f32_resident = sum(sizes.resident_by_dtype(torch.float32).values())
+    knobs, defaults = _candidate_knobs(opts, config, f32_resident)
+    candidates = [sizes.footprint(*k, counted_threads) for k in knobs]
     chosen = candidates[0]
     least = min(candidates, key=lambda c: c.min_budget)
     smallest = least.min_budget
@@ -177,24 +202,36 @@ def make_plan(container: Container, opts: EngineOptions, ram_budget: int | None 
         budget = chosen.split(ram_budget)
     degraded = _degraded(candidates[0], chosen)
     return Plan(str(container.path), chosen, smallest, prefetch, container.expert_bytes, budget, degraded,
-                smallest_choice=least.describe())
+                smallest_choice=least.describe(), defaults=defaults, max_seq_len=config.max_seq_len)
 
 
-def _candidate_knobs(opts: EngineOptions, config: ColibriConfig) -> list[tuple[torch.dtype, int, int]]:
-    """(dtype, max_context, prefill_chunk) to try, preferred first, one knob stepped at a time."""
-    dtypes = [opts.dtype] if opts.dtype is not None else [torch.float32, torch.bfloat16]
+def _candidate_knobs(opts: EngineOptions, config: ColibriConfig,
+                     f32_resident: int) -> tuple[list[tuple[torch.dtype, int, int]], list[str]]:
+    """(dtype, max_context, prefill_chunk) to try, preferred first, one knob stepped at a time;
+    and the notes on preferred values a size limit set (module doc)."""
+    notes = []
+    if opts.dtype is not None:
+        dtypes = [opts.dtype]
+    elif f32_resident > F32_RESIDENT_LIMIT:
+        dtypes = [torch.bfloat16]
+        notes.append(f"dtype bf16: the resident weights would take {format_size(f32_resident)} in f32 "
+                     f"(over {format_size(F32_RESIDENT_LIMIT)}; dtype='f32' to insist)")
+    else:
+        dtypes = [torch.float32, torch.bfloat16]
     full = config.max_seq_len
     if opts.max_context is not None:
         contexts = [opts.max_context]
     else:
-        contexts = [full]
+        if full > DEFAULT_MAX_CONTEXT:
+            notes.append(f"max_context {DEFAULT_MAX_CONTEXT} of the config's {full} (max_context={full} to insist)")
+        contexts = [min(full, DEFAULT_MAX_CONTEXT)]
         while contexts[-1] // 2 >= MIN_AUTO_CONTEXT:
             contexts.append(contexts[-1] // 2)
     chunks = [opts.prefill_chunk] if opts.prefill_chunk is not None else list(AUTO_PREFILL_CHUNKS)
     knobs = [(d, contexts[0], chunks[0]) for d in dtypes]
     knobs += [(dtypes[-1], contexts[0], c) for c in chunks[1:]]
     knobs += [(dtypes[-1], n, chunks[-1]) for n in contexts[1:]]
-    return knobs
+    return knobs, notes
 
 
 def _prefetch_pays(with_workers: Footprint, without: Footprint, ram_budget: int, layout, device) -> bool:

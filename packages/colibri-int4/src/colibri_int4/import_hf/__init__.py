@@ -6,13 +6,16 @@ chat template) into a container, without torch and in bounded memory.
     names.py           Colibri tensor names -> the Llama-style HF names (per-expert and fused experts)
     families/          one module per family: qwen3_moe, qwen2_moe, olmoe, mixtral, llama (dense)
     convert.py         the conversion: names checked both ways, then the exporter's body writer
+    planned.py         config.json alone -> the container the import would write, without a file
 
 Supported model types: qwen3_moe, qwen2_moe, olmoe, mixtral, llama. The produced config is a
 colibri-model config.json (CHECKPOINT.md, schema 1.1) that colibri-model's reader validates when
 a runtime opens the container.
 """
 
-from .convert import QUANT_PRESETS, ImportReport, import_hf, quant_scheme
+from .convert import QUANT_PRESETS, ImportReport, colibri_config_from_hf, import_hf, quant_scheme
 from .families import FAMILIES
+from .planned import is_hf_config, planned_container, read_hf_config, sizes_by_quant
 
-__all__ = ["FAMILIES", "QUANT_PRESETS", "ImportReport", "import_hf", "quant_scheme"]
+__all__ = ["FAMILIES", "QUANT_PRESETS", "ImportReport", "colibri_config_from_hf", "import_hf", "is_hf_config",
+           "planned_container", "quant_scheme", "read_hf_config", "sizes_by_quant"]

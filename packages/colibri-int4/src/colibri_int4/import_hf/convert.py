@@ -124,6 +124,31 @@ class HFTensors:
         return [array for array, _ in parts], sum(n for _, n in parts)
 
 
+def colibri_config_from_hf(data: dict, where: str | os.PathLike = "config.json", name: str | None = None) -> dict:
+    """The Colibri config dict (colibri-model's CHECKPOINT.md, schema 1.1) of a Hugging Face
+    config.json object, every field mapped or refused (`HFImportError` naming the field and
+    `where`). Needs no weights: `colibri-stream plan config.json` sizes a model from this.
+
+    >>> colibri_config_from_hf(json.load(open("Qwen3-30B-A3B/config.json")))["n_experts"]  # doctest: +SKIP
+    128
+    """
+    if not isinstance(data, dict):
+        raise HFImportError(f"{where}: expected a JSON object")
+    model_type = data.get("model_type")
+    family = family_for(model_type, str(where))
+    fields = ConfigFields(data, where)
+    config = family.map_config(fields, name or f"{model_type}")
+    fields.finish()
+    moe = config["n_dense_layers"] < config["n_layers"]
+    if moe and not 1 <= config["top_k_infer"] <= config["n_experts"]:  # colibri-model would refuse it at open
+        raise HFImportError(f"{where}: num_experts_per_tok={config['top_k_infer']} is not in [1, {config['n_experts']}]")
+    try:
+        model_shape(config)
+    except ValueError as exc:
+        raise HFImportError(f"{where}: {exc}") from None
+    return config
+
+
 def import_hf(
     hf_dir: str | os.PathLike, out_path: str | os.PathLike, scheme: QuantScheme | None = None,
     name: str | None = None, progress: bool = False,
@@ -135,19 +160,10 @@ def import_hf(
     scheme = scheme or quant_scheme("int4")
     started = time.perf_counter()
     with HFDirectory(hf_dir) as hf:
-        where = hf.path / "config.json"
-        model_type = hf.config.get("model_type")
+        where, model_type = hf.path / "config.json", hf.config.get("model_type")
+        config = colibri_config_from_hf(hf.config, where, name or f"{model_type}:{hf.path.resolve().name}")
         family = family_for(model_type, str(where))
-        fields = ConfigFields(hf.config, where)
-        config = family.map_config(fields, name or f"{model_type}:{hf.path.resolve().name}")
-        fields.finish()
-        moe = config["n_dense_layers"] < config["n_layers"]
-        if moe and not 1 <= config["top_k_infer"] <= config["n_experts"]:  # colibri-model would refuse it at open
-            raise HFImportError(f"{where}: num_experts_per_tok={config['top_k_infer']} is not in [1, {config['n_experts']}]")
-        try:
-            shape = model_shape(config)
-        except ValueError as exc:
-            raise HFImportError(f"{where}: {exc}") from None
+        shape = model_shape(config)
         table = checkpoint_tensor_shapes(shape)
         source = HFTensors(hf, family.NAMES, table, shape.tie_embeddings)
         tokenizer, tokenizer_config = hf.tokenizer_json(), hf.tokenizer_config()

@@ -128,32 +128,38 @@ class HFDirectory:
         return path.read_bytes()
 
     def tokenizer_config(self) -> TokenizerConfig:
-        """Chat template, special tokens and end-of-generation ids, from tokenizer_config.json,
-        chat_template.jinja / chat_template.json, generation_config.json and config.json."""
-        tok = read_json(self.path / "tokenizer_config.json", required=False) or {}
-        template = tok.get("chat_template")
-        if isinstance(template, list):  # [{"name": "default", "template": ...}, {"name": "tool_use", ...}]
-            named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
-            template = named.get("default")
-        jinja = self.path / "chat_template.jinja"
-        if template is None and jinja.is_file():
-            template = jinja.read_text(encoding="utf-8")
-        if template is None:
-            template = (read_json(self.path / "chat_template.json", required=False) or {}).get("chat_template")
-        generation = read_json(self.path / "generation_config.json", required=False) or {}
-        eos = generation.get("eos_token_id", self.config.get("eos_token_id"))
-        eos_ids = [eos] if isinstance(eos, int) else [i for i in (eos or []) if isinstance(i, int)]
-        try:
-            return TokenizerConfig(
-                chat_template=template if isinstance(template, str) else None,
-                bos_token=_token_text(tok.get("bos_token")),
-                eos_token=_token_text(tok.get("eos_token")),
-                pad_token=_token_text(tok.get("pad_token")),
-                eos_token_ids=eos_ids,
-                add_bos_token=bool(tok.get("add_bos_token", False)),
-            )
-        except ValueError as exc:
-            raise HFImportError(f"{self.path}: tokenizer settings: {str(exc).splitlines()[0]}") from None
+        """Chat template, special tokens and end-of-generation ids (`read_tokenizer_config`)."""
+        return read_tokenizer_config(self.path, self.config)
+
+
+def read_tokenizer_config(directory: Path, config: dict) -> TokenizerConfig:
+    """Chat template, special tokens and end-of-generation ids of the checkpoint in `directory`,
+    from tokenizer_config.json, chat_template.jinja / chat_template.json, generation_config.json
+    and `config` (its config.json); needs no weights."""
+    tok = read_json(directory / "tokenizer_config.json", required=False) or {}
+    template = tok.get("chat_template")
+    if isinstance(template, list):  # [{"name": "default", "template": ...}, {"name": "tool_use", ...}]
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        template = named.get("default")
+    jinja = directory / "chat_template.jinja"
+    if template is None and jinja.is_file():
+        template = jinja.read_text(encoding="utf-8")
+    if template is None:
+        template = (read_json(directory / "chat_template.json", required=False) or {}).get("chat_template")
+    generation = read_json(directory / "generation_config.json", required=False) or {}
+    eos = generation.get("eos_token_id", config.get("eos_token_id"))
+    eos_ids = [eos] if isinstance(eos, int) else [i for i in (eos or []) if isinstance(i, int)]
+    try:
+        return TokenizerConfig(
+            chat_template=template if isinstance(template, str) else None,
+            bos_token=_token_text(tok.get("bos_token")),
+            eos_token=_token_text(tok.get("eos_token")),
+            pad_token=_token_text(tok.get("pad_token")),
+            eos_token_ids=eos_ids,
+            add_bos_token=bool(tok.get("add_bos_token", False)),
+        )
+    except ValueError as exc:
+        raise HFImportError(f"{directory}: tokenizer settings: {str(exc).splitlines()[0]}") from None
 
 
 def _token_text(value) -> str | None:
