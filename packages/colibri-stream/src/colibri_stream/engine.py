@@ -77,12 +77,12 @@ class Engine:
         Options (`EngineOptions`): `compute` "auto" | "int4" | "dequant" (auto: torch's CPU
         int4 kernels where the shapes allow and where they are not timed slower than the
         dequantized matmuls on this CPU, compute/choice.py; always dequantized on CUDA);
-        `dtype` "f32" | "bf16" for resident weights, activations and KV cache (unset: f32, or
-        bf16 where the budget cannot hold f32, plan.py); `kernel_dtype` "bf16" | "f32" for
+        `dtype` "f32" | "bf16" for resident weights, activations and KV cache (unset: f32, bf16
+        when the resident weights exceed 2 GiB in f32 or the budget cannot hold f32, plan.py); `kernel_dtype` "bf16" | "f32" for
         activations inside the int4 kernels (bf16 is the fast path, f32 the exact one);
         `device`; `cache_policy` (name or `CachePolicy`, default LFU with aging, chosen by
         measurement); `top_k` (default: the config's top_k_infer); `max_context` (KV cache
-        length; unset: max_seq_len, halved where the budget needs); `prefill_chunk` (tokens per
+        length; unset: max_seq_len capped at 4096, halved where the budget needs); `prefill_chunk` (tokens per
         forward pass; unset: 128, less where the budget needs); `direct_io`; `record_trace`;
         `prefetch` "auto" | "off" | "predict" | "on" (read the next layer's predicted experts on
         `prefetch_threads` workers; "predict" only measures the guess; "auto", the default, is

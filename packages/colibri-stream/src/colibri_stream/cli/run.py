@@ -52,15 +52,15 @@ def engine_options(required_budget: bool):
                          show_default=True,
                          help="Routed-expert kernels: torch's CPU int4 kernels, or dequantized matmuls (reference)."),
             click.option("--dtype", type=click.Choice(["auto", "f32", "bf16"]), default="auto", show_default=True,
-                         help="Dtype of resident weights, activations and KV cache; auto: f32, or bf16 where "
-                         "--ram-budget cannot hold f32."),
+                         help="Dtype of resident weights, activations and KV cache; auto: f32 (bf16 when the "
+                         "resident weights exceed 2 GiB in f32), or bf16 where --ram-budget cannot hold f32."),
             click.option("--kernel-dtype", type=click.Choice(["bf16", "f32"]), default="bf16", show_default=True,
                          help="Activations inside the int4 kernels: bf16 is the fast path, f32 the exact one."),
             click.option("--top-k", type=click.IntRange(min=1), default=None,
                          help="Experts per token (default: the config's top_k_infer)."),
             click.option("--max-context", type=click.IntRange(min=1), default=None,
-                         help="KV cache length (default: the config's max_seq_len, halved down to 256 where "
-                         "--ram-budget needs)."),
+                         help="KV cache length (default: the config's max_seq_len capped at 4096, halved down "
+                         "to 256 where --ram-budget needs)."),
             click.option("--prefill-chunk", type=click.IntRange(min=1), default=None,
                          help="Tokens per forward pass (default: 128, down to 32 where --ram-budget needs)."),
             click.option("--no-direct-io", is_flag=True, help="Buffered reads instead of O_DIRECT."),
