@@ -39,11 +39,13 @@ demo: setup
 CPU_KERNEL_TESTS := \
 	packages/colibri-int4/tests/test_quantize.py \
 	packages/colibri-model/tests/test_model_architecture.py \
+	packages/colibri-model/tests/test_train_precision.py \
 	packages/colibri-stream/tests/test_bench_int4_repack.py \
 	packages/colibri-stream/tests/test_compute_choice.py \
 	packages/colibri-stream/tests/test_correctness.py \
 	packages/colibri-stream/tests/test_expert_compute.py \
-	packages/colibri-stream/tests/test_expert_slab.py
+	packages/colibri-stream/tests/test_expert_slab.py \
+	packages/colibri-stream/tests/test_hf_import.py
 
 test: setup
 	$(PY) -m pytest -q $(foreach p,$(PACKAGES),packages/colibri-$(p)/tests) tests
