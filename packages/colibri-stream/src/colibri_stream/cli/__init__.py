@@ -1,6 +1,7 @@
 """The `colibri-stream` command line: the group, and where each command lives.
 
-    run.py     generate, chat, plan       (serving, and the budget plan)
+    run.py     generate, chat             (serving), and the engine options every command shares
+    plan.py    plan                       (the budget plan of a container or an HF config.json)
     serve.py   serve                      (the OpenAI-compatible HTTP server)
     sweep.py   bench                      (a budget sweep with disk-honesty checks)
     bench.py   bench-suite                (every workload and study of issue 9)
@@ -31,7 +32,8 @@ def main() -> None:
 
 
 from .bench import bench_suite  # noqa: E402 - commands register on the group defined above
-from .run import chat, generate, plan  # noqa: E402
+from .plan import plan  # noqa: E402
+from .run import chat, generate  # noqa: E402
 from .serve import serve  # noqa: E402
 from .sweep import bench  # noqa: E402
 from .traces import policy_study_command, trace_hf  # noqa: E402
