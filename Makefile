@@ -48,7 +48,7 @@ CPU_KERNEL_TESTS := \
 	packages/colibri-stream/tests/test_hf_import.py
 
 test: setup
-	$(PY) -m pytest -q $(foreach p,$(PACKAGES),packages/colibri-$(p)/tests) tests
+	$(PY) -m pytest -q $(foreach p,$(PACKAGES),packages/colibri-$(p)/tests) tests repo_tests
 	$(MAKE) --no-print-directory test-cpu-capabilities
 
 test-cpu-capabilities: setup
@@ -64,14 +64,14 @@ check-packages: setup
 	$(PY) .ci/check_packages.py
 
 lint: setup
-	$(VENV)/bin/ruff check src packages tests bench .ci
+	$(VENV)/bin/ruff check src packages tests repo_tests bench .ci
 
 bench: setup
 	$(PY) bench/moe_layer.py
 
 # bench/gpu_check.sh on a lent GPU machine (no network, no pydantic there): fetch the wheels it
 # installs offline into .whl/ (git-ignored; name `.whl` in the device tool's carry), and its CPU
-# smoke run (tiny preset, seconds) that tests/test_bench_gpu_check.py also runs.
+# smoke run (tiny preset, seconds) that repo_tests/test_bench_gpu_check.py also runs.
 GPU_WHEELS := pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 typing-extensions==4.16.0
 
 gpu-wheels:

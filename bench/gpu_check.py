@@ -16,7 +16,7 @@ since start. Prints, and writes as JSON to --json-out:
 documents whose second half repeats the first, so the loss falls fast (unigram, then copying)
 and a broken step shows. An out-of-memory at the planner's micro-batch is itself a finding: it is
 reported and the run goes on at half the micro-batch. `--cpu-smoke` runs the same code on the
-tiny preset on CPU in seconds (tests/test_bench_gpu_check.py).
+tiny preset on CPU in seconds (repo_tests/test_bench_gpu_check.py).
 """
 
 from __future__ import annotations
