@@ -93,6 +93,17 @@ def head_dim(fields: ConfigFields, d_model: int, n_heads: int) -> int:
     return value
 
 
+def decoder_basics(fields: ConfigFields) -> tuple[int, int, int, int, float, dict | None]:
+    """What every supported family reads alike: (hidden size, layers, query heads, context,
+    rope theta, rope scaling), with the SiLU activation checked."""
+    d, n_layers = fields.integer("hidden_size"), fields.integer("num_hidden_layers")
+    n_heads = fields.integer("num_attention_heads")
+    max_seq_len = fields.integer("max_position_embeddings")
+    theta, scaling = rope(fields, max_seq_len)
+    silu_activation(fields)
+    return d, n_layers, n_heads, max_seq_len, theta, scaling
+
+
 def silu_activation(fields: ConfigFields) -> None:
     fields.expect("hidden_act", ("silu",), "silu")
 

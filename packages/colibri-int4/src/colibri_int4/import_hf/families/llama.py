@@ -5,7 +5,7 @@ biases have no Colibri tensor); `pretraining_tp` only splits matmuls, the math i
 
 from __future__ import annotations
 
-from ..config_fields import ConfigFields, colibri_config, head_dim, rope, silu_activation
+from ..config_fields import ConfigFields, colibri_config, decoder_basics, head_dim
 from ..names import LlamaStyleNames
 
 MODEL_TYPES = ("llama",)
@@ -13,11 +13,7 @@ NAMES = LlamaStyleNames()
 
 
 def map_config(fields: ConfigFields, name: str) -> dict:
-    d, n_layers = fields.integer("hidden_size"), fields.integer("num_hidden_layers")
-    n_heads = fields.integer("num_attention_heads")
-    max_seq_len = fields.integer("max_position_embeddings")
-    theta, scaling = rope(fields, max_seq_len)
-    silu_activation(fields)
+    d, n_layers, n_heads, max_seq_len, theta, scaling = decoder_basics(fields)
     fields.expect("attention_bias", (False,), False)
     fields.expect("mlp_bias", (False,), False)
     fields.get("pretraining_tp", 1)

@@ -8,7 +8,7 @@ implementing windowed attention. `router_jitter_noise` only acts in training."""
 
 from __future__ import annotations
 
-from ..config_fields import ConfigFields, colibri_config, head_dim, rope, silu_activation
+from ..config_fields import ConfigFields, colibri_config, decoder_basics, head_dim
 from ..names import LlamaStyleNames
 
 MODEL_TYPES = ("mixtral",)
@@ -16,14 +16,10 @@ NAMES = LlamaStyleNames(moe="block_sparse_moe", parts=("w1", "w3", "w2"))
 
 
 def map_config(fields: ConfigFields, name: str) -> dict:
-    d, n_layers = fields.integer("hidden_size"), fields.integer("num_hidden_layers")
-    n_heads = fields.integer("num_attention_heads")
-    max_seq_len = fields.integer("max_position_embeddings")
-    theta, scaling = rope(fields, max_seq_len)
+    d, n_layers, n_heads, max_seq_len, theta, scaling = decoder_basics(fields)
     window = fields.get("sliding_window", None)
     if window is not None:
         max_seq_len = min(max_seq_len, fields.integer("sliding_window"))
-    silu_activation(fields)
     fields.get("router_jitter_noise", 0.0)
     top_k = fields.integer("num_experts_per_tok")
     expert_dim = fields.integer("intermediate_size")

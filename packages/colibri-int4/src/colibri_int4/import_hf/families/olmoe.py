@@ -4,7 +4,7 @@ off by default); every layer MoE. `clip_qkv` (clamping q, k, v) is refused when 
 
 from __future__ import annotations
 
-from ..config_fields import ConfigFields, colibri_config, head_dim, rope, silu_activation
+from ..config_fields import ConfigFields, colibri_config, decoder_basics, head_dim
 from ..names import LlamaStyleNames
 
 MODEL_TYPES = ("olmoe",)
@@ -12,14 +12,10 @@ NAMES = LlamaStyleNames()
 
 
 def map_config(fields: ConfigFields, name: str) -> dict:
-    d, n_layers = fields.integer("hidden_size"), fields.integer("num_hidden_layers")
-    n_heads = fields.integer("num_attention_heads")
+    d, n_layers, n_heads, max_seq_len, theta, scaling = decoder_basics(fields)
     heads_dim = head_dim(fields, d, n_heads)
     if heads_dim * n_heads != d:  # transformers sizes q_norm by hidden_size
         fields.refuse("head_dim", heads_dim, f"OLMoE's q_norm needs num_attention_heads * head_dim == hidden_size {d}")
-    max_seq_len = fields.integer("max_position_embeddings")
-    theta, scaling = rope(fields, max_seq_len)
-    silu_activation(fields)
     fields.expect("attention_bias", (False,), False)
     fields.expect("clip_qkv", (None,), None)
     top_k = fields.integer("num_experts_per_tok")

@@ -7,11 +7,10 @@ from __future__ import annotations
 from ..config_fields import (
     ConfigFields,
     colibri_config,
+    decoder_basics,
     head_dim,
     no_sliding_window,
     qwen_dense_layers,
-    rope,
-    silu_activation,
 )
 from ..names import LlamaStyleNames
 
@@ -20,11 +19,7 @@ NAMES = LlamaStyleNames()
 
 
 def map_config(fields: ConfigFields, name: str) -> dict:
-    d, n_layers = fields.integer("hidden_size"), fields.integer("num_hidden_layers")
-    n_heads = fields.integer("num_attention_heads")
-    max_seq_len = fields.integer("max_position_embeddings")
-    theta, scaling = rope(fields, max_seq_len)
-    silu_activation(fields)
+    d, n_layers, n_heads, max_seq_len, theta, scaling = decoder_basics(fields)
     fields.expect("attention_bias", (False,), False)
     no_sliding_window(fields)
     n_experts = fields.first(("num_experts", "num_local_experts"))
