@@ -22,7 +22,8 @@ What the batch buys: the MoE layers see the B tokens of a step at once, so each 
 of a step is fetched and run once for the batch (StreamedExperts' batch-union); one-by-one
 decoding reads an expert once per row that routes to it (when the cache does not hold it).
 `bench/batch_decode.py` measures it. `stats.decode_tokens` counts one per real token, `steps`
-one per pass.
+one per pass. `stream_batch` yields each row's tokens as they come (the server's list of
+prompts); `generate_batch` (`Engine.generate` with a list) runs it to the end.
 
 Memory: the batch KV cache holds B x (longest + the most tokens a row can still run) positions,
 beyond the budget's one `max_context` (as extra sessions are). A batch of more prompts than
@@ -33,37 +34,60 @@ no more tokens than the budget's workspace.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 
 import torch
 
 from .batch import checked_longest, prefill_rows
-from .generation import GenerationResult, RowDecoder, generation_options
+from .generation import GenerationResult, RowDecoder, StreamedToken, generation_options
 from .passes import finish_passes, forward_pass
 
 
-def generate_batch(engine, prompts, max_new_tokens: int, **kwargs) -> list[GenerationResult]:
-    """`Engine.generate` for a list of prompts (text or ids): a list of `GenerationResult`s, in
-    order, each as the prompt alone would give (the sampling keywords apply to every row)."""
+def stream_batch(engine, prompts, max_new_tokens: int, **kwargs
+                 ) -> tuple[Iterator[tuple[int, StreamedToken]], list[GenerationResult | None]]:
+    """A list of prompts (text or ids) generated as one batch, streamed: (an iterator of
+    (prompt index, `StreamedToken`) as the rows produce them, the results list, each filled when
+    its row ends). The prompts and keywords (`Session.stream`'s) are checked here, before any
+    output; more prompts than `prefill_chunk` run as consecutive batches."""
     if kwargs.pop("on_text", None) is not None:
         raise ValueError("on_text is for one prompt; stream each session for a batch")
     ids = [engine.encode(p) if isinstance(p, str) else [int(i) for i in p] for p in prompts]
     options = generation_options(engine, max_new_tokens, **kwargs)
     checked_longest(engine, ids)
-    results: list[GenerationResult] = []
-    rows_per_batch = max(1, engine.prefill_chunk)
-    for start in range(0, len(ids), rows_per_batch):
-        group = ids[start : start + rows_per_batch]
-        results += decode_rows(engine, group, [RowDecoder(engine, options, p) for p in group])
+    results: list[GenerationResult | None] = [None] * len(ids)
+
+    def batches() -> Iterator[tuple[int, StreamedToken]]:
+        rows_per_batch = max(1, engine.prefill_chunk)
+        for first in range(0, len(ids), rows_per_batch):
+            group = ids[first : first + rows_per_batch]
+            rows = [RowDecoder(engine, options, p) for p in group]
+            done = [None] * len(group)
+            for row, event in decode_rows(engine, group, rows, done):
+                yield first + row, event
+            results[first : first + len(group)] = done
+
+    return batches(), results
+
+
+def generate_batch(engine, prompts, max_new_tokens: int, **kwargs) -> list[GenerationResult]:
+    """`Engine.generate` for a list of prompts (text or ids): a list of `GenerationResult`s, in
+    order, each as the prompt alone would give (the sampling keywords apply to every row)."""
+    events, results = stream_batch(engine, prompts, max_new_tokens, **kwargs)
+    for _ in events:
+        pass
     return results
 
 
 @torch.inference_mode()
-def decode_rows(engine, prompts: list[list[int]], rows: list[RowDecoder]) -> list[GenerationResult]:
+def decode_rows(engine, prompts: list[list[int]], rows: list[RowDecoder],
+                results: list) -> Iterator[tuple[int, StreamedToken]]:
     """Prefill `prompts` as one padded batch, then step every unfinished row's `RowDecoder`
-    together (see the module docstring); one result per row."""
+    together (see the module docstring), yielding (row, event); `results[row]` is set when the
+    row ends."""
     began = time.perf_counter()
     if all(row.done for row in rows):  # max_new_tokens 0: nothing to run
-        return [row.result(len(p), 0.0, 0.0) for row, p in zip(rows, prompts)]
+        results[:] = [row.result(len(p), 0.0, 0.0) for row, p in zip(rows, prompts)]
+        return
     longest = checked_longest(engine, prompts)
     lengths = torch.tensor([len(p) for p in prompts], device=engine.device)
     # a row runs at most max_new_tokens - 1 sampled tokens, and none past the context's end
@@ -76,17 +100,17 @@ def decode_rows(engine, prompts: list[list[int]], rows: list[RowDecoder]) -> lis
     real[:, longest:] = True
     logits = torch.stack(prefill_rows(engine, prompts, kv)).cpu()
     prefill_seconds = time.perf_counter() - began
-    results: list[GenerationResult | None] = [None] * len(rows)
     live = list(range(len(rows)))  # batch row -> prompt index, in the KV cache's row order
     step = 0
     while live:
         for i, r in enumerate(live):
-            if not rows[r].done:
-                rows[r].step(logits[i])
+            if not rows[r].done and (event := rows[r].step(logits[i])) is not None:
+                yield r, event
         going = [i for i, r in enumerate(live) if rows[r].next_token is not None]
         for r in live:
             if rows[r].next_token is None:
-                rows[r].tail()
+                if (tail := rows[r].tail()) is not None:
+                    yield r, tail
                 decode_seconds = time.perf_counter() - began - prefill_seconds
                 results[r] = rows[r].result(len(prompts[r]), prefill_seconds, decode_seconds)
         if not going:
@@ -104,4 +128,3 @@ def decode_rows(engine, prompts: list[list[int]], rows: list[RowDecoder]) -> lis
             finish_passes(engine)
         logits = out[:, -1].cpu()
         step += 1
-    return results
