@@ -9,8 +9,10 @@ Each arm opens a fresh engine (cold expert cache, same budget: the plan's minimu
 `--share` of the experts), on a random-weight container of a colibri-model preset's shapes
 (random routing: the batch's rows share fewer experts than a trained model's would, so the
 requests ratio is a floor; and at a small cache the B rows' working sets compete for the same
-slots, so misses need not fall with the requests). `rows_with_same_tokens` compares the arms' greedy tokens (under f32
-kernels they must all agree; bf16 kernels may turn a near-tie, see below). Prints one JSON object:
+slots, so misses need not fall with the requests). `rows_with_same_tokens` compares the arms'
+greedy tokens (under f32 kernels they must all agree; bf16 kernels may turn a near-tie, see
+below; f32 kernels also compute on dequantized experts, so the same budget holds fewer of them).
+Prints one JSON object:
 per arm the median over `--repeats` interleaved runs of decode seconds, decode tokens/s, expert
 requests ((layer, expert) cache lookups: a step asks once per distinct expert) and misses, bytes
 read during decoding (the runtime's counter, and /proc/self/io's read_bytes beside it), and the
