@@ -89,6 +89,23 @@ def test_a_decode_step_reads_each_distinct_expert_once_for_the_batch(tiny):
         assert all(list(e.experts) == sorted(set(e.experts)) for e in decode_steps)
 
 
+def test_a_batch_and_a_session_on_two_threads_keep_their_own_tokens(engine):
+    import threading
+
+    want_batch = [r.token_ids for r in engine.generate(PROMPTS, 10, stop_token_ids=[])]
+    want_single = engine.generate("Hello there", 20, stop_token_ids=[]).token_ids
+    got = {}
+    threads = [threading.Thread(target=lambda: got.update(batch=[r.token_ids for r in engine.generate(
+                   PROMPTS, 10, stop_token_ids=[])])),
+               threading.Thread(target=lambda: got.update(single=engine.generate(
+                   "Hello there", 20, stop_token_ids=[]).token_ids))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert got == {"batch": want_batch, "single": want_single}  # passes interleave; caches are their own
+
+
 def test_bad_batch_input_is_a_clear_error(engine):
     with pytest.raises(ValueError, match="at least one token"):
         engine.generate([[], [1, 2]], 2)
