@@ -136,3 +136,20 @@ def test_rows_leaving_the_batch_keep_the_others_exact(model):
     for i, r in enumerate(kept.tolist()):
         want = model(torch.tensor([rows[r] + continuation])).logits[0, -1]
         torch.testing.assert_close(out[i, 0], want, rtol=1e-4, atol=1e-5)
+
+
+@torch.no_grad()
+def test_a_per_query_mask_packs_two_sequences_in_one_row(model):
+    """[B, T, S] masks: two sequences side by side in one row, each seeing only itself, with
+    positions restarting at the second, give each its logits alone."""
+    torch.manual_seed(2)
+    first, second = torch.randint(0, 256, (6,)).tolist(), torch.randint(0, 256, (4,)).tolist()
+    ids = torch.tensor([first + second])
+    positions = torch.tensor([list(range(6)) + list(range(4))])
+    owner = torch.tensor([0] * 6 + [1] * 4)
+    mask = (owner[:, None] == owner[None, :])[None]  # [1, 10, 10]; causality is ANDed in
+    packed = model(ids, positions=positions, attention_mask=mask).logits[0]
+    torch.testing.assert_close(packed[:6], model(torch.tensor([first])).logits[0], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(packed[6:], model(torch.tensor([second])).logits[0], rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match=r"\[batch, T, past \+ T\]"):
+        model(ids, attention_mask=torch.ones(1, 9, 10, dtype=torch.bool))

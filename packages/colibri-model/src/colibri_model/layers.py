@@ -148,6 +148,9 @@ class Attention(nn.Module):
       a right-padded batch hides row r's padding columns by setting them False, and a row's real
       tokens see exactly what they would alone. A query that would see no key at all (a padding
       query with everything before it hidden) sees its own column instead, so no row is NaN.
+      Or [B, T, S], per query (True = query i may see key j), also ANDed with the causal rule:
+      packed rows, several sequences side by side, each seeing only its own tokens (an eval's
+      tree of a shared context and its continuations; colibri-eval's packing.py).
 
     With `attention_mask=None` the rule is causal alone: SDPA's fast `is_causal=True` kernel when
     past == 0, else a [T, S] prefix mask; outputs are bit-identical to a forward without the
@@ -203,16 +206,19 @@ class Attention(nn.Module):
 def attention_allowed(batch: int, queries: int, past: int, keys: int, attention_mask: torch.Tensor | None,
                       device: torch.device) -> torch.Tensor:
     """The boolean SDPA mask of `Attention`: [T, S] from the causal rule alone (query i at cache
-    column past + i sees key columns <= past + i), or [B, 1, T, S] with a [B, S] `attention_mask`
-    ANDed in (see Attention's docstring; a query left with no key sees its own column)."""
+    column past + i sees key columns <= past + i), or [B, 1, T, S] with a [B, S] or [B, T, S]
+    `attention_mask` ANDed in (see Attention's docstring; a query left with no key sees its own column)."""
     query_columns = past + torch.arange(queries, device=device)
     causal = torch.arange(keys, device=device)[None, :] <= query_columns[:, None]  # [T, S]
     if attention_mask is None:
         return causal
-    if attention_mask.dim() != 2 or tuple(attention_mask.shape) != (batch, keys):
-        raise ValueError(f"attention_mask must be [batch, past + T] = [{batch}, {keys}], "
-                         f"got {list(attention_mask.shape)}")
-    allowed = causal[None] & (attention_mask != 0)[:, None, :]  # [B, T, S]
+    if tuple(attention_mask.shape) == (batch, keys):
+        allowed = causal[None] & (attention_mask != 0)[:, None, :]  # [B, T, S]
+    elif tuple(attention_mask.shape) == (batch, queries, keys):
+        allowed = causal[None] & (attention_mask != 0)
+    else:
+        raise ValueError(f"attention_mask must be [batch, past + T] = [{batch}, {keys}] or [batch, T, past + T] = "
+                         f"[{batch}, {queries}, {keys}], got {list(attention_mask.shape)}")
     own_column = torch.arange(keys, device=device)[None, :] == query_columns[:, None]
     allowed = allowed | (own_column[None] & ~allowed.any(-1, keepdim=True))
     return allowed[:, None]  # broadcast over the heads

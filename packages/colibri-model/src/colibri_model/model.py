@@ -11,9 +11,10 @@ shift and loss masks (SFT masks non-assistant tokens with -100). With targets, t
 LM head in row chunks (loss.py) and returns no logits, unless `return_logits=True` asks for the
 plain path (whole-batch logits, then one cross-entropy). `cache` (a `KVCache`, `new_kv_cache`)
 makes the pass incremental: the T tokens go to cache columns length..length+T. `positions` ([T]
-or [B, T], default length..length+T for every row) and `attention_mask` ([B, length + T], True =
-a real key) let a right-padded batch run each row at its own position and hide its padding: see
-`Attention` (layers.py) for the exact rule. Both None: the plain causal forward, unchanged.
+or [B, T], default length..length+T for every row) and `attention_mask` ([B, length + T], or per
+query [B, T, length + T]; True = a real key) let a right-padded batch run each row at its own
+position and hide its padding, or packed sequences share a row: see `Attention` (layers.py) for
+the exact rule. Both None: the plain causal forward, unchanged.
 
 `compile_blocks()` compiles each block with `torch.compile(fullgraph=True)` (the torchtitan way:
 the blocks are where the FLOPs are, one graph each, no graph break; the loop over blocks, the
