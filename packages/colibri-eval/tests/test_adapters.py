@@ -47,10 +47,12 @@ def test_colibri_checkpoint_adapter(tmp_path):
     model = ColibriForCausalLM(get_preset("tiny"))
     model.save_pretrained(tmp_path)
     loaded = load_model(f"colibri:{tmp_path}")
-    doc = load_documents(get_task("piqa"), "bundled", limit=1)[0]
-    requests = encode_requests(loaded.tokenizer, doc.item.requests)
-    [scores] = ScoringEngine(loaded.model).score([requests])
-    for request, (ll, _) in zip(requests, scores, strict=True):
+    docs = load_documents(get_task("piqa"), "bundled", limit=1) + load_documents(get_task("hellaswag"),
+                                                                                 "bundled", limit=2)
+    groups = [encode_requests(loaded.tokenizer, doc.item.requests) for doc in docs]
+    assert loaded.model.supports_packing  # packed rows: documents side by side under a tree mask
+    scored = ScoringEngine(loaded.model, row_tokens=96).score(groups)
+    for request, (ll, _) in zip([r for g in groups for r in g], [s for g in scored for s in g], strict=True):
         full = torch.tensor([list(request.context) + list(request.continuation)[:-1]])
         with torch.no_grad():
             logp = torch.log_softmax(model.eval()(full).logits[0].float(), -1)[-len(request.continuation):]
@@ -154,11 +156,18 @@ def test_int4_shared_prefixes_score_like_full_rows(tmp_path):
     items = [encode_requests(loaded.tokenizer, d.item.requests) for d in docs]
     engine = loaded.model.engine
     before = engine.stats.prefill_tokens
-    shared = ScoringEngine(loaded.model, share_prefixes=True).score(items)
-    shared_tokens = engine.stats.prefill_tokens - before
-    before = engine.stats.prefill_tokens
-    full = ScoringEngine(loaded.model, share_prefixes=False).score(items)
-    assert shared_tokens < engine.stats.prefill_tokens - before  # the contexts ran once
-    for a, b in zip(shared, full, strict=True):
-        for (ll_a, greedy_a), (ll_b, greedy_b) in zip(a, b, strict=True):
-            assert ll_a == pytest.approx(ll_b, rel=1e-5, abs=1e-3) and greedy_a == greedy_b
+    runs = {}
+    for pack in (False, True):  # the session path (prefix appended, then branches) and packed rows
+        for share in (True, False):
+            before, steps = engine.stats.prefill_tokens, engine.stats.steps
+            runs[pack, share] = ScoringEngine(loaded.model, share_prefixes=share, pack=pack).score(items)
+            runs[pack, share, "tokens"] = engine.stats.prefill_tokens - before
+            runs[pack, share, "passes"] = engine.stats.steps - steps
+        assert runs[pack, True, "tokens"] < runs[pack, False, "tokens"]  # the contexts ran once
+    # packed: every document in one pass (the session path runs a pass per context)
+    assert runs[True, True, "passes"] < runs[False, True, "passes"]
+    assert runs[True, True, "tokens"] <= runs[False, True, "tokens"]
+    for key in ((False, True), (True, True), (True, False)):
+        for a, b in zip(runs[key], runs[False, False], strict=True):
+            for (ll_a, greedy_a), (ll_b, greedy_b) in zip(a, b, strict=True):
+                assert ll_a == pytest.approx(ll_b, rel=1e-5, abs=1e-3) and greedy_a == greedy_b

@@ -1,5 +1,6 @@
-"""Padded batches through the model: the prefill of a batch of prompts, and continuations of one
-context (`branch_logits`, what an eval scoring choices needs). Decoding a batch: batch_decode.py.
+"""Padded batches through the model: the prefill of a batch of prompts, continuations of one
+context (`branch_logits`), and packed rows under a caller's mask (`packed_logits`, what an eval
+scoring many documents' choices at once needs). Decoding a batch: batch_decode.py.
 
     >>> results = engine.generate(["The sky is", "Once upon a time there"], 32)   # doctest: +SKIP
 
@@ -62,6 +63,54 @@ def branch_logits(session: Session, continuations: list[list[int]], skip: int = 
         finish_passes(engine)
     logits = torch.cat(pieces, 1)
     return [logits[row, : len(c) - skip] for row, c in enumerate(continuations)]
+
+
+@torch.inference_mode()
+def packed_logits(engine, input_ids: torch.Tensor, positions: torch.Tensor, attention_mask: torch.Tensor,
+                  rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    """fp32 logits [N, V] at `(rows[n], cols[n])` of a [B, T] batch run from an empty context with
+    per-row RoPE `positions` [B, T] and a per-query `attention_mask` [B, T, T] (True: query i sees
+    key j; colibri-model ANDs the causal rule in). Packed rows: several sequences side by side,
+    each masked to see only itself (colibri-eval's packing). The batch runs in column chunks of
+    `prefill_chunk // B` over one KV cache, so a pass holds no more tokens than the budget's
+    workspace; the vocab projection runs only at the wanted positions (a hook on the final norm).
+    Every column counts as a prefill token: the caller's padding is not known here."""
+    batch, width = input_ids.shape
+    if tuple(positions.shape) != (batch, width) or tuple(attention_mask.shape) != (batch, width, width):
+        raise ValueError(f"packed_logits needs positions [B, T] and attention_mask [B, T, T] for ids "
+                         f"{list(input_ids.shape)}, got {list(positions.shape)} and {list(attention_mask.shape)}")
+    if int(positions.max()) >= engine.max_context:
+        raise ValueError(f"position {int(positions.max())} is past the engine's max_context={engine.max_context}")
+    device = engine.device
+    input_ids, positions, attention_mask = input_ids.to(device), positions.to(device), attention_mask.to(device)
+    rows, cols = rows.to(device), cols.to(device)
+    kv = engine.model.new_kv_cache(batch, width)
+    chunk = max(1, engine.prefill_chunk // batch)
+    out = torch.empty((rows.numel(), engine.model.config.vocab_size), dtype=torch.float32, device=device)
+    with engine._lock:
+        engine.stats.prefill_tokens += batch * width
+        for start in range(0, width, chunk):
+            end = min(width, start + chunk)
+            wanted = torch.nonzero((cols >= start) & (cols < end)).flatten()
+            hook = engine.model.norm.register_forward_hook(_keep_positions(rows[wanted], cols[wanted] - start))
+            try:
+                logits = forward_pass(engine, input_ids[:, start:end], kv, positions=positions[:, start:end],
+                                      attention_mask=attention_mask[:, start:end, :end])
+            finally:
+                hook.remove()
+            if wanted.numel():
+                out[wanted] = logits[0]
+        finish_passes(engine)
+    return out
+
+
+def _keep_positions(rows: torch.Tensor, cols: torch.Tensor):
+    """A final-norm hook: [B, T, d] -> [1, N, d] at (rows, cols) (one column when none is wanted,
+    whose logits the caller drops), so the vocab projection runs N times, not B * T."""
+    def hook(module, args, output):
+        return output[rows, cols][None] if rows.numel() else output[:1, :1]
+
+    return hook
 
 
 def checked_longest(engine, prompts: list[list[int]]) -> int:

@@ -243,6 +243,14 @@ class Engine:
             raise ValueError("logits() needs at least one token")
         return self.session().append(ids, all_logits=True).cpu()
 
+    def packed_logits(self, input_ids: torch.Tensor, positions: torch.Tensor, attention_mask: torch.Tensor,
+                      rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        """fp32 logits [N, V] at (rows, cols) of a [B, T] batch with per-row positions and a
+        per-query mask [B, T, T] (packed sequences; batch.packed_logits), on the CPU."""
+        from .batch import packed_logits
+
+        return packed_logits(self, input_ids, positions, attention_mask, rows, cols).cpu()
+
     # --- text ------------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False).ids

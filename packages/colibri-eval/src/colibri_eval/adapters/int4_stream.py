@@ -1,7 +1,10 @@
 """Adapter for a colibri-stream int4 container (``int4:PATH``), served at top-1.
 
-Uses colibri-stream's public API: ``Engine.open(path, ram_budget=..., dtype=...)`` and its
-sessions (``engine.session()``, ``append``, ``branch_logits``). A batch of rows runs as one
+Uses colibri-stream's public API: ``Engine.open(path, ram_budget=..., dtype=...)``,
+``Engine.packed_logits`` and its sessions (``engine.session()``, ``append``, ``branch_logits``).
+The scoring engine's packed rows (each document's context once, its continuations beside it,
+under a tree mask) run through ``Engine.packed_logits``: the fast path. Without packing
+(``ScoringEngine(pack=False)``) a batch of rows runs as one
 right-padded batch on an empty session (each row trimmed after its last scored position).
 Shared prefixes (``supports_prefix_cache``: the scoring engine groups continuations of one
 context) run once: the context is appended to a session, then its continuations run as one
@@ -28,10 +31,15 @@ class Int4StreamLM:
     """``TokenLogitsModel`` over a colibri-stream ``Engine``."""
 
     supports_prefix_cache = True
+    supports_packing = True
 
     def __init__(self, engine: Any, max_length: int) -> None:
         self.engine = engine
         self.max_length = max_length
+
+    def packed_logits(self, input_ids: torch.Tensor, positions: torch.Tensor, allowed: torch.Tensor,
+                      rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        return self.engine.packed_logits(input_ids, positions, allowed, rows, cols)
 
     def logits_at(self, input_ids: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
         """The batch's rows as one padded batch on an empty session (``Session.branch_logits``),
