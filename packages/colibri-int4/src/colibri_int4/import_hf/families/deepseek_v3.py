@@ -64,12 +64,19 @@ def moe_fields(fields: ConfigFields, n_layers: int) -> dict:
         fields.refuse("first_k_dense_replace", n_dense, f"exceeds num_hidden_layers={n_layers}")
     expert_dim = fields.integer("moe_intermediate_size")
     top_k = fields.integer("num_experts_per_tok")
+    n_experts = fields.first(("n_routed_experts", "num_local_experts"))
     n_groups = fields.integer("n_group", 1)
+    chosen = fields.integer("topk_group", n_groups)
+    if n_experts % n_groups:
+        fields.refuse("n_group", n_groups, f"{n_experts} routed experts do not split into equal groups")
+    if chosen > n_groups or top_k > chosen * (n_experts // n_groups):
+        fields.refuse("topk_group", chosen, f"num_experts_per_tok={top_k} needs more experts than {chosen} of "
+                      f"{n_groups} groups hold")
     return dict(n_dense_layers=n_dense, dense_ffn_dim=fields.integer("intermediate_size"),
-                n_experts=fields.first(("n_routed_experts", "num_local_experts")), expert_dim=expert_dim,
+                n_experts=n_experts, expert_dim=expert_dim,
                 shared_expert_dim=fields.integer("n_shared_experts", 0, minimum=0) * expert_dim,
                 top_k_train=top_k, top_k_infer=top_k, router_groups=n_groups,
-                router_topk_groups=fields.integer("topk_group", n_groups),
+                router_topk_groups=chosen,
                 route_scale=float(fields.get("routed_scaling_factor", 1.0)))
 
 
