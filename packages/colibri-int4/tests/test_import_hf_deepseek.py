@@ -115,3 +115,33 @@ def test_mtp_layers_are_skipped_and_the_plan_is_the_file(tmp_path):
         assert container.verify().ok
     planned = planned_container(plain, "int4", 32)
     assert planned.file_size == plain.with_suffix(".coli").stat().st_size
+
+
+V2 = {**{k: v for k, v in CONFIG.items() if k not in ("rope_interleave", "num_nextn_predict_layers")},
+      "model_type": "deepseek_v2", "architectures": ["DeepseekV2ForCausalLM"], "topk_method": "group_limited_greedy",
+      "norm_topk_prob": False, "routed_scaling_factor": 1.0, "mlp_bias": False}
+
+
+def test_v2_maps_to_softmax_group_limited_routing_without_bias_or_renormalisation():
+    config = colibri_config_from_hf(V2)
+    assert config["attention_kind"] == "mla" and config["rope_interleave"] is True
+    assert (config["router_score"], config["selection_bias"], config["route_norm"]) == ("softmax", False, False)
+    assert (config["router_groups"], config["router_topk_groups"], config["router_group_score"]) == (4, 2, "max")
+    greedy = colibri_config_from_hf({**V2, "topk_method": "greedy"})
+    assert (greedy["router_groups"], greedy["router_topk_groups"]) == (1, 1)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (dict(norm_topk_prob=True), "norm_topk_prob=True is not supported"),
+        (dict(topk_method="noaux_tc"), "topk_method='noaux_tc' is not supported"),
+        (dict(scoring_func="sigmoid"), "scoring_func='sigmoid' is not supported"),
+        (dict(mlp_bias=True), "mlp_bias=True is not supported"),
+        (dict(quantization_config={"quant_method": "fp8"}), "quant_method='fp8' is not supported"),
+        (dict(rope_interleave=False), "rope_interleave=False is not supported .*does not know"),
+    ],
+)
+def test_v2_refuses_by_name_and_value(change, message):
+    with pytest.raises(HFImportError, match=message):
+        colibri_config_from_hf({**V2, **change}, "ds2/config.json")

@@ -53,6 +53,16 @@ FAMILIES = {
         qk_rope_head_dim=8, v_head_dim=16, rope_interleave=True,
         rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 24, "beta_fast": 32,
                          "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 0.8, "rope_theta": 10000.0}),
+    # DeepSeek-V2-Lite's shape: MLA without a q latent, softmax routing limited to the best of 2
+    # groups (scored by their best expert; with top_k <= topk_group the limit would change no pick),
+    # gates scaled and not renormalised, yarn as V2 sets it
+    "deepseek_v2": lambda: transformers.DeepseekV2Config(
+        **{**COMMON, "num_key_value_heads": 4}, intermediate_size=96, moe_intermediate_size=32, n_routed_experts=8,
+        num_experts_per_tok=3, topk_method="group_limited_greedy", n_group=2, topk_group=1, n_shared_experts=2,
+        first_k_dense_replace=1, routed_scaling_factor=1.5, q_lora_rank=None, kv_lora_rank=32, qk_nope_head_dim=16,
+        qk_rope_head_dim=8, v_head_dim=16,
+        rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 24, "beta_fast": 32,
+                         "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 0.707, "rope_theta": 10000.0}),
 }
 CONTEXT = 64
 STEPS = 32
