@@ -75,6 +75,11 @@ def test_mla_attention_by_hand():
     scores = scores.masked_fill(torch.ones(T, T).triu(1).bool(), float("-inf"))
     out = torch.einsum("bhts,bshd->bthd", scores.softmax(-1), v).reshape(1, T, 64)
     torch.testing.assert_close(attn(x, torch.arange(T)), attn.o_proj(out), atol=1e-5, rtol=1e-5)
+    # a key-padding mask [B, S] (a padded batch): key 1 hidden from every query (key 0 stays visible)
+    keep = torch.tensor([[True, False, True, True, True]])
+    masked = scores.masked_fill(~keep[:, None, None, :], float("-inf"))
+    out = torch.einsum("bhts,bshd->bthd", masked.softmax(-1), v).reshape(1, T, 64)
+    torch.testing.assert_close(attn(x, torch.arange(T), attention_mask=keep), attn.o_proj(out), atol=1e-5, rtol=1e-5)
 
 
 def test_interleaved_rope_is_rotate_half_of_the_deinterleaved_dims():
@@ -167,6 +172,16 @@ def test_configs_without_1_2_features_carry_no_1_2_keys():
 def test_invalid_mla_and_group_configs_name_the_field(change, field):
     with pytest.raises(ValidationError, match=field):
         ColibriConfig(**{**MLA, **change})
+
+
+def test_training_memory_plan_counts_an_mla_block_exactly():
+    from colibri_model.training.memory_plan import WeightCounts
+
+    config = ColibriConfig(**MLA)
+    model = ColibriForCausalLM(config)
+    counts = WeightCounts.of(config)
+    assert counts.moe_block == sum(p.numel() for p in model.layers[1].parameters())
+    assert counts.dense_block == sum(p.numel() for p in model.layers[0].parameters())
 
 
 def test_mla_model_trains():
