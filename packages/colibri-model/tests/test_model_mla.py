@@ -10,7 +10,7 @@ import pytest
 import torch
 from colibri_model import ColibriConfig, ColibriForCausalLM, checkpoint_tensor_shapes, count_params
 from colibri_model.config import V1_2_DEFAULTS, RopeScaling
-from colibri_model.layers import RotaryEmbedding, rope_inv_freq
+from colibri_model.layers import KVCache, RotaryEmbedding, rope_inv_freq
 from colibri_model.router import limit_to_groups
 from pydantic import ValidationError
 
@@ -27,8 +27,9 @@ MLA = dict(vocab_size=256, d_model=64, n_layers=3, n_dense_layers=1, n_heads=4, 
 def test_mla_config_round_trips_as_1_2_and_its_tensors_and_counts_agree(q_lora_rank, tmp_path):
     config = ColibriConfig(**{**MLA, "q_lora_rank": q_lora_rank})
     assert config.to_dict()["schema_version"] == "1.2" and ColibriConfig.from_json(config.to_json()) == config
-    assert (config.key_head_dim, config.value_head_dim) == (24, 16)
-    assert config.kv_bytes_per_position(2) == 3 * 4 * (24 + 16) * 2
+    # the latent cache: one row of kv_lora_rank + qk_rope_head_dim per layer and position
+    assert (config.kv_cache_heads, config.key_head_dim, config.value_head_dim) == (1, 32 + 8, 0)
+    assert config.kv_bytes_per_position(2) == 3 * (32 + 8) * 2
     model = ColibriForCausalLM(config)
     assert count_params(config)["total_params"] == sum(p.numel() for p in model.parameters())
     assert list(checkpoint_tensor_shapes(config)) == list(model.state_dict())
@@ -45,7 +46,7 @@ def test_mla_decoding_with_the_cache_is_the_full_forward():
     tokens = torch.randint(0, 256, (2, 12))
     full = model(tokens).logits
     cache = model.new_kv_cache(2, 32)
-    assert cache.keys[0].shape == (2, 4, 32, 24) and cache.values[0].shape == (2, 4, 32, 16)
+    assert cache.keys[0].shape == (2, 1, 32, 40) and cache.values[0].shape == (2, 1, 32, 0)
     parts = [model(tokens[:, :7], cache=cache).logits] + [model(tokens[:, t:t + 1], cache=cache).logits
                                                           for t in range(7, 12)]
     torch.testing.assert_close(torch.cat(parts, 1), full, atol=1e-5, rtol=1e-5)
@@ -80,6 +81,12 @@ def test_mla_attention_by_hand():
     masked = scores.masked_fill(~keep[:, None, None, :], float("-inf"))
     out = torch.einsum("bhts,bshd->bthd", masked.softmax(-1), v).reshape(1, T, 64)
     torch.testing.assert_close(attn(x, torch.arange(T), attention_mask=keep), attn.o_proj(out), atol=1e-5, rtol=1e-5)
+    # the same through the latent cache (the absorbed form), in two steps
+    cache = KVCache(config, 1, 8)
+    first = attn(x[:, :3], torch.arange(3), cache, attention_mask=keep[:, :3])
+    cache.length = 3
+    second = attn(x[:, 3:], torch.arange(3, T), cache, attention_mask=keep)
+    torch.testing.assert_close(torch.cat([first, second], 1), attn.o_proj(out), atol=1e-5, rtol=1e-5)
 
 
 def test_interleaved_rope_is_rotate_half_of_the_deinterleaved_dims():

@@ -155,8 +155,8 @@ DEEPSEEK_V3 = Path(__file__).parent / "fixtures" / "deepseek_v3"
 def test_deepseek_v3_plan_from_config_matches_a_hand_computation(tmp_path):
     """DeepSeek-V3's published config: the FP8 release is refused with the way out; its bf16
     conversion (the same config without quantization_config) plans 671B parameters, 37B active,
-    and a KV cache of the decompressed per-head keys and values (mla.py: the latent cache is the
-    next step, 576 numbers per layer and position instead of 128 x (192 + 128))."""
+    and a KV cache of the latent (mla.py: 512 + 64 numbers per layer and position, where
+    decompressed per-head keys and values would take 128 x (192 + 128), 71x more)."""
     with pytest.raises(HFImportError, match="quant_method=.fp8. is not supported .*fp8_cast_bf16"):
         planned_container(DEEPSEEK_V3, "int4")
     config = json.loads((DEEPSEEK_V3 / "config.json").read_text())
@@ -167,8 +167,7 @@ def test_deepseek_v3_plan_from_config_matches_a_hand_computation(tmp_path):
     assert (c["attention_kind"], c["router_groups"], c["router_topk_groups"], c["route_scale"]) == ("mla", 8, 4, 2.5)
     assert c["rope_scaling"]["kind"] == "yarn" and c["rope_scaling"]["factor"] == 40.0
     plan = Engine.plan(container, compute="int4")
-    layers, heads, key, value = 61, 128, 128 + 64, 128
-    assert plan.kv_bytes_per_token == layers * heads * (key + value) * 2 == 4_997_120  # bf16
+    assert plan.kv_bytes_per_token == 61 * (512 + 64) * 2 == 70_272  # bf16
     int4_blob = 3 * (2048 * 7168 // 2 + 2 * 2048 * 7168 // 64)
     assert plan.footprint.total_experts == (61 - 3) * 256 and plan.footprint.top_k == 8
     assert plan.expert_bytes_on_disk == 58 * 256 * int4_blob

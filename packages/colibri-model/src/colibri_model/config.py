@@ -71,7 +71,7 @@ class ColibriConfig(BaseModel):
     QK-norm over the whole projection (OLMoE), q/k/v biases (Qwen2-MoE), RoPE scaling, an
     all-dense model (`n_dense_layers == n_layers`, `n_experts = 0`: Llama, SmolLM2), and (schema
     1.2) multi-head latent attention with group-limited routing (DeepSeek-V2/V3). Every KV cache is
-    sized by `key_head_dim`, `value_head_dim` and `kv_bytes_per_position`.
+    sized by `kv_cache_heads`, `key_head_dim`, `value_head_dim` and `kv_bytes_per_position`.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -94,9 +94,8 @@ class ColibriConfig(BaseModel):
     rope_theta: float = Field(10000.0, gt=0)
     rope_scaling: RopeScaling | None = None
     # Schema 1.2. "mla": multi-head latent attention (DeepSeek-V2/V3, mla.py). Then head_dim is the
-    # query/key head width qk_nope_head_dim + qk_rope_head_dim, n_kv_heads == n_heads (the cache holds
-    # every head's decompressed key and value), values are v_head_dim wide, and q_lora_rank None
-    # means a plain q_proj. `rope_interleave`: RoPE pairs dims (0,1), (2,3), ... (DeepSeek) instead
+    # query/key head width qk_nope_head_dim + qk_rope_head_dim, n_kv_heads == n_heads (every head
+    # has its own key), values are v_head_dim wide, and q_lora_rank None means a plain q_proj. `rope_interleave`: RoPE pairs dims (0,1), (2,3), ... (DeepSeek) instead
     # of (j, j + half).
     attention_kind: Literal["gqa", "mla"] = "gqa"
     q_lora_rank: int | None = Field(None, gt=0)
@@ -184,7 +183,7 @@ class ColibriConfig(BaseModel):
                              f"{self.qk_nope_head_dim + self.qk_rope_head_dim} for attention_kind 'mla'")
         if self.n_kv_heads != self.n_heads:
             raise ValueError(f"n_kv_heads: {self.n_kv_heads} must equal n_heads={self.n_heads} for attention_kind "
-                             "'mla' (every head has its own decompressed key and value)")
+                             "'mla' (every head has its own key)")
         if self.qk_norm or self.qkv_bias:
             raise ValueError("qk_norm/qkv_bias: not defined for attention_kind 'mla'")
 
@@ -220,19 +219,25 @@ class ColibriConfig(BaseModel):
     def is_moe_layer(self, layer: int) -> bool:
         return layer >= self.n_dense_layers
 
+    # What every KV cache (colibri-model's KVCache, colibri-stream's SessionKV) and every KV byte
+    # count is sized by: per layer, keys [B, kv_cache_heads, S, key_head_dim] and values
+    # [B, kv_cache_heads, S, value_head_dim]. MLA caches its latent (mla.py): one "head" holding the
+    # normalised kv latent and the rope key, kv_lora_rank + qk_rope_head_dim wide; no values.
+    @property
+    def kv_cache_heads(self) -> int:
+        return 1 if self.attention_kind == "mla" else self.n_kv_heads
+
     @property
     def key_head_dim(self) -> int:
-        """Width of one cached key head (what every KV cache and its byte count use)."""
-        return self.head_dim  # MLA: qk_nope_head_dim + qk_rope_head_dim, checked at construction
+        return self.kv_lora_rank + self.qk_rope_head_dim if self.attention_kind == "mla" else self.head_dim
 
     @property
     def value_head_dim(self) -> int:
-        """Width of one cached value head: head_dim, or MLA's v_head_dim."""
-        return self.v_head_dim if self.attention_kind == "mla" else self.head_dim
+        return 0 if self.attention_kind == "mla" else self.head_dim
 
     def kv_bytes_per_position(self, element_size: int) -> int:
         """Bytes one position of context takes in the KV cache, over all layers."""
-        return self.n_layers * self.n_kv_heads * (self.key_head_dim + self.value_head_dim) * element_size
+        return self.n_layers * self.kv_cache_heads * (self.key_head_dim + self.value_head_dim) * element_size
 
     # --- JSON round trip ------------------------------------------------------------------
     def to_dict(self) -> dict:

@@ -131,8 +131,8 @@ class KVCache:
     """
 
     def __init__(self, config: ColibriConfig, batch_size: int, max_len: int, device=None, dtype=torch.float32):
-        keys = (batch_size, config.n_kv_heads, max_len, config.key_head_dim)
-        values = (batch_size, config.n_kv_heads, max_len, config.value_head_dim)
+        keys = (batch_size, config.kv_cache_heads, max_len, config.key_head_dim)
+        values = (batch_size, config.kv_cache_heads, max_len, config.value_head_dim)
         self.keys = [torch.zeros(keys, device=device, dtype=dtype) for _ in range(config.n_layers)]
         self.values = [torch.zeros(values, device=device, dtype=dtype) for _ in range(config.n_layers)]
         self.length = 0  # positions filled, shared by all layers

@@ -1,9 +1,9 @@
 """Multi-head latent attention (MLA, DeepSeek-V2/V3): `attention_kind = "mla"` in ColibriConfig.
 
-Shapes (B batch, T new tokens, S cached + new positions, H heads, r the latent ranks):
+Shapes (B batch, T new tokens, S cached + new positions, H heads, r = kv_lora_rank):
 
     q     = q_proj(x)                          or  q_b_proj(norm(q_a_proj(x)))     [B, T, H, nope + rope]
-    c, kr = kv_a_proj_with_mqa(x)              -> [B, T, kv_lora_rank], [B, T, rope]  (kr: one head)
+    c, kr = kv_a_proj_with_mqa(x)              -> [B, T, r], [B, T, rope]  (kr: one head)
     kn, v = kv_b_proj(kv_a_layernorm(c))       -> [B, T, H, nope], [B, T, H, v_head_dim]
     k     = [kn, rope(kr) for every head];  q = [q_nope, rope(q_rope)]
     out   = o_proj(softmax(q k^T * scale) v),  scale = (nope + rope)^-0.5 * yarn's softmax_scale_factor
@@ -11,13 +11,20 @@ Shapes (B batch, T new tokens, S cached + new positions, H heads, r the latent r
 Only the last `qk_rope_head_dim` dims carry position (RoPE, interleaved pairs when
 `rope_interleave`); the first `qk_nope_head_dim` dims of a key come from the latent alone.
 
-The KV cache holds the DECOMPRESSED per-head keys ([.., H, S, nope + rope]) and values
-([.., H, S, v_head_dim]), exactly the layout of a GQA cache with n_kv_heads = n_heads, so
-`KVCache`, colibri-stream's SessionKV and every KV size (`ColibriConfig.kv_bytes_per_position`)
-work unchanged. It costs H * (nope + rope + v) numbers per layer and position, against
-kv_lora_rank + rope for the latent: 40,960 vs 576 at DeepSeek-V3's sizes, 71x. The next step is
-the latent cache (store c and rope(kr), absorb kv_b_proj into q and o_proj at decode): that is
-MLA's memory win, and it changes the cache's interface, not this module's math.
+Two ways to compute the same thing:
+- without a cache (training, a whole sequence): the keys and values are decompressed per head,
+  as written above (the cheaper form when every position is new);
+- with a cache (decoding): the cache holds the LATENT, one "head" of `[kv_a_layernorm(c),
+  rope(kr)]` (r + rope numbers per layer and position, `ColibriConfig.kv_cache_heads` /
+  `key_head_dim`; no values), and kv_b_proj is absorbed instead of applied to every cached
+  position: with kv_b_proj = per head [W_k (nope x r); W_v (v x r)],
+  `q_nope . kn = (q_nope W_k) . c`, so the query becomes `[q_nope W_k, rope(q_rope)]` (r + rope
+  wide), one attention over the latent (multi-query: every head reads the same cached row)
+  gives `softmax(.) c` per head, and `W_v` maps it to the value width. At DeepSeek-V3's shapes
+  the cache takes 576 numbers per layer and position instead of the 128 x (192 + 128) = 40,960
+  of decompressed keys and values (71x less), and a decode step reads the latent once.
+  The price: attention over r + rope = 576 dims instead of 192 (prefill through a cache does
+  ~3x the attention FLOPs of the decompressed form; the projections dominate at short context).
 
 The module and parameter names are DeepSeek's own (`q_a_layernorm`, `kv_a_proj_with_mqa`, ...),
 so a checkpoint maps by prefix. The two latent RMSNorms use eps 1e-6 whatever `norm_eps` is:
@@ -74,23 +81,41 @@ class MultiHeadLatentAttention(nn.Module):
         H = self.n_heads
         q = self._queries(x).view(B, T, H, self.nope + self.rope_dim).transpose(1, 2)  # [B, H, T, Dq]
         q_nope, q_rope = q.split([self.nope, self.rope_dim], dim=-1)
+        q_rope = self.rope(q_rope, positions)
         latent, k_rope = self.kv_a_proj_with_mqa(x).split([self.kv_rank, self.rope_dim], dim=-1)
-        kv = self.kv_b_proj(self.kv_a_layernorm(latent)).view(B, T, H, self.nope + self.v_dim).transpose(1, 2)
-        k_nope, v = kv.split([self.nope, self.v_dim], dim=-1)
+        latent = self.kv_a_layernorm(latent)
         k_rope = self.rope(k_rope.view(B, 1, T, self.rope_dim), positions)  # one rope key shared by all heads
-        q = torch.cat([q_nope, self.rope(q_rope, positions)], dim=-1)
-        k = torch.cat([k_nope, k_rope.expand(B, H, T, self.rope_dim)], dim=-1)
+        if cache is None:
+            return self._decompressed(q_nope, q_rope, latent, k_rope, attention_mask)
+        return self._absorbed(q_nope, q_rope, latent, k_rope, cache, attention_mask)
 
-        past = 0
-        if cache is not None:
-            past = cache.length
-            k, v = cache.update(self.layer_index, k, v)
-        if past == 0 and attention_mask is None:
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale)
-        else:
-            S = k.shape[2]
-            allowed = torch.arange(S, device=x.device)[None, :] <= (past + torch.arange(T, device=x.device))[:, None]
-            if attention_mask is not None:  # [B, S] keys -> [B, 1, T, S]
-                allowed = allowed[None, None] & attention_mask[:, None, None, :S].bool()
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=self.scale)
+    def _decompressed(self, q_nope, q_rope, latent, k_rope, attention_mask) -> torch.Tensor:
+        B, H, T, _ = q_nope.shape
+        kv = self.kv_b_proj(latent).view(B, T, H, self.nope + self.v_dim).transpose(1, 2)
+        k_nope, v = kv.split([self.nope, self.v_dim], dim=-1)
+        q = torch.cat([q_nope, q_rope], dim=-1)
+        k = torch.cat([k_nope, k_rope.expand(B, H, T, self.rope_dim)], dim=-1)
+        out = self._attend(q, k, v, 0, attention_mask, gqa=False)  # [B, H, T, v]
         return self.o_proj(out.transpose(1, 2).reshape(B, T, H * self.v_dim))
+
+    def _absorbed(self, q_nope, q_rope, latent, k_rope, cache: KVCache, attention_mask) -> torch.Tensor:
+        B, H, T, _ = q_nope.shape
+        past = cache.length
+        entry = torch.cat([latent.view(B, 1, T, self.kv_rank), k_rope], dim=-1)  # [B, 1, T, r + rope]
+        keys, _ = cache.update(self.layer_index, entry, entry[..., :0])  # the latent cache has no values
+        w = self.kv_b_proj.weight.view(H, self.nope + self.v_dim, self.kv_rank)
+        w_k, w_v = w[:, : self.nope], w[:, self.nope:]  # [H, nope, r], [H, v, r]
+        q = torch.cat([torch.einsum("bhtn,hnr->bhtr", q_nope, w_k), q_rope], dim=-1)  # [B, H, T, r + rope]
+        out = self._attend(q, keys, keys[..., : self.kv_rank], past, attention_mask, gqa=True)  # [B, H, T, r]
+        out = torch.einsum("bhtr,hvr->bthv", out, w_v)
+        return self.o_proj(out.reshape(B, T, H * self.v_dim))
+
+    def _attend(self, q, k, v, past: int, attention_mask, gqa: bool) -> torch.Tensor:
+        T, S = q.shape[2], k.shape[2]
+        if past == 0 and attention_mask is None:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale, enable_gqa=gqa)
+        # query i (absolute past + i) may see keys 0..past + i, and only unmasked ones
+        allowed = torch.arange(S, device=q.device)[None, :] <= (past + torch.arange(T, device=q.device))[:, None]
+        if attention_mask is not None:  # [B, S] keys -> [B, 1, T, S]
+            allowed = allowed[None, None] & attention_mask[:, None, None, :S].bool()
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=self.scale, enable_gqa=gqa)

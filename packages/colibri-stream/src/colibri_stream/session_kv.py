@@ -19,7 +19,8 @@ class SessionKV:
     def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, max_len: int, device, dtype,
                  capacity: int = 0, value_head_dim: int | None = None):
         self.n_layers, self.n_kv_heads, self.head_dim = n_layers, n_kv_heads, head_dim
-        # keys are head_dim wide, values value_head_dim (they differ under MLA: ColibriConfig.value_head_dim)
+        # keys are head_dim wide, values value_head_dim: they differ under MLA, whose latent cache
+        # has one "head" of keys and no values (ColibriConfig.kv_cache_heads, key/value_head_dim)
         self.value_head_dim = head_dim if value_head_dim is None else value_head_dim
         self.max_len, self.device, self.dtype = max_len, device, dtype
         self.length = 0  # positions filled, shared by all layers
@@ -31,7 +32,7 @@ class SessionKV:
 
     @classmethod
     def for_model(cls, config, max_len: int, device, dtype, capacity: int = 0) -> SessionKV:
-        return cls(config.n_layers, config.n_kv_heads, config.key_head_dim, max_len, device, dtype, capacity,
+        return cls(config.n_layers, config.kv_cache_heads, config.key_head_dim, max_len, device, dtype, capacity,
                    config.value_head_dim)
 
     @property
