@@ -149,8 +149,8 @@ def test_shards_and_fused_experts_give_the_same_container(hf_dir, tmp_path):
         (dict(mlp_only_layers=[1]), "mlp_only_layers/decoder_sparse_step=.* dense layers must be the first"),
         (dict(attention_bias=True), "attention_bias=True is not supported"),
         (dict(quantization_config={"quant_method": "gptq", "bits": 4}), "quant_method='gptq' is not supported"),
-        (dict(model_type="deepseek_v3"), "model_type='deepseek_v3' is not supported .*MLA"),
-        (dict(model_type="gpt2"), "model_type='gpt2' is not supported; supported: llama, mixtral"),
+        (dict(model_type="gpt_oss"), "model_type='gpt_oss' is not supported .*MXFP4"),
+        (dict(model_type="gpt2"), "model_type='gpt2' is not supported; supported: deepseek_v2, deepseek_v3, llama, mixtral"),
         (dict(num_experts_per_tok=9), r"num_experts_per_tok=9 is not in \[1, 4\]"),
     ],
 )

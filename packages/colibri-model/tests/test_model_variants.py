@@ -135,7 +135,7 @@ def test_rope_scaling_linear_and_llama3():
     with pytest.raises(ValidationError, match="llama3 needs"):
         RopeScaling(kind="llama3", factor=8)
     with pytest.raises(ValidationError, match="kind"):
-        RopeScaling(kind="yarn", factor=8)
+        RopeScaling(kind="dynamic", factor=8)
 
 
 def test_dense_only_model_has_no_moe_layers():

@@ -38,8 +38,17 @@ def test_engine_holds_every_tensor_in_the_dtype_load_checkpoint_does(tiny):
     assert streamed["layers.1.attn.q_proj.weight"] == torch.bfloat16
 
 
+MLA = dict(attention_kind="mla", qk_norm=False, n_kv_heads=4, head_dim=32, kv_lora_rank=64, qk_nope_head_dim=24,
+           qk_rope_head_dim=8, v_head_dim=32, rope_interleave=True, router_groups=4, router_topk_groups=2,
+           rope_scaling=dict(kind="yarn", factor=4.0, original_max_seq_len=32, beta_fast=32.0, beta_slow=1.0,
+                             mscale=1.0, mscale_all_dim=1.0, truncate=True))
 VARIANTS = [dict(name=name) for name in PRESETS] + [
     dict(name="tiny", qk_norm=False, tie_embeddings=False, shared_expert_dim=0, n_dense_layers=0),
+] + [
+    # config schema 1.2: DeepSeek's multi-head latent attention (with and without a q latent),
+    # group-limited routing, yarn
+    dict(name="tiny", **MLA, q_lora_rank=rank) for rank in (64, None)
+] + [
     # config schema 1.1: the variants of imported checkpoints
     dict(name="tiny", router_score="softmax", selection_bias=False, qk_norm_scope="projection", n_dense_layers=0),
     dict(name="tiny", qk_norm=False, qkv_bias=True, shared_expert_gate=True, selection_bias=False),
@@ -56,9 +65,10 @@ def test_container_layout_names_every_checkpoint_tensor_of_colibri_model(variant
     assert container_tensor_shapes(shape) == checkpoint_tensor_shapes(config)
 
 
-@pytest.mark.parametrize("variant", VARIANTS[-3:], ids=["softmax-projection-norm", "qkv-bias-gated-shared", "dense"])
+@pytest.mark.parametrize("variant", VARIANTS[-3:] + VARIANTS[-5:-4],
+                         ids=["softmax-projection-norm", "qkv-bias-gated-shared", "dense", "mla-1.2"])
 def test_exported_1_1_variant_streams_like_its_checkpoint(variant, tmp_path):
-    """A Colibri checkpoint of a schema 1.1 variant (not an import): export, then the engine
+    """A Colibri checkpoint of a schema 1.1 or 1.2 variant (not an import): export, then the engine
     against load_checkpoint of the dequantized container (bit-identical weights)."""
     from colibri_int4 import dequantize_container
     from colibri_model import ColibriForCausalLM

@@ -43,6 +43,26 @@ FAMILIES = {
         **COMMON, intermediate_size=96, tie_word_embeddings=True,
         rope_parameters={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                          "original_max_position_embeddings": 16, "rope_theta": 500000.0}),
+    # MLA with a q latent, interleaved yarn RoPE (attention factor and softmax correction both != 1),
+    # group-limited sigmoid routing with a score-correction bias (randomised in _checkpoint), a
+    # leading dense layer, a shared expert and a routed scaling factor
+    "deepseek_v3": lambda: transformers.DeepseekV3Config(
+        **{**COMMON, "num_key_value_heads": 4}, intermediate_size=96, moe_intermediate_size=32, n_routed_experts=8,
+        num_experts_per_tok=2, n_group=4, topk_group=2, n_shared_experts=1, first_k_dense_replace=1,
+        routed_scaling_factor=2.5, norm_topk_prob=True, q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=16,
+        qk_rope_head_dim=8, v_head_dim=16, rope_interleave=True,
+        rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 24, "beta_fast": 32,
+                         "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 0.8, "rope_theta": 10000.0}),
+    # DeepSeek-V2-Lite's shape: MLA without a q latent, softmax routing limited to the best of 2
+    # groups (scored by their best expert; with top_k <= topk_group the limit would change no pick),
+    # gates scaled and not renormalised, yarn as V2 sets it
+    "deepseek_v2": lambda: transformers.DeepseekV2Config(
+        **{**COMMON, "num_key_value_heads": 4}, intermediate_size=96, moe_intermediate_size=32, n_routed_experts=8,
+        num_experts_per_tok=3, topk_method="group_limited_greedy", n_group=2, topk_group=1, n_shared_experts=2,
+        first_k_dense_replace=1, routed_scaling_factor=1.5, q_lora_rank=None, kv_lora_rank=32, qk_nope_head_dim=16,
+        qk_rope_head_dim=8, v_head_dim=16,
+        rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 24, "beta_fast": 32,
+                         "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 0.707, "rope_theta": 10000.0}),
 }
 CONTEXT = 64
 STEPS = 32
@@ -58,6 +78,10 @@ def _checkpoint(family: str, directory):
     torch.manual_seed(17)
     config = FAMILIES[family]()
     model = transformers.AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():  # a zero selection bias (transformers' init) would test nothing
+        for name, buffer in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buffer.normal_(0.0, 0.1)
     model.to(torch.bfloat16).save_pretrained(directory)  # what the Hub holds: bf16 safetensors
     _tokenizer().save(str(directory / "tokenizer.json"))
     (directory / "tokenizer_config.json").write_text('{"chat_template": "{{ messages }}", "eos_token": "w1"}')
@@ -104,6 +128,9 @@ def test_imported_config_is_a_colibri_config_and_the_container_keeps_the_tokeniz
     assert config.to_dict() == {k: v for k, v in c.config.items() if k not in ("format_version", "model_type")}
     if family == "llama":
         assert config.n_experts == 0 and config.n_moe_layers == 0 and config.tie_embeddings
+    elif family == "deepseek_v3":
+        assert config.attention_kind == "mla" and config.router_score == "sigmoid" and config.selection_bias
+        assert config.router_groups == 4 and config.n_dense_layers == 1 and config.rope_scaling.kind == "yarn"
     else:
         assert config.router_score == "softmax" and not config.selection_bias
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
-from colibri_int4 import Container, ContainerError
+from colibri_int4 import Container, ContainerError, HFImportError
 from colibri_int4.import_hf import planned_container, sizes_by_quant
 from colibri_stream import Engine
 from colibri_stream.cli import main
@@ -92,7 +92,7 @@ def _write_trace(path: Path) -> Path:
     (lambda c: c.update(use_sliding_window=True), "use_sliding_window=True is not supported"),
     (lambda c: c.update(attn_logit_softcapping=30.0), "attn_logit_softcapping=30.0 is not supported"),
     (lambda c: c.pop("hidden_size"), "required field 'hidden_size' is missing"),
-    (lambda c: c.update(model_type="deepseek_v3"), "model_type='deepseek_v3' is not supported"),
+    (lambda c: c.update(model_type="gpt_oss"), "model_type='gpt_oss' is not supported"),
 ])
 def test_a_bad_config_is_one_clear_error_and_exit_2(tmp_path, edit, message):
     config = json.loads((QWEN3_30B / "config.json").read_text())
@@ -147,3 +147,27 @@ def test_the_planned_container_is_the_one_import_hf_writes(tmp_path):
         assert {k: v for k, v in a.items() if k != "container"} == {k: v for k, v in b.items() if k != "container"}
         with pytest.raises(ContainerError, match="planned from a config and has no file"):
             planned.read_resident()
+
+
+DEEPSEEK_V3 = Path(__file__).parent / "fixtures" / "deepseek_v3"
+
+
+def test_deepseek_v3_plan_from_config_matches_a_hand_computation(tmp_path):
+    """DeepSeek-V3's published config: the FP8 release is refused with the way out; its bf16
+    conversion (the same config without quantization_config) plans 671B parameters, 37B active,
+    and a KV cache of the latent (mla.py: 512 + 64 numbers per layer and position, where
+    decompressed per-head keys and values would take 128 x (192 + 128), 71x more)."""
+    with pytest.raises(HFImportError, match="quant_method=.fp8. is not supported .*fp8_cast_bf16"):
+        planned_container(DEEPSEEK_V3, "int4")
+    config = json.loads((DEEPSEEK_V3 / "config.json").read_text())
+    del config["quantization_config"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    container = planned_container(tmp_path, "int4")
+    c = container.config
+    assert (c["attention_kind"], c["router_groups"], c["router_topk_groups"], c["route_scale"]) == ("mla", 8, 4, 2.5)
+    assert c["rope_scaling"]["kind"] == "yarn" and c["rope_scaling"]["factor"] == 40.0
+    plan = Engine.plan(container, compute="int4")
+    assert plan.kv_bytes_per_token == 61 * (512 + 64) * 2 == 70_272  # bf16
+    int4_blob = 3 * (2048 * 7168 // 2 + 2 * 2048 * 7168 // 64)
+    assert plan.footprint.total_experts == (61 - 3) * 256 and plan.footprint.top_k == 8
+    assert plan.expert_bytes_on_disk == 58 * 256 * int4_blob

@@ -43,6 +43,13 @@ class ModelShape(BaseModel):
     qkv_bias: bool = False
     shared_expert_gate: bool = False
     selection_bias: bool = True
+    # config schema 1.2: multi-head latent attention (colibri-model mla.py); defaults = GQA
+    attention_kind: Literal["gqa", "mla"] = "gqa"
+    q_lora_rank: int | None = Field(None, ge=1, le=1 << 16)
+    kv_lora_rank: int = Field(0, ge=0, le=1 << 16)
+    qk_nope_head_dim: int = Field(0, ge=0, le=4096)
+    qk_rope_head_dim: int = Field(0, ge=0, le=4096)
+    v_head_dim: int = Field(0, ge=0, le=4096)
     dense_ffn_dim: int = Field(ge=0, le=1 << 20)
     n_experts: int = Field(ge=0, le=4096)
     expert_dim: int = Field(ge=0, le=1 << 20)
@@ -55,6 +62,8 @@ class ModelShape(BaseModel):
             raise ValueError(f"n_dense_layers {self.n_dense_layers} > n_layers {self.n_layers}")
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_heads {self.n_heads} is not divisible by n_kv_heads {self.n_kv_heads}")
+        if self.attention_kind == "mla" and 0 in (self.kv_lora_rank, self.qk_rope_head_dim, self.v_head_dim):
+            raise ValueError("attention_kind 'mla' needs kv_lora_rank, qk_rope_head_dim and v_head_dim > 0")
         if self.n_layers > self.n_dense_layers and (self.n_experts == 0 or self.expert_dim == 0):
             raise ValueError("MoE layers need n_experts > 0 and expert_dim > 0")
         return self
@@ -85,12 +94,15 @@ def checkpoint_tensor_shapes(shape: ModelShape) -> dict[str, tuple[int, ...]]:
     for i in range(shape.n_layers):
         p = f"layers.{i}."
         out[p + "attn_norm.weight"] = (d,)
-        for proj, rows in (("q", q_dim), ("k", kv_dim), ("v", kv_dim)):
-            out[p + f"attn.{proj}_proj.weight"] = (rows, d)
-            if shape.qkv_bias:
-                out[p + f"attn.{proj}_proj.bias"] = (rows,)
-        out[p + "attn.o_proj.weight"] = (d, q_dim)
-        if shape.qk_norm:
+        if shape.attention_kind == "mla":
+            out.update(_mla_tensor_shapes(shape, p + "attn."))
+        else:
+            for proj, rows in (("q", q_dim), ("k", kv_dim), ("v", kv_dim)):
+                out[p + f"attn.{proj}_proj.weight"] = (rows, d)
+                if shape.qkv_bias:
+                    out[p + f"attn.{proj}_proj.bias"] = (rows,)
+            out[p + "attn.o_proj.weight"] = (d, q_dim)
+        if shape.qk_norm and shape.attention_kind == "gqa":
             projection = shape.qk_norm_scope == "projection"
             out[p + "attn.q_norm.weight"] = (q_dim if projection else shape.head_dim,)
             out[p + "attn.k_norm.weight"] = (kv_dim if projection else shape.head_dim,)
@@ -116,6 +128,24 @@ def checkpoint_tensor_shapes(shape: ModelShape) -> dict[str, tuple[int, ...]]:
     out["norm.weight"] = (d,)
     if not shape.tie_embeddings:
         out["lm_head.weight"] = (shape.vocab_size, d)
+    return out
+
+
+def _mla_tensor_shapes(shape: ModelShape, prefix: str) -> dict[str, tuple[int, ...]]:
+    """Multi-head latent attention's tensors, in colibri-model's order (mla.py)."""
+    d, heads, q_dim = shape.d_model, shape.n_heads, shape.n_heads * shape.head_dim
+    out: dict[str, tuple[int, ...]] = {}
+    rank = shape.q_lora_rank
+    if rank is None:
+        out[prefix + "q_proj.weight"] = (q_dim, d)
+    else:
+        out[prefix + "q_a_proj.weight"] = (rank, d)
+        out[prefix + "q_a_layernorm.weight"] = (rank,)
+        out[prefix + "q_b_proj.weight"] = (q_dim, rank)
+    out[prefix + "kv_a_proj_with_mqa.weight"] = (shape.kv_lora_rank + shape.qk_rope_head_dim, d)
+    out[prefix + "kv_a_layernorm.weight"] = (shape.kv_lora_rank,)
+    out[prefix + "kv_b_proj.weight"] = (heads * (shape.qk_nope_head_dim + shape.v_head_dim), shape.kv_lora_rank)
+    out[prefix + "o_proj.weight"] = (d, heads * shape.v_head_dim)
     return out
 
 

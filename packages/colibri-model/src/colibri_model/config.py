@@ -25,7 +25,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
-SCHEMA_VERSION = "1.1"
+from .rope_scaling import RopeScaling
+
+SCHEMA_VERSION = "1.2"
 # Schema 1.1 added these fields (architecture variants of imported checkpoints). At these values
 # a config is exactly what 1.0 described, and `to_dict` writes it as 1.0 did (no new keys,
 # schema_version "1.0"), so every existing checkpoint, preset and config hash stays byte-identical
@@ -37,43 +39,26 @@ V1_1_DEFAULTS: dict = {
     "qkv_bias": False,
     "rope_scaling": None,
 }
-
-
+# Schema 1.2 added multi-head latent attention and group-limited routing (DeepSeek-V2/V3). The same
+# rule: at these defaults a config is written as 1.1 (or 1.0) wrote it.
+V1_2_DEFAULTS: dict = {
+    "attention_kind": "gqa",
+    "q_lora_rank": None,
+    "kv_lora_rank": 0,
+    "qk_nope_head_dim": 0,
+    "qk_rope_head_dim": 0,
+    "v_head_dim": 0,
+    "rope_interleave": False,
+    "router_groups": 1,
+    "router_topk_groups": 1,
+    "router_group_score": "top2_sum",
+}
 class ConfigError(ValueError):
     """An invalid model configuration; the message names the offending field."""
 
 
 _JSON_OBJECT = TypeAdapter(dict)
-
-
-class RopeScaling(BaseModel):
-    """Rotary frequency scaling for a longer context than the model was pre-trained on.
-
-    - "linear": every frequency divided by `factor` (position interpolation).
-    - "llama3": Llama 3.1's rule: wavelengths below `original_max_seq_len / high_freq_factor`
-      unchanged, above `original_max_seq_len / low_freq_factor` divided by `factor`, a smooth
-      interpolation between.
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    kind: Literal["linear", "llama3"]
-    factor: float = Field(gt=0)
-    low_freq_factor: float | None = Field(None, gt=0)
-    high_freq_factor: float | None = Field(None, gt=0)
-    original_max_seq_len: int | None = Field(None, gt=0)
-
-    @model_validator(mode="after")
-    def _check_kind(self) -> RopeScaling:
-        llama3 = (self.low_freq_factor, self.high_freq_factor, self.original_max_seq_len)
-        if self.kind == "llama3":
-            if None in llama3:
-                raise ValueError("rope_scaling: llama3 needs low_freq_factor, high_freq_factor, original_max_seq_len")
-            if self.high_freq_factor <= self.low_freq_factor:
-                raise ValueError("rope_scaling: high_freq_factor must exceed low_freq_factor")
-        elif any(v is not None for v in llama3):
-            raise ValueError(f"rope_scaling: {self.kind} takes only factor")
-        return self
+_MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 
 
 class ColibriConfig(BaseModel):
@@ -83,8 +68,10 @@ class ColibriConfig(BaseModel):
     The defaults are Colibri's own design (QK-norm per head, sigmoid router with a selection
     bias); the other values describe imported checkpoints (colibri-int4 `import-hf`): a softmax
     router without bias (Qwen-MoE, OLMoE, Mixtral), a sigmoid-gated shared expert (Qwen2-MoE),
-    QK-norm over the whole projection (OLMoE), q/k/v biases (Qwen2-MoE), RoPE scaling, and an
-    all-dense model (`n_dense_layers == n_layers`, `n_experts = 0`: Llama, SmolLM2).
+    QK-norm over the whole projection (OLMoE), q/k/v biases (Qwen2-MoE), RoPE scaling, an
+    all-dense model (`n_dense_layers == n_layers`, `n_experts = 0`: Llama, SmolLM2), and (schema
+    1.2) multi-head latent attention with group-limited routing (DeepSeek-V2/V3). Every KV cache is
+    sized by `kv_cache_heads`, `key_head_dim`, `value_head_dim` and `kv_bytes_per_position`.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -106,6 +93,17 @@ class ColibriConfig(BaseModel):
     qkv_bias: bool = False  # biases on q_proj, k_proj, v_proj (Qwen2-MoE); o_proj never has one
     rope_theta: float = Field(10000.0, gt=0)
     rope_scaling: RopeScaling | None = None
+    # Schema 1.2. "mla": multi-head latent attention (DeepSeek-V2/V3, mla.py). Then head_dim is the
+    # query/key head width qk_nope_head_dim + qk_rope_head_dim, n_kv_heads == n_heads (every head
+    # has its own key), values are v_head_dim wide, and q_lora_rank None means a plain q_proj. `rope_interleave`: RoPE pairs dims (0,1), (2,3), ... (DeepSeek) instead
+    # of (j, j + half).
+    attention_kind: Literal["gqa", "mla"] = "gqa"
+    q_lora_rank: int | None = Field(None, gt=0)
+    kv_lora_rank: int = Field(0, ge=0)
+    qk_nope_head_dim: int = Field(0, ge=0)
+    qk_rope_head_dim: int = Field(0, ge=0)
+    v_head_dim: int = Field(0, ge=0)
+    rope_interleave: bool = False
     max_seq_len: int = Field(2048, gt=0)
     dense_ffn_dim: int = Field(gt=0)
 
@@ -120,6 +118,12 @@ class ColibriConfig(BaseModel):
     # The per-expert bias that only chooses the top-k (aux-loss-free balancing). Imported softmax
     # routers were trained without one: they have no `expert_bias` tensor at all.
     selection_bias: bool = True
+    # Schema 1.2. Group-limited routing (DeepSeek): the experts form `router_groups` equal groups, each
+    # scored by the sum of its top-2 selection scores ("top2_sum", V3) or its best one ("max", V2);
+    # the top-k is chosen among the experts of the best `router_topk_groups` groups only.
+    router_groups: int = Field(1, gt=0)
+    router_topk_groups: int = Field(1, gt=0)
+    router_group_score: Literal["top2_sum", "max"] = "top2_sum"
     route_norm: bool = True
     route_scale: float = Field(1.0, gt=0)
     bias_update_gamma: float = Field(1e-3, ge=0)
@@ -141,15 +145,20 @@ class ColibriConfig(BaseModel):
             raise ValueError(
                 f"n_heads: {self.n_heads} query heads are not divisible by n_kv_heads={self.n_kv_heads}"
             )
-        if self.head_dim % 2:
+        if self.attention_kind == "mla":
+            self._check_mla()
+        elif self.head_dim % 2:
             raise ValueError(f"head_dim: RoPE needs an even head_dim, got {self.head_dim}")
+        elif any(getattr(self, key) != V1_2_DEFAULTS[key] for key in _MLA_FIELDS):
+            raise ValueError(f"attention_kind: {', '.join(_MLA_FIELDS)} describe attention_kind 'mla' only")
         if self.n_dense_layers > self.n_layers:
             raise ValueError(
                 f"n_dense_layers: {self.n_dense_layers} dense layers exceed n_layers={self.n_layers}"
             )
         # schema_version always names the lowest schema that describes this config (what
         # `to_dict` writes), so a config equals itself read back from its JSON.
-        object.__setattr__(self, "schema_version", SCHEMA_VERSION if self._uses_1_1() else "1.0")
+        schema = "1.2" if self._uses_1_2() else "1.1" if self._uses_1_1() else "1.0"
+        object.__setattr__(self, "schema_version", schema)
         if self.n_moe_layers == 0:
             return self  # all dense: the routing fields describe nothing
         for field in ("n_experts", "expert_dim"):
@@ -160,12 +169,47 @@ class ColibriConfig(BaseModel):
                 raise ValueError(
                     f"{field}: top_k={getattr(self, field)} exceeds n_experts={self.n_experts}"
                 )
+        self._check_groups()
         return self
+
+    def _check_mla(self) -> None:
+        for field in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+            if getattr(self, field) == 0:
+                raise ValueError(f"{field}: must be > 0 for attention_kind 'mla'")
+        if self.qk_rope_head_dim % 2:
+            raise ValueError(f"qk_rope_head_dim: RoPE needs an even width, got {self.qk_rope_head_dim}")
+        if self.head_dim != self.qk_nope_head_dim + self.qk_rope_head_dim:
+            raise ValueError(f"head_dim: {self.head_dim} must be qk_nope_head_dim + qk_rope_head_dim = "
+                             f"{self.qk_nope_head_dim + self.qk_rope_head_dim} for attention_kind 'mla'")
+        if self.n_kv_heads != self.n_heads:
+            raise ValueError(f"n_kv_heads: {self.n_kv_heads} must equal n_heads={self.n_heads} for attention_kind "
+                             "'mla' (every head has its own key)")
+        if self.qk_norm or self.qkv_bias:
+            raise ValueError("qk_norm/qkv_bias: not defined for attention_kind 'mla'")
+
+    def _check_groups(self) -> None:
+        groups, chosen = self.router_groups, self.router_topk_groups
+        if self.n_experts % groups:
+            raise ValueError(f"router_groups: {self.n_experts} experts do not split into {groups} equal groups")
+        if chosen > groups:
+            raise ValueError(f"router_topk_groups: {chosen} exceeds router_groups={groups}")
+        per_group = self.n_experts // groups
+        if groups > 1 and self.router_group_score == "top2_sum" and per_group < 2:
+            raise ValueError(f"router_group_score: 'top2_sum' needs >= 2 experts per group, got {per_group}")
+        for field in ("top_k_train", "top_k_infer"):
+            if getattr(self, field) > chosen * per_group:
+                raise ValueError(f"{field}: top_k={getattr(self, field)} exceeds the {chosen * per_group} experts "
+                                 f"of the router_topk_groups={chosen} chosen groups")
 
     def _uses_1_1(self) -> bool:
         if self.router_score != "sigmoid" or self.n_experts == 0:
             return True
         return any(getattr(self, key) != default for key, default in V1_1_DEFAULTS.items())
+
+    def _uses_1_2(self) -> bool:
+        if self.rope_scaling is not None and self.rope_scaling.kind == "yarn":
+            return True
+        return any(getattr(self, key) != default for key, default in V1_2_DEFAULTS.items())
 
     # --- derived shapes -------------------------------------------------------------------
     @property
@@ -175,14 +219,34 @@ class ColibriConfig(BaseModel):
     def is_moe_layer(self, layer: int) -> bool:
         return layer >= self.n_dense_layers
 
+    # What every KV cache (colibri-model's KVCache, colibri-stream's SessionKV) and every KV byte
+    # count is sized by: per layer, keys [B, kv_cache_heads, S, key_head_dim] and values
+    # [B, kv_cache_heads, S, value_head_dim]. MLA caches its latent (mla.py): one "head" holding the
+    # normalised kv latent and the rope key, kv_lora_rank + qk_rope_head_dim wide; no values.
+    @property
+    def kv_cache_heads(self) -> int:
+        return 1 if self.attention_kind == "mla" else self.n_kv_heads
+
+    @property
+    def key_head_dim(self) -> int:
+        return self.kv_lora_rank + self.qk_rope_head_dim if self.attention_kind == "mla" else self.head_dim
+
+    @property
+    def value_head_dim(self) -> int:
+        return 0 if self.attention_kind == "mla" else self.head_dim
+
+    def kv_bytes_per_position(self, element_size: int) -> int:
+        """Bytes one position of context takes in the KV cache, over all layers."""
+        return self.n_layers * self.kv_cache_heads * (self.key_head_dim + self.value_head_dim) * element_size
+
     # --- JSON round trip ------------------------------------------------------------------
     def to_dict(self) -> dict:
         """The JSON object of this config, written at the lowest schema that describes it: a
         config that uses no 1.1 feature comes out exactly as schema 1.0 wrote it."""
         data = self.model_dump(mode="json")
-        if self.schema_version == "1.0":
-            for key in V1_1_DEFAULTS:
-                del data[key]
+        dropped = {"1.0": {**V1_1_DEFAULTS, **V1_2_DEFAULTS}, "1.1": V1_2_DEFAULTS}.get(self.schema_version, {})
+        for key in dropped:
+            del data[key]
         return data
 
     def to_json(self) -> str:
@@ -259,10 +323,13 @@ def count_params(config: ColibriConfig) -> dict[str, int]:
     `active_params_infer` (top_k_infer experts).
     """
     d, hd = config.d_model, config.head_dim
-    attn = d * config.n_heads * hd * 2 + d * config.n_kv_heads * hd * 2  # q, o + k, v
-    if config.qk_norm:
-        attn += 2 * hd if config.qk_norm_scope == "head" else (config.n_heads + config.n_kv_heads) * hd
-    attn += (config.n_heads + 2 * config.n_kv_heads) * hd if config.qkv_bias else 0
+    if config.attention_kind == "mla":
+        attn = mla_params(config)
+    else:
+        attn = d * config.n_heads * hd * 2 + d * config.n_kv_heads * hd * 2  # q, o + k, v
+        if config.qk_norm:
+            attn += 2 * hd if config.qk_norm_scope == "head" else (config.n_heads + config.n_kv_heads) * hd
+        attn += (config.n_heads + 2 * config.n_kv_heads) * hd if config.qkv_bias else 0
     norms_per_layer = 2 * d
     dense_ffn = 3 * d * config.dense_ffn_dim
     expert = 3 * d * config.expert_dim
@@ -285,3 +352,13 @@ def count_params(config: ColibriConfig) -> dict[str, int]:
         "active_params_train": active(config.top_k_train),
         "active_params_infer": active(config.top_k_infer),
     }
+
+
+def mla_params(config: ColibriConfig) -> int:
+    """Parameters of one multi-head latent attention layer (mla.py)."""
+    d, h, q_dim = config.d_model, config.n_heads, config.n_heads * config.head_dim
+    rank = config.q_lora_rank
+    q = d * q_dim if rank is None else d * rank + rank + rank * q_dim  # q_a, its norm, q_b
+    kv = d * (config.kv_lora_rank + config.qk_rope_head_dim) + config.kv_lora_rank  # kv_a, its norm
+    kv += config.kv_lora_rank * h * (config.qk_nope_head_dim + config.v_head_dim)  # kv_b
+    return q + kv + h * config.v_head_dim * d  # + o_proj

@@ -2,7 +2,8 @@
 KV cache, and the SwiGLU feed-forward used by the dense layers and the shared expert.
 
 Variants of imported checkpoints are configuration here (ColibriConfig): QK-norm per head or
-over the whole projection, q/k/v biases, RoPE scaling ("linear", "llama3"; `rope_inv_freq`).
+over the whole projection, q/k/v biases, RoPE scaling ("linear", "llama3", "yarn";
+`rope_inv_freq`) and the interleaved RoPE layout. Multi-head latent attention is in mla.py.
 
 The math is specified in CHECKPOINT.md; colibri-stream runs these same modules (it only swaps
 the routed experts), so there is exactly one definition of attention and norms.
@@ -41,6 +42,8 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None, devi
         return inv_freq
     if scaling.kind == "linear":
         return inv_freq / scaling.factor
+    if scaling.kind == "yarn":
+        return _yarn_inv_freq(inv_freq, head_dim, theta, scaling)
     # llama3: keep short wavelengths, stretch long ones by `factor`, blend the band between.
     low_wavelen = scaling.original_max_seq_len / scaling.low_freq_factor
     high_wavelen = scaling.original_max_seq_len / scaling.high_freq_factor
@@ -53,6 +56,22 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None, devi
     return torch.where((wavelen >= high_wavelen) & (wavelen <= low_wavelen), blended, out)
 
 
+def _yarn_inv_freq(inv_freq: torch.Tensor, head_dim: int, theta: float, scaling: RopeScaling) -> torch.Tensor:
+    """YaRN: keep the frequencies that turn more than beta_fast times over the original context,
+    divide by `factor` those that turn fewer than beta_slow times, ramp linearly between."""
+    def dim_of(rotations: float) -> float:  # the rotary dim whose frequency turns `rotations` times
+        return head_dim * math.log(scaling.original_max_seq_len / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = dim_of(scaling.beta_fast), dim_of(scaling.beta_slow)
+    if scaling.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001  # a one-point ramp would divide by zero
+    ramp = ((torch.arange(head_dim // 2, dtype=torch.float64, device=inv_freq.device) - low) / (high - low)).clamp(0, 1)
+    return inv_freq / scaling.factor * ramp + inv_freq * (1 - ramp)
+
+
 @functools.lru_cache(maxsize=16)
 def _rope_tables(head_dim: int, theta: float, scaling: RopeScaling | None, size: int,
                  device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -62,7 +81,8 @@ def _rope_tables(head_dim: int, theta: float, scaling: RopeScaling | None, size:
     inv_freq = rope_inv_freq(head_dim, theta, scaling, device)
     angles = torch.outer(torch.arange(size, device=device, dtype=torch.float64), inv_freq)
     angles = torch.cat([angles, angles], dim=-1)
-    return angles.cos().float(), angles.sin().float()
+    factor = 1.0 if scaling is None else scaling.attention_factor  # yarn scales cos and sin
+    return (angles.cos() * factor).float(), (angles.sin() * factor).float()
 
 
 class RotaryEmbedding(nn.Module):
@@ -76,9 +96,11 @@ class RotaryEmbedding(nn.Module):
     block always finds the tables ready. Positions past the table raise an index error.
     """
 
-    def __init__(self, head_dim: int, theta: float, max_len: int = 2048, scaling: RopeScaling | None = None):
+    def __init__(self, head_dim: int, theta: float, max_len: int = 2048, scaling: RopeScaling | None = None,
+                 interleave: bool = False):
         super().__init__()
         self.head_dim = head_dim
+        self.interleave = interleave  # pairs (0,1), (2,3), ...: DeepSeek's layout of the rope dims
         self.theta = theta
         self.max_len = max_len
         self.scaling = scaling
@@ -99,6 +121,8 @@ class RotaryEmbedding(nn.Module):
             cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         half = self.head_dim // 2
         xf = x.float()
+        if self.interleave:  # even dims then odd dims: the pairs become (j, j + half); q and k alike
+            xf = torch.cat([xf[..., 0::2], xf[..., 1::2]], dim=-1)
         rotated = torch.cat([-xf[..., half:], xf[..., :half]], dim=-1)
         return (xf * cos + rotated * sin).to(x.dtype)
 
@@ -110,9 +134,10 @@ class KVCache:
     """
 
     def __init__(self, config: ColibriConfig, batch_size: int, max_len: int, device=None, dtype=torch.float32):
-        shape = (batch_size, config.n_kv_heads, max_len, config.head_dim)
-        self.keys = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layers)]
-        self.values = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layers)]
+        keys = (batch_size, config.kv_cache_heads, max_len, config.key_head_dim)
+        values = (batch_size, config.kv_cache_heads, max_len, config.value_head_dim)
+        self.keys = [torch.zeros(keys, device=device, dtype=dtype) for _ in range(config.n_layers)]
+        self.values = [torch.zeros(values, device=device, dtype=dtype) for _ in range(config.n_layers)]
         self.length = 0  # positions filled, shared by all layers
         self.max_len = max_len
 
@@ -175,7 +200,8 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(per_k * self.head_dim, config.norm_eps)
         else:
             self.q_norm = self.k_norm = None
-        self.rope = RotaryEmbedding(self.head_dim, config.rope_theta, config.max_seq_len, config.rope_scaling)
+        self.rope = RotaryEmbedding(self.head_dim, config.rope_theta, config.max_seq_len, config.rope_scaling,
+                                    config.rope_interleave)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache | None = None,
                 attention_mask: torch.Tensor | None = None) -> torch.Tensor:

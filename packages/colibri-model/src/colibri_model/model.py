@@ -37,6 +37,7 @@ from .config import ColibriConfig
 from .experts import ExpertBackend, GroupedExperts
 from .layers import Attention, KVCache, RMSNorm, SwiGLU
 from .loss import DEFAULT_CHUNK_ROWS, chunked_cross_entropy
+from .mla import MultiHeadLatentAttention
 from .moe import MoELayer
 from .router import RouterStats
 
@@ -55,7 +56,7 @@ class Block(nn.Module):
         super().__init__()
         self.index = index
         self.attn_norm = RMSNorm(config.d_model, config.norm_eps)
-        self.attn = Attention(config, index)
+        self.attn = MultiHeadLatentAttention(config, index) if config.attention_kind == "mla" else Attention(config, index)
         self.ffn_norm = RMSNorm(config.d_model, config.norm_eps)
         if config.is_moe_layer(index):
             self.moe = MoELayer(config, index, experts)

@@ -11,6 +11,9 @@ Imported checkpoints configure the same router differently (ColibriConfig): `rou
 "softmax over the top-k logits" is the same as softmax over all, top-k, renormalised
 (route_norm): the softmax's denominator cancels.
 
+DeepSeek's group-limited routing is configuration too (`router_groups > 1`, `limit_to_groups`):
+only experts of the best `router_topk_groups` groups may be chosen; the gates are unchanged.
+
 NOTE: with route_norm at top_k=1 the gate is s/s = 1 for every token, so the LM loss sends the
 router no gradient at all: the router only learns at top_k >= 2. That is NanoColibri's lesson
 (train at top-2, serve at top-1) and a regression test. The normalisation runs in fp64 so that
@@ -45,6 +48,8 @@ class Router(nn.Module):
         self.route_norm = config.route_norm
         self.route_scale = config.route_scale
         self.score = config.router_score
+        self.groups, self.topk_groups, self.group_score = (
+            config.router_groups, config.router_topk_groups, config.router_group_score)
         self.weight = nn.Parameter(torch.empty(config.n_experts, config.d_model))
         # Persistent: the bias is part of the trained model (it decides routing at inference).
         bias = torch.zeros(config.n_experts, dtype=torch.float32) if config.selection_bias else None
@@ -61,6 +66,8 @@ class Router(nn.Module):
             logits = F.linear(x.float(), self.weight.float())
             scores = torch.sigmoid(logits) if self.score == "sigmoid" else torch.softmax(logits, dim=-1)
             choice = scores.detach() if self.expert_bias is None else scores.detach() + self.expert_bias.float()
+            if self.groups > 1:
+                choice = limit_to_groups(choice, self.groups, self.topk_groups, self.group_score)
             _, expert_ids = torch.topk(choice, top_k, dim=-1)
             chosen = scores.gather(-1, expert_ids)
             if self.route_norm:
@@ -71,6 +78,21 @@ class Router(nn.Module):
             with torch.no_grad():
                 self.tokens_per_expert += count_per_expert(expert_ids, self.n_experts).float()
         return expert_ids, gates.to(x.dtype), scores
+
+
+def limit_to_groups(choice: torch.Tensor, groups: int, topk_groups: int, group_score: str) -> torch.Tensor:
+    """Group-limited selection (DeepSeek): `choice` [N, E] with every expert outside the best
+    `topk_groups` of `groups` equal groups set to -inf. A group scores the sum of its two best
+    selection scores ("top2_sum", V3) or its best one ("max", V2)."""
+    n, n_experts = choice.shape
+    grouped = choice.view(n, groups, n_experts // groups)
+    if group_score == "top2_sum":
+        group_scores = grouped.topk(2, dim=-1).values.sum(-1)
+    else:
+        group_scores = grouped.amax(-1)
+    best = group_scores.topk(topk_groups, dim=-1).indices  # [N, topk_groups]
+    keep = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, best, True)
+    return grouped.masked_fill(~keep[..., None], float("-inf")).view(n, n_experts)
 
 
 def sequence_aux_loss(scores: torch.Tensor, expert_ids: torch.Tensor, batch: int, top_k: int) -> torch.Tensor:

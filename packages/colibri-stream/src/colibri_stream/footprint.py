@@ -143,7 +143,7 @@ class Footprint:
 
 
 def kv_cache_bytes(config: ColibriConfig, max_context: int, elem: int) -> int:
-    return 2 * config.n_layers * config.n_kv_heads * max_context * config.head_dim * elem
+    return config.kv_bytes_per_position(elem) * max_context  # key and value widths differ under MLA
 
 
 def workspace_bytes(config: ColibriConfig, prefill_chunk: int, max_context: int, elem: int) -> int:
@@ -151,7 +151,9 @@ def workspace_bytes(config: ColibriConfig, prefill_chunk: int, max_context: int,
     t = prefill_chunk
     widest_ffn = max(config.dense_ffn_dim, config.shared_expert_dim, 2 * config.expert_dim)
     hidden = 6 * t * config.d_model * max(elem, 4)  # residual, normed, attn out, fp32 norm temporaries
-    attention = config.n_heads * t * max_context * 4 + 3 * t * config.n_heads * config.head_dim * elem
+    # q, k and v of the chunk (MLA: its absorbed query and attention output, r + rope wide per head)
+    heads_width = config.n_heads * (2 * config.key_head_dim + config.value_head_dim)
+    attention = config.n_heads * t * max_context * 4 + t * heads_width * elem
     ffn = 3 * t * widest_ffn * max(elem, 4)
     logits = 2 * t * config.vocab_size * 4  # logits, and their fp32 copy for sampling/softmax
     return hidden + attention + ffn + logits

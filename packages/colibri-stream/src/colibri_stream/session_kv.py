@@ -17,8 +17,11 @@ MIN_CAPACITY = 64  # positions allocated on first use: one short prompt without 
 
 class SessionKV:
     def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, max_len: int, device, dtype,
-                 capacity: int = 0):
+                 capacity: int = 0, value_head_dim: int | None = None):
         self.n_layers, self.n_kv_heads, self.head_dim = n_layers, n_kv_heads, head_dim
+        # keys are head_dim wide, values value_head_dim: they differ under MLA, whose latent cache
+        # has one "head" of keys and no values (ColibriConfig.kv_cache_heads, key/value_head_dim)
+        self.value_head_dim = head_dim if value_head_dim is None else value_head_dim
         self.max_len, self.device, self.dtype = max_len, device, dtype
         self.length = 0  # positions filled, shared by all layers
         self.keys: list[torch.Tensor] = []
@@ -29,11 +32,13 @@ class SessionKV:
 
     @classmethod
     def for_model(cls, config, max_len: int, device, dtype, capacity: int = 0) -> SessionKV:
-        return cls(config.n_layers, config.n_kv_heads, config.head_dim, max_len, device, dtype, capacity)
+        return cls(config.n_layers, config.kv_cache_heads, config.key_head_dim, max_len, device, dtype, capacity,
+                   config.value_head_dim)
 
     @property
     def bytes_per_position(self) -> int:
-        return 2 * self.n_layers * self.n_kv_heads * self.head_dim * torch.empty(0, dtype=self.dtype).element_size()
+        width = self.n_kv_heads * (self.head_dim + self.value_head_dim)
+        return self.n_layers * width * torch.empty(0, dtype=self.dtype).element_size()
 
     @property
     def nbytes(self) -> int:
@@ -46,9 +51,10 @@ class SessionKV:
         if positions <= self.capacity:
             return
         new = min(self.max_len, max(positions, 2 * self.capacity, MIN_CAPACITY))
-        shape = (1, self.n_kv_heads, new, self.head_dim)
-        keys = [torch.empty(shape, device=self.device, dtype=self.dtype) for _ in range(self.n_layers)]
-        values = [torch.empty(shape, device=self.device, dtype=self.dtype) for _ in range(self.n_layers)]
+        key_shape = (1, self.n_kv_heads, new, self.head_dim)
+        value_shape = (1, self.n_kv_heads, new, self.value_head_dim)
+        keys = [torch.empty(key_shape, device=self.device, dtype=self.dtype) for _ in range(self.n_layers)]
+        values = [torch.empty(value_shape, device=self.device, dtype=self.dtype) for _ in range(self.n_layers)]
         for layer in range(len(self.keys)):
             keys[layer][:, :, : self.length] = self.keys[layer][:, :, : self.length]
             values[layer][:, :, : self.length] = self.values[layer][:, :, : self.length]
@@ -63,7 +69,8 @@ class SessionKV:
 
     def copy(self) -> SessionKV:
         """An independent copy of the filled positions (a fork)."""
-        twin = SessionKV(self.n_layers, self.n_kv_heads, self.head_dim, self.max_len, self.device, self.dtype)
+        twin = SessionKV(self.n_layers, self.n_kv_heads, self.head_dim, self.max_len, self.device, self.dtype,
+                         value_head_dim=self.value_head_dim)
         if self.length:
             twin.reserve(self.length)
             for layer in range(self.n_layers):

@@ -108,10 +108,11 @@ def silu_activation(fields: ConfigFields) -> None:
     fields.expect("hidden_act", ("silu",), "silu")
 
 
-def rope(fields: ConfigFields, max_seq_len: int) -> tuple[float, dict | None]:
+def rope(fields: ConfigFields, max_seq_len: int, yarn: bool = False) -> tuple[float, dict | None]:
     """(rope_theta, Colibri rope_scaling) from transformers 5's `rope_parameters` or the older
-    `rope_theta` + `rope_scaling` pair. Default, linear and llama3 RoPE are supported; others
-    (yarn, dynamic, longrope) are refused by name."""
+    `rope_theta` + `rope_scaling` pair. Default, linear and llama3 RoPE are supported, and yarn
+    for the families that pass `yarn` (DeepSeek, whose parity test covers it); others (dynamic,
+    longrope) are refused by name."""
     params = fields.get("rope_parameters", None)
     legacy = fields.get("rope_scaling", None)
     theta = fields.get("rope_theta", None)
@@ -140,12 +141,36 @@ def rope(fields: ConfigFields, max_seq_len: int) -> tuple[float, dict | None]:
             "original_max_seq_len": int(params.get("original_max_position_embeddings", max_seq_len)),
         }
         known |= {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}
+    elif kind == "yarn" and yarn:
+        scaling = yarn_scaling(fields, where, params, max_seq_len)
+        known |= {"factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale", "mscale_all_dim",
+                  "truncate", "attention_factor"}
     else:
-        fields.refuse(f"{where}.rope_type", kind, "supported: 'default', 'linear', 'llama3'")
+        supported = "'default', 'linear', 'llama3'" + (", 'yarn'" if yarn else "")
+        fields.refuse(f"{where}.rope_type", kind, f"supported: {supported}")
     for key in params:
         if key not in known:
             fields.refuse(f"{where}.{key}", params[key], f"not used by {kind} RoPE here")
     return float(params["rope_theta"]), scaling
+
+
+def yarn_scaling(fields: ConfigFields, where: str, params: dict, max_seq_len: int) -> dict:
+    """Colibri's yarn rope_scaling (every key, as colibri-model writes it), with transformers'
+    defaults: beta_fast 32, beta_slow 1, truncate true; no mscale means attention factor
+    0.1 ln(factor) + 1 on cos/sin."""
+    if params.get("factor") is None:
+        fields.refuse(f"{where}.factor", None, "yarn needs an explicit factor")
+    if params.get("attention_factor") is not None:
+        fields.refuse(f"{where}.attention_factor", params["attention_factor"], "an explicit yarn attention factor")
+    mscale, mscale_all_dim = params.get("mscale"), params.get("mscale_all_dim")
+    return {
+        "kind": "yarn", "factor": float(params["factor"]), "low_freq_factor": None, "high_freq_factor": None,
+        "original_max_seq_len": int(params.get("original_max_position_embeddings") or max_seq_len),
+        "beta_fast": float(params.get("beta_fast") or 32), "beta_slow": float(params.get("beta_slow") or 1),
+        "mscale": None if mscale is None else float(mscale),
+        "mscale_all_dim": None if mscale_all_dim is None else float(mscale_all_dim),
+        "truncate": bool(params.get("truncate", True)),
+    }
 
 
 def leading_dense_layers(fields: ConfigFields, n_layers: int, dense: set[int]) -> int:

@@ -31,7 +31,7 @@ from ..scheme import QuantScheme
 from .config_fields import ConfigFields
 from .families import family_for
 from .hf_directory import HFDirectory
-from .names import IGNORED, LlamaStyleNames
+from .names import LlamaStyleNames
 
 # --quant: routed experts / attention, dense FFN, shared experts / embeddings and LM head
 QUANT_PRESETS = {
@@ -75,7 +75,8 @@ class HFTensors:
                 used |= self._check_experts(layer, dims)
         if tied:  # some tied checkpoints store the head anyway
             used.add("lm_head.weight")
-        unused = sorted(n for n in hf.names - used if not IGNORED.search(n))
+        n_layers = 1 + max((int(n.split(".")[1]) for n in table if n.startswith("layers.")), default=-1)
+        unused = sorted(n for n in hf.names - used if not names.ignored(n, n_layers))
         if unused:
             raise HFImportError(
                 f"{hf.path}: tensor '{unused[0]}' has no place in the Colibri model ({len(unused)} unused); "

@@ -16,12 +16,18 @@ import re
 from dataclasses import dataclass
 
 _LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
+_HF_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 
 
 @dataclass(frozen=True)
 class LlamaStyleNames:
     moe: str = "mlp"
     parts: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")  # gate, up, down
+    shared: str = "shared_expert"  # DeepSeek: shared_experts
+    router_bias: str = "expert_bias"  # the selection bias; DeepSeek-V3: e_score_correction_bias
+    # DeepSeek-V3 checkpoints carry multi-token-prediction layers after the last decoder layer
+    # (`model.layers.{num_hidden_layers}.*`): only speculative decoding reads them
+    extra_layers_ignored: bool = False
 
     def resident(self, name: str) -> str:
         """The HF name of a non-expert Colibri tensor."""
@@ -34,14 +40,23 @@ class LlamaStyleNames:
             raise KeyError(name)
         i, rest = match.groups()
         base = f"model.layers.{i}."
+        if rest == "moe.router.expert_bias":
+            return base + f"{self.moe}.gate.{self.router_bias}"
         for colibri, hf in (
             ("attn_norm.", "input_layernorm."), ("ffn_norm.", "post_attention_layernorm."), ("attn.", "self_attn."),
-            ("ffn.", "mlp."), ("moe.router.", f"{self.moe}.gate."), ("moe.shared.", f"{self.moe}.shared_expert."),
+            ("ffn.", "mlp."), ("moe.router.", f"{self.moe}.gate."), ("moe.shared.", f"{self.moe}.{self.shared}."),
             ("moe.shared_gate.", f"{self.moe}.shared_expert_gate."),
         ):
             if rest.startswith(colibri):
                 return base + hf + rest[len(colibri):]
         raise KeyError(name)
+
+    def ignored(self, hf_name: str, n_layers: int) -> bool:
+        """Whether a shard tensor is not a weight of the model (a recomputed buffer, MTP layers)."""
+        if IGNORED.search(hf_name):
+            return True
+        match = _HF_LAYER.match(hf_name)
+        return self.extra_layers_ignored and match is not None and int(match.group(1)) >= n_layers
 
     def expert(self, layer: int, expert: int) -> tuple[str, str, str]:
         """HF names of one routed expert's gate, up and down weights."""

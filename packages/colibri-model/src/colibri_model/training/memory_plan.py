@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..config import ColibriConfig, count_params
+from ..config import ColibriConfig, count_params, mla_params
 from .activations import (
     BF16,
     FP32,
@@ -78,6 +78,8 @@ class WeightCounts:
     def of(cls, config: ColibriConfig) -> WeightCounts:
         d, hd = config.d_model, config.head_dim
         attention = d * (config.n_heads + config.n_kv_heads) * hd * 2
+        if config.attention_kind == "mla":  # its latent norms counted here too
+            attention = mla_params(config)
         norms = 2 * d + (2 * hd if config.qk_norm else 0)
         dense = 3 * d * config.dense_ffn_dim
         shared = 3 * d * config.shared_expert_dim

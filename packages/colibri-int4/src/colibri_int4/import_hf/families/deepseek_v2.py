@@ -1,0 +1,46 @@
+"""DeepSeek-V2 (DeepSeek-V2, V2-Lite, V2.5, DeepSeek-Coder-V2): multi-head latent attention like V3
+(deepseek_mla.py) with RoPE always on interleaved pairs (transformers' complex rotation) and yarn;
+a softmax router (over all experts, fp32) whose top-k probabilities are the gates times
+`routed_scaling_factor`, never renormalised; `topk_method` "greedy" (plain top-k) or
+"group_limited_greedy" (the best `topk_group` of `n_group` groups, each scored by its best
+expert); no score-correction bias.
+
+Refused besides what V3 refuses: `norm_topk_prob` true (transformers' DeepseekV2 ignores it and
+DeepSeek's remote code renormalises: the two disagree, so neither is guessed), `mlp_bias`, and
+`topk_method` "noaux_tc" (V3's router: model_type deepseek_v3)."""
+
+from __future__ import annotations
+
+from ..config_fields import ConfigFields, colibri_config, rope, silu_activation
+from ..names import LlamaStyleNames
+from .deepseek_mla import mla_fields, moe_fields, refuse_fp8, router_groups
+
+MODEL_TYPES = ("deepseek_v2",)
+NAMES = LlamaStyleNames(shared="shared_experts")
+
+
+def map_config(fields: ConfigFields, name: str) -> dict:
+    refuse_fp8(fields)
+    d, n_layers = fields.integer("hidden_size"), fields.integer("num_hidden_layers")
+    n_heads = fields.integer("num_attention_heads")
+    max_seq_len = fields.integer("max_position_embeddings")
+    theta, scaling = rope(fields, max_seq_len, yarn=True)
+    silu_activation(fields)
+    fields.expect("mlp_bias", (False,), False)
+    fields.expect("scoring_func", ("softmax",), "softmax")
+    fields.expect("norm_topk_prob", (False,), False)
+    method = fields.expect("topk_method", ("greedy", "group_limited_greedy"), "greedy")
+    if method == "greedy":
+        fields.get("n_group", None)  # unused by plain top-k
+        fields.get("topk_group", None)
+        groups = None
+    else:
+        groups = router_groups(fields)
+    return colibri_config(
+        schema_version="1.2", name=name, vocab_size=fields.integer("vocab_size"), d_model=d, n_layers=n_layers,
+        n_heads=n_heads, **mla_fields(fields, n_heads), rope_theta=theta, rope_scaling=scaling,
+        max_seq_len=max_seq_len, rope_interleave=True, **moe_fields(fields, n_layers, groups),
+        router_score="softmax", selection_bias=False, router_group_score="max", route_norm=False,
+        tie_embeddings=bool(fields.get("tie_word_embeddings", False)),
+        norm_eps=float(fields.get("rms_norm_eps", 1e-6)), init_std=float(fields.get("initializer_range", 0.02)),
+    )
