@@ -15,10 +15,16 @@ LENGTHS = [7, 3, 5]  # rows of different lengths, right-padded to 7
 DECODE_STEPS = 4
 
 
-@pytest.fixture(scope="module", params=["moe", "dense-qk-proj"])
+@pytest.fixture(scope="module", params=["moe", "dense-qk-proj", "mla"])
 def model(request):
     torch.manual_seed(0)
     overrides = dict(vocab_size=256, max_seq_len=64)
+    if request.param == "mla":  # DeepSeek's latent attention: the same masking rule (attention_allowed)
+        mla = dict(d_model=64, n_layers=2, n_dense_layers=1, n_heads=4, n_kv_heads=4, head_dim=24, dense_ffn_dim=96,
+                   n_experts=8, expert_dim=32, shared_expert_dim=32, qk_norm=False, attention_kind="mla",
+                   q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+                   rope_interleave=True)
+        return ColibriForCausalLM(get_preset("tiny", **overrides, **mla)).eval()
     if request.param == "dense-qk-proj":  # the other attention branches: no MoE, QK-norm over the projection
         overrides.update(n_dense_layers=2, n_layers=2, n_experts=0, expert_dim=0, qk_norm_scope="projection",
                          qkv_bias=True)
