@@ -20,12 +20,13 @@ Grande model on a laptop. The accounting (documented in the README):
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
-SCHEMA_VERSION = "1.1"
+SCHEMA_VERSION = "1.2"
 # Schema 1.1 added these fields (architecture variants of imported checkpoints). At these values
 # a config is exactly what 1.0 described, and `to_dict` writes it as 1.0 did (no new keys,
 # schema_version "1.0"), so every existing checkpoint, preset and config hash stays byte-identical
@@ -36,6 +37,20 @@ V1_1_DEFAULTS: dict = {
     "qk_norm_scope": "head",
     "qkv_bias": False,
     "rope_scaling": None,
+}
+# Schema 1.2 (GPT-OSS): biases on the routed experts and the router's logits, the clamped SwiGLU,
+# o_proj's bias, attention sinks, sliding-window layers (and the "yarn" RoPE kind). The same rule:
+# at these values a config is written as 1.1 (or 1.0) wrote it.
+V1_2_DEFAULTS: dict = {
+    "expert_proj_bias": False,
+    "expert_glu": "swiglu",
+    "glu_alpha": 1.702,
+    "glu_limit": 7.0,
+    "router_bias": False,
+    "o_bias": False,
+    "attn_sinks": False,
+    "sliding_window": None,
+    "sliding_layers": (),
 }
 
 
@@ -53,27 +68,53 @@ class RopeScaling(BaseModel):
     - "llama3": Llama 3.1's rule: wavelengths below `original_max_seq_len / high_freq_factor`
       unchanged, above `original_max_seq_len / low_freq_factor` divided by `factor`, a smooth
       interpolation between.
+    - "yarn" (schema 1.2; GPT-OSS, Qwen long context): dimensions that turn more than `beta_fast`
+      times over `original_max_seq_len` keep their frequency, fewer than `beta_slow` times are
+      divided by `factor`, a linear ramp between (`truncate` rounds the ramp's ends outwards);
+      cos and sin are multiplied by `attention_factor` (default `0.1 ln(factor) + 1`), which
+      scales every attention logit by its square.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    kind: Literal["linear", "llama3"]
+    kind: Literal["linear", "llama3", "yarn"]
     factor: float = Field(gt=0)
     low_freq_factor: float | None = Field(None, gt=0)
     high_freq_factor: float | None = Field(None, gt=0)
     original_max_seq_len: int | None = Field(None, gt=0)
+    beta_fast: float | None = Field(None, gt=0)  # yarn only, like the three below
+    beta_slow: float | None = Field(None, gt=0)
+    truncate: bool | None = None
+    attention_factor: float | None = Field(None, gt=0)
 
     @model_validator(mode="after")
     def _check_kind(self) -> RopeScaling:
-        llama3 = (self.low_freq_factor, self.high_freq_factor, self.original_max_seq_len)
+        llama3 = (self.low_freq_factor, self.high_freq_factor)
+        yarn = (self.beta_fast, self.beta_slow, self.truncate, self.attention_factor)
         if self.kind == "llama3":
-            if None in llama3:
+            if None in llama3 or self.original_max_seq_len is None:
                 raise ValueError("rope_scaling: llama3 needs low_freq_factor, high_freq_factor, original_max_seq_len")
             if self.high_freq_factor <= self.low_freq_factor:
                 raise ValueError("rope_scaling: high_freq_factor must exceed low_freq_factor")
-        elif any(v is not None for v in llama3):
+            if any(v is not None for v in yarn):
+                raise ValueError("rope_scaling: beta_fast, beta_slow, truncate, attention_factor are yarn's")
+        elif self.kind == "yarn":
+            if None in (self.beta_fast, self.beta_slow, self.truncate, self.original_max_seq_len):
+                raise ValueError("rope_scaling: yarn needs beta_fast, beta_slow, truncate, original_max_seq_len")
+            if any(v is not None for v in llama3):
+                raise ValueError("rope_scaling: low_freq_factor, high_freq_factor are llama3's")
+        elif any(v is not None for v in llama3 + yarn) or self.original_max_seq_len is not None:
             raise ValueError(f"rope_scaling: {self.kind} takes only factor")
         return self
+
+    @property
+    def yarn_attention_factor(self) -> float:
+        """The factor yarn multiplies cos and sin by (1.0 for the other kinds)."""
+        if self.kind != "yarn":
+            return 1.0
+        if self.attention_factor is not None:
+            return self.attention_factor
+        return 0.1 * math.log(self.factor) + 1.0 if self.factor > 1 else 1.0
 
 
 class ColibriConfig(BaseModel):
@@ -103,7 +144,15 @@ class ColibriConfig(BaseModel):
     # "head": RMSNorm over head_dim, one weight shared by every head (Qwen3, Colibri);
     # "projection": RMSNorm over the whole q (n_heads*head_dim) and k projection (OLMoE).
     qk_norm_scope: Literal["head", "projection"] = "head"
-    qkv_bias: bool = False  # biases on q_proj, k_proj, v_proj (Qwen2-MoE); o_proj never has one
+    qkv_bias: bool = False  # biases on q_proj, k_proj, v_proj (Qwen2-MoE, GPT-OSS)
+    o_bias: bool = False  # a bias on o_proj (GPT-OSS), schema 1.2
+    # One learned logit per query head that joins each softmax over the keys and carries no value
+    # (GPT-OSS "sinks"): a head can attend to nothing. Schema 1.2.
+    attn_sinks: bool = False
+    # Layers in `sliding_layers` attend only to the last `sliding_window` positions (the query's
+    # own included), the others to the whole causal prefix (GPT-OSS alternates). Schema 1.2.
+    sliding_window: int | None = Field(None, gt=0)
+    sliding_layers: tuple[int, ...] = ()
     rope_theta: float = Field(10000.0, gt=0)
     rope_scaling: RopeScaling | None = None
     max_seq_len: int = Field(2048, gt=0)
@@ -115,11 +164,21 @@ class ColibriConfig(BaseModel):
     top_k_infer: int = Field(1, gt=0)
     shared_expert_dim: int = Field(0, ge=0)
     shared_expert_gate: bool = False  # shared expert output scaled by sigmoid(x . w_gate) (Qwen2-MoE)
+    # Routed experts, schema 1.2 (GPT-OSS): biases on gate, up and down, and the activation.
+    # "swiglu": silu(gate) * up. "clamped_swiglu": gate clamped above at glu_limit, up to
+    # [-glu_limit, glu_limit], then gate * sigmoid(glu_alpha * gate) * (up + 1).
+    expert_proj_bias: bool = False
+    expert_glu: Literal["swiglu", "clamped_swiglu"] = "swiglu"
+    glu_alpha: float = Field(1.702, gt=0)
+    glu_limit: float = Field(7.0, gt=0)
 
     router_score: Literal["sigmoid", "softmax"] = "sigmoid"  # softmax: over all experts, fp32
     # The per-expert bias that only chooses the top-k (aux-loss-free balancing). Imported softmax
     # routers were trained without one: they have no `expert_bias` tensor at all.
     selection_bias: bool = True
+    # A trained bias added to the router logits before scoring (GPT-OSS), unlike the selection
+    # bias it changes the gate weights too. Schema 1.2.
+    router_bias: bool = False
     route_norm: bool = True
     route_scale: float = Field(1.0, gt=0)
     bias_update_gamma: float = Field(1e-3, ge=0)
@@ -147,9 +206,16 @@ class ColibriConfig(BaseModel):
             raise ValueError(
                 f"n_dense_layers: {self.n_dense_layers} dense layers exceed n_layers={self.n_layers}"
             )
+        if self.sliding_layers:
+            if self.sliding_window is None:
+                raise ValueError("sliding_layers: needs sliding_window")
+            if sorted(set(self.sliding_layers)) != list(self.sliding_layers) or self.sliding_layers[-1] >= self.n_layers:
+                raise ValueError(f"sliding_layers: {list(self.sliding_layers)} must be ascending layer indices < n_layers")
+        if self.expert_glu == "swiglu" and (self.glu_alpha, self.glu_limit) != (1.702, 7.0):
+            raise ValueError("glu_alpha, glu_limit: used by expert_glu='clamped_swiglu' only")
         # schema_version always names the lowest schema that describes this config (what
         # `to_dict` writes), so a config equals itself read back from its JSON.
-        object.__setattr__(self, "schema_version", SCHEMA_VERSION if self._uses_1_1() else "1.0")
+        object.__setattr__(self, "schema_version", self._lowest_schema())
         if self.n_moe_layers == 0:
             return self  # all dense: the routing fields describe nothing
         for field in ("n_experts", "expert_dim"):
@@ -162,10 +228,17 @@ class ColibriConfig(BaseModel):
                 )
         return self
 
-    def _uses_1_1(self) -> bool:
+    def _lowest_schema(self) -> str:
+        if self.rope_scaling is not None and self.rope_scaling.kind == "yarn":
+            return "1.2"
+        if any(getattr(self, key) != default for key, default in V1_2_DEFAULTS.items()):
+            return "1.2"
         if self.router_score != "sigmoid" or self.n_experts == 0:
-            return True
-        return any(getattr(self, key) != default for key, default in V1_1_DEFAULTS.items())
+            return "1.1"
+        return "1.1" if any(getattr(self, key) != default for key, default in V1_1_DEFAULTS.items()) else "1.0"
+
+    def is_sliding_layer(self, layer: int) -> bool:
+        return layer in self.sliding_layers
 
     # --- derived shapes -------------------------------------------------------------------
     @property
@@ -180,6 +253,12 @@ class ColibriConfig(BaseModel):
         """The JSON object of this config, written at the lowest schema that describes it: a
         config that uses no 1.1 feature comes out exactly as schema 1.0 wrote it."""
         data = self.model_dump(mode="json")
+        if self.schema_version in ("1.0", "1.1"):
+            for key in V1_2_DEFAULTS:
+                del data[key]
+            if data["rope_scaling"] is not None:  # the yarn keys, always None below 1.2
+                for key in ("beta_fast", "beta_slow", "truncate", "attention_factor"):
+                    del data["rope_scaling"][key]
         if self.schema_version == "1.0":
             for key in V1_1_DEFAULTS:
                 del data[key]
@@ -263,11 +342,13 @@ def count_params(config: ColibriConfig) -> dict[str, int]:
     if config.qk_norm:
         attn += 2 * hd if config.qk_norm_scope == "head" else (config.n_heads + config.n_kv_heads) * hd
     attn += (config.n_heads + 2 * config.n_kv_heads) * hd if config.qkv_bias else 0
+    attn += d if config.o_bias else 0
+    attn += config.n_heads if config.attn_sinks else 0
     norms_per_layer = 2 * d
     dense_ffn = 3 * d * config.dense_ffn_dim
-    expert = 3 * d * config.expert_dim
+    expert = 3 * d * config.expert_dim + ((2 * config.expert_dim + d) if config.expert_proj_bias else 0)
     shared = 3 * d * config.shared_expert_dim + (d if config.shared_expert_gate else 0)
-    router = config.n_experts * d
+    router = config.n_experts * (d + (1 if config.router_bias else 0))
     head = config.vocab_size * d
 
     backbone = config.n_layers * (attn + norms_per_layer) + d  # + final norm

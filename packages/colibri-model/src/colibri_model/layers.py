@@ -2,7 +2,8 @@
 KV cache, and the SwiGLU feed-forward used by the dense layers and the shared expert.
 
 Variants of imported checkpoints are configuration here (ColibriConfig): QK-norm per head or
-over the whole projection, q/k/v biases, RoPE scaling ("linear", "llama3"; `rope_inv_freq`).
+over the whole projection, q/k/v biases, RoPE scaling ("linear", "llama3", "yarn";
+`rope_inv_freq`), and GPT-OSS's o_proj bias, attention sinks and sliding-window layers.
 
 The math is specified in CHECKPOINT.md; colibri-stream runs these same modules (it only swaps
 the routed experts), so there is exactly one definition of attention and norms.
@@ -41,6 +42,8 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None, devi
         return inv_freq
     if scaling.kind == "linear":
         return inv_freq / scaling.factor
+    if scaling.kind == "yarn":
+        return _yarn_inv_freq(inv_freq, head_dim, theta, scaling)
     # llama3: keep short wavelengths, stretch long ones by `factor`, blend the band between.
     low_wavelen = scaling.original_max_seq_len / scaling.low_freq_factor
     high_wavelen = scaling.original_max_seq_len / scaling.high_freq_factor
@@ -53,6 +56,24 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None, devi
     return torch.where((wavelen >= high_wavelen) & (wavelen <= low_wavelen), blended, out)
 
 
+def _yarn_inv_freq(inv_freq: torch.Tensor, head_dim: int, theta: float, scaling: RopeScaling) -> torch.Tensor:
+    """YaRN (Peng et al. 2023): a frequency pair that turns more than `beta_fast` times over the
+    original context keeps its frequency (extrapolation), fewer than `beta_slow` times is divided
+    by `factor` (interpolation), with a linear ramp over the pair index between the two."""
+
+    def pair_index(rotations: float) -> float:  # the (fractional) pair that turns `rotations` times
+        return head_dim * math.log(scaling.original_max_seq_len / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = pair_index(scaling.beta_fast), pair_index(scaling.beta_slow)
+    if scaling.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001  # a ramp of zero width
+    ramp = ((torch.arange(head_dim // 2, device=inv_freq.device, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+    return inv_freq / scaling.factor * ramp + inv_freq * (1 - ramp)
+
+
 @functools.lru_cache(maxsize=16)
 def _rope_tables(head_dim: int, theta: float, scaling: RopeScaling | None, size: int,
                  device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -62,7 +83,8 @@ def _rope_tables(head_dim: int, theta: float, scaling: RopeScaling | None, size:
     inv_freq = rope_inv_freq(head_dim, theta, scaling, device)
     angles = torch.outer(torch.arange(size, device=device, dtype=torch.float64), inv_freq)
     angles = torch.cat([angles, angles], dim=-1)
-    return angles.cos().float(), angles.sin().float()
+    scale = 1.0 if scaling is None else scaling.yarn_attention_factor  # yarn scales cos and sin
+    return (angles.cos() * scale).float(), (angles.sin() * scale).float()
 
 
 class RotaryEmbedding(nn.Module):
@@ -135,7 +157,11 @@ class Attention(nn.Module):
         self.q_proj = nn.Linear(d, self.n_heads * self.head_dim, bias=bias)
         self.k_proj = nn.Linear(d, self.n_kv_heads * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(d, self.n_kv_heads * self.head_dim, bias=bias)
-        self.o_proj = nn.Linear(self.n_heads * self.head_dim, d, bias=False)
+        self.o_proj = nn.Linear(self.n_heads * self.head_dim, d, bias=config.o_bias)
+        # GPT-OSS: one extra logit per head in every softmax, with no value (an "attend to
+        # nothing" slot); fp32 like the other 1-D tensors (tensor_names.held_dtype).
+        self.sinks = nn.Parameter(torch.zeros(self.n_heads)) if config.attn_sinks else None
+        self.window = config.sliding_window if config.is_sliding_layer(layer_index) else None
         # "projection" (OLMoE): one RMSNorm over all heads' q (and k) before the head split.
         self.norm_projection = config.qk_norm and config.qk_norm_scope == "projection"
         if config.qk_norm:

@@ -1,0 +1,115 @@
+"""GPT-OSS's variants as configuration of the same modules (config schema 1.2): routed experts with
+biases and the clamped SwiGLU, a router with a logit bias, o_proj's bias, attention sinks,
+sliding-window layers and YaRN RoPE. Checked against formulas written out here, the grouped
+path against the reference loop, and old configs unchanged."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from colibri_model import (
+    ColibriConfig,
+    ColibriForCausalLM,
+    ExpertGlu,
+    GroupedExperts,
+    checkpoint_tensor_shapes,
+    count_params,
+)
+from colibri_model.config import RopeScaling
+from colibri_model.router import Router
+from pydantic import ValidationError
+
+GPT_OSS = dict(vocab_size=256, d_model=64, n_layers=3, n_dense_layers=0, n_heads=4, n_kv_heads=2, head_dim=16,
+               dense_ffn_dim=32, n_experts=8, expert_dim=32, top_k_train=2, top_k_infer=2, max_seq_len=64,
+               qk_norm=False, qkv_bias=True, o_bias=True, attn_sinks=True, sliding_window=4, sliding_layers=(0, 2),
+               router_score="softmax", selection_bias=False, router_bias=True, expert_proj_bias=True,
+               expert_glu="clamped_swiglu", glu_alpha=1.702, glu_limit=7.0,
+               rope_scaling=RopeScaling(kind="yarn", factor=32.0, original_max_seq_len=16, beta_fast=32.0,
+                                        beta_slow=1.0, truncate=False))
+
+
+def _config(**changes) -> ColibriConfig:
+    return ColibriConfig(name="gpt-oss-small", **{**GPT_OSS, **changes})
+
+
+def test_clamped_swiglu_is_the_written_out_formula():
+    glu = ExpertGlu("clamped_swiglu", 1.702, 7.0)
+    gate = torch.tensor([-9.0, -1.0, 0.0, 0.5, 6.9, 7.0, 12.0])
+    up = torch.tensor([-12.0, -8.0, 0.0, 0.25, 7.5, -0.5, 3.0])
+    g = torch.tensor([-9.0, -1.0, 0.0, 0.5, 6.9, 7.0, 7.0])  # clamped above only
+    u = torch.tensor([-7.0, -7.0, 0.0, 0.25, 7.0, -0.5, 3.0])  # clamped both sides
+    expected = g * (1 / (1 + torch.exp(-1.702 * g))) * (u + 1)
+    torch.testing.assert_close(glu(gate, up), expected)
+    torch.testing.assert_close(ExpertGlu()(gate, up), F.silu(gate) * up)
+
+
+@torch.no_grad()
+def test_grouped_experts_with_biases_match_the_reference_loop_and_a_per_token_formula():
+    torch.manual_seed(0)
+    experts = GroupedExperts(8, 64, 32, ExpertGlu("clamped_swiglu", 1.702, 7.0), bias=True)
+    with torch.no_grad():
+        for p in experts.parameters():
+            p.normal_(std=0.5)  # large enough that the clamp acts
+    x = torch.randn(10, 64)
+    ids = torch.stack([torch.randperm(8)[:2] for _ in range(10)])
+    gates = torch.rand(10, 2)
+    fast = experts(x, ids, gates)
+    torch.testing.assert_close(fast, experts.reference_forward(x, ids, gates), atol=1e-5, rtol=1e-5)
+    token, slot = 3, 1
+    e = int(ids[token, slot])
+    gate = x[token] @ experts.gate_proj[e].T + experts.gate_bias[e]
+    up = x[token] @ experts.up_proj[e].T + experts.up_bias[e]
+    assert float(gate.max()) > 7.0 or float(up.abs().max()) > 7.0  # the clamp is exercised
+    g, u = gate.clamp(max=7.0), up.clamp(-7.0, 7.0)
+    one = (g * torch.sigmoid(1.702 * g) * (u + 1)) @ experts.down_proj[e].T + experts.down_bias[e]
+    other = ids[token, 1 - slot]
+    expected = gates[token, slot] * one + gates[token, 1 - slot] * experts.reference_forward(
+        x[token : token + 1], other.view(1, 1), torch.ones(1, 1))[0]
+    torch.testing.assert_close(fast[token], expected, atol=1e-5, rtol=1e-5)
+
+
+def test_router_bias_is_a_softmax_over_the_top_k_biased_logits():
+    torch.manual_seed(1)
+    router = Router(_config())
+    with torch.no_grad():
+        router.weight.normal_()
+        router.bias.normal_()
+    x = torch.randn(6, 64)
+    ids, gates, _ = router(x, 2)
+    logits = x @ router.weight.T + router.bias
+    top, top_ids = logits.topk(2, dim=-1)
+    assert torch.equal(ids, top_ids)
+    torch.testing.assert_close(gates, torch.softmax(top, dim=-1))
+
+
+def test_schema_1_2_round_trips_names_its_tensors_and_counts_them():
+    config = _config()
+    assert config.to_dict()["schema_version"] == "1.2"
+    assert ColibriConfig.from_json(config.to_json()) == config
+    names = checkpoint_tensor_shapes(config)
+    assert names["layers.0.attn.sinks"] == (4,) and names["layers.0.attn.o_proj.bias"] == (64,)
+    assert names["layers.1.moe.router.bias"] == (8,)
+    assert names["layers.1.moe.experts.gate_bias"] == (8, 32) and names["layers.1.moe.experts.down_bias"] == (8, 64)
+    model = ColibriForCausalLM(config)
+    assert count_params(config)["total_params"] == sum(p.numel() for p in model.parameters())
+
+
+def test_configs_without_1_2_features_are_written_as_before():
+    old = ColibriConfig(**{**GPT_OSS, "o_bias": False, "attn_sinks": False, "sliding_window": None, "sliding_layers": (),
+                           "router_bias": False, "expert_proj_bias": False, "expert_glu": "swiglu",
+                           "rope_scaling": RopeScaling(kind="linear", factor=2.0)})
+    data = old.to_dict()
+    assert data["schema_version"] == "1.1" and "attn_sinks" not in data and "expert_glu" not in data
+    assert set(data["rope_scaling"]) == {"kind", "factor", "low_freq_factor", "high_freq_factor", "original_max_seq_len"}
+
+
+@pytest.mark.parametrize(("change", "field"), [
+    (dict(sliding_window=None), "sliding_layers"),
+    (dict(sliding_layers=(0, 3)), "sliding_layers"),
+    (dict(expert_glu="swiglu", glu_limit=5.0), "glu_alpha"),
+    (dict(rope_scaling=dict(kind="yarn", factor=4.0)), "yarn needs"),
+])
+def test_invalid_1_2_settings_name_the_field(change, field):
+    with pytest.raises(ValidationError, match=field):
+        _config(**change)
