@@ -151,7 +151,10 @@ def workspace_bytes(config: ColibriConfig, prefill_chunk: int, max_context: int,
     t = prefill_chunk
     widest_ffn = max(config.dense_ffn_dim, config.shared_expert_dim, 2 * config.expert_dim)
     hidden = 6 * t * config.d_model * max(elem, 4)  # residual, normed, attn out, fp32 norm temporaries
-    attention = config.n_heads * t * max_context * 4 + 3 * t * config.n_heads * config.head_dim * elem
+    # SDPA's scores; the explicit softmax of sink layers (GPT-OSS) holds the scores, the scores
+    # with the sink column and the probabilities at once
+    scores = 3 * config.n_heads * t * (max_context + 1) * 4 if config.attn_sinks else config.n_heads * t * max_context * 4
+    attention = scores + 3 * t * config.n_heads * config.head_dim * elem
     ffn = 3 * t * widest_ffn * max(elem, 4)
     logits = 2 * t * config.vocab_size * 4  # logits, and their fp32 copy for sampling/softmax
     return hidden + attention + ffn + logits
