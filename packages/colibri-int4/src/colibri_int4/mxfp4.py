@@ -59,7 +59,7 @@ def encode_mxfp4(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     exponent = np.where(amax > 0, np.ceil(np.log2(np.maximum(amax, 1e-38) / 6.0)), -E8M0_BIAS)
     exponent = np.clip(exponent, -E8M0_BIAS, E8M0_NAN - 1 - E8M0_BIAS).astype(np.int32)
     scaled = grouped / np.ldexp(np.float32(1), exponent)[..., None]
-    codes = np.abs(scaled[..., None] - E2M1_VALUES[:8]).argmin(-1).astype(np.uint8)  # magnitude 0..7
+    codes = np.abs(np.abs(scaled)[..., None] - E2M1_VALUES[:8]).argmin(-1).astype(np.uint8)  # magnitude 0..7
     codes |= np.where(np.signbit(scaled), 8, 0).astype(np.uint8)
     blocks = (codes[..., 0::2] | (codes[..., 1::2] << 4)).astype(np.uint8)
     return blocks, (exponent + E8M0_BIAS).astype(np.uint8)
