@@ -5,6 +5,8 @@ path against the reference loop, and old configs unchanged."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -113,3 +115,76 @@ def test_configs_without_1_2_features_are_written_as_before():
 def test_invalid_1_2_settings_name_the_field(change, field):
     with pytest.raises(ValidationError, match=field):
         _config(**change)
+
+
+def _naive_attention(q, k, v, window, sinks):
+    """One query at a time, written out: scaled dot products over the causal (and windowed) keys,
+    plus the sink logit, softmax, sink dropped."""
+    B, H, T, D = q.shape
+    groups = H // k.shape[1]
+    out = torch.zeros_like(q)
+    for b in range(B):
+        for h in range(H):
+            for i in range(T):
+                lo = 0 if window is None else max(0, i - window + 1)
+                scores = [float(q[b, h, i] @ k[b, h // groups, j]) / math.sqrt(D) for j in range(lo, i + 1)]
+                extra = [] if sinks is None else [float(sinks[h])]
+                weights = torch.softmax(torch.tensor(scores + extra, dtype=torch.float64), 0)[: len(scores)]
+                out[b, h, i] = sum(w * v[b, h // groups, j] for w, j in zip(weights.float(), range(lo, i + 1), strict=True))
+    return out
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("layer", [0, 1], ids=["sliding", "full"])
+def test_sink_and_window_attention_match_the_written_out_softmax_in_prefill_and_decode(layer):
+    torch.manual_seed(2)
+    config = _config(rope_scaling=None)
+    attn = ColibriForCausalLM(config).layers[layer].attn
+    attn.sinks.normal_(std=2.0)
+    x = torch.randn(2, 9, 64)
+    positions = torch.arange(9)
+    q = attn.rope(attn.q_proj(x).view(2, 9, 4, 16).transpose(1, 2), positions)
+    k = attn.rope(attn.k_proj(x).view(2, 9, 2, 16).transpose(1, 2), positions)
+    v = attn.v_proj(x).view(2, 9, 2, 16).transpose(1, 2)
+    window = 4 if layer == 0 else None
+    expected = attn.o_proj(_naive_attention(q, k, v, window, attn.sinks).transpose(1, 2).reshape(2, 9, 64))
+    torch.testing.assert_close(attn(x, positions), expected, atol=1e-5, rtol=1e-5)
+    from colibri_model.layers import KVCache
+
+    cache = KVCache(config, 2, 16)  # prefill 5, then 4 decode steps: the window slides over the cache
+    outs = [attn(x[:, :5], positions[:5], cache)]
+    cache.length = 5
+    for t in range(5, 9):
+        outs.append(attn(x[:, t : t + 1], positions[t : t + 1], cache))
+        cache.length += 1
+    torch.testing.assert_close(torch.cat(outs, 1), expected, atol=1e-5, rtol=1e-5)
+
+
+@torch.no_grad()
+def test_layers_without_sinks_or_window_keep_the_sdpa_path_bit_for_bit():
+    torch.manual_seed(3)
+    plain = _config(attn_sinks=False, sliding_window=None, sliding_layers=(), rope_scaling=None)
+    attn = ColibriForCausalLM(plain).layers[0].attn
+    x = torch.randn(1, 7, 64)
+    q = attn.rope(attn.q_proj(x).view(1, 7, 4, 16).transpose(1, 2), torch.arange(7))
+    k = attn.rope(attn.k_proj(x).view(1, 7, 2, 16).transpose(1, 2), torch.arange(7))
+    v = attn.v_proj(x).view(1, 7, 2, 16).transpose(1, 2)
+    sdpa = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    assert torch.equal(attn(x, torch.arange(7)), attn.o_proj(sdpa.transpose(1, 2).reshape(1, 7, 64)))
+
+
+def test_yarn_inverse_frequencies_and_attention_factor():
+    from colibri_model.layers import rope_inv_freq
+
+    scaling = RopeScaling(kind="yarn", factor=32.0, original_max_seq_len=16, beta_fast=32.0, beta_slow=1.0,
+                          truncate=False)
+    inv = rope_inv_freq(16, 150000.0, scaling)
+    base = 1.0 / (150000.0 ** (torch.arange(0, 16, 2, dtype=torch.float64) / 16))
+
+    def pair(rotations):  # written out: the pair index that turns `rotations` times over 16 positions
+        return 16 * math.log(16 / (rotations * 2 * math.pi)) / (2 * math.log(150000.0))
+
+    low, high = max(pair(32.0), 0), min(pair(1.0), 15)
+    ramp = ((torch.arange(8, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+    torch.testing.assert_close(inv, base * (1 - ramp) + base / 32 * ramp)
+    assert scaling.yarn_attention_factor == pytest.approx(0.1 * math.log(32) + 1)

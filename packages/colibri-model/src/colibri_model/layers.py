@@ -146,7 +146,12 @@ class KVCache:
 
 class Attention(nn.Module):
     """Grouped-query attention with QK-norm (per head, or over the projection), RoPE and SDPA
-    (`enable_gqa`)."""
+    (`enable_gqa`).
+
+    GPT-OSS's variants (config schema 1.2): an o_proj bias; on `sliding_layers` a window of
+    `sliding_window` keys (a mask: the KV cache keeps every position, which costs memory but no
+    bookkeeping); learned sinks (`sink_attention`, an explicit fp32 softmax, since SDPA has no
+    sink column). A layer with neither keeps the SDPA fast path, bit for bit as before."""
 
     def __init__(self, config: ColibriConfig, layer_index: int):
         super().__init__()
@@ -189,14 +194,46 @@ class Attention(nn.Module):
         if cache is not None:
             past = cache.length
             k, v = cache.update(self.layer_index, k, v)
-        if past == 0:
+        if past == 0 and self.window is None and self.sinks is None:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         else:
             # Decoding after a prefix: query i (absolute past + i) may see keys 0..past + i.
             S = k.shape[2]
             allowed = torch.arange(S, device=x.device)[None, :] <= (past + torch.arange(T, device=x.device))[:, None]
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, enable_gqa=True)
+            if self.window is not None:
+                allowed = allowed & window_allowed(T, past, S, self.window, x.device)
+            if self.sinks is None:
+                out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, enable_gqa=True)
+            else:
+                out = sink_attention(q, k, v, allowed, self.sinks)
         return self.o_proj(out.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
+
+
+def window_allowed(queries: int, past: int, keys: int, window: int, device: torch.device) -> torch.Tensor:
+    """[T, S] bool: the query at cache column past + i sees key columns > past + i - window (its
+    own and the window - 1 before it); ANDed with the causal mask on sliding layers (GPT-OSS)."""
+    query_columns = past + torch.arange(queries, device=device)
+    return torch.arange(keys, device=device)[None, :] > (query_columns - window)[:, None]
+
+
+def sink_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor,
+                   sinks: torch.Tensor) -> torch.Tensor:
+    """softmax([q k^T / sqrt(D), sink_h]) over the allowed keys plus one sink logit per head,
+    the sink's probability dropped (it has no value): GPT-OSS's attention. SDPA cannot take the
+    extra column, so this is explicit, in fp32 (scores, softmax) whatever the activations' dtype.
+
+    q [B, H, T, D]; k, v [B, Hkv, S, D]; allowed: bool broadcastable to [B, H, T, S]; sinks [H].
+    Every query must be allowed at least one key (its own, under the causal rule).
+    """
+    B, H, T, D = q.shape
+    groups = H // k.shape[1]
+    keys, values = k.repeat_interleave(groups, dim=1).float(), v.repeat_interleave(groups, dim=1).float()
+    scores = torch.matmul(q.float(), keys.transpose(-1, -2)) * D**-0.5
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    sink = sinks.float().view(1, H, 1, 1).expand(B, H, T, 1)
+    logits = torch.cat([scores, sink], dim=-1)
+    probs = torch.softmax(logits - logits.amax(-1, keepdim=True), dim=-1)[..., :-1]
+    return torch.matmul(probs, values).to(q.dtype)
 
 
 class SwiGLU(nn.Module):

@@ -74,7 +74,8 @@ class ConfigFields:
         raise HFImportError(f"{self.where}: {key}={value!r} is not supported ({why})")
 
     def finish(self) -> None:
-        if self.data.get("quantization_config") is not None:
+        # a family that reads a pre-quantized form takes the field and checks it (gpt_oss: mxfp4)
+        if self.data.get("quantization_config") is not None and "quantization_config" not in self.taken:
             method = (self.data["quantization_config"] or {}).get("quant_method", "?")
             self.refuse("quantization_config.quant_method", method,
                         "a pre-quantized checkpoint; import the bf16/fp16 original")
@@ -110,8 +111,9 @@ def silu_activation(fields: ConfigFields) -> None:
 
 def rope(fields: ConfigFields, max_seq_len: int) -> tuple[float, dict | None]:
     """(rope_theta, Colibri rope_scaling) from transformers 5's `rope_parameters` or the older
-    `rope_theta` + `rope_scaling` pair. Default, linear and llama3 RoPE are supported; others
-    (yarn, dynamic, longrope) are refused by name."""
+    `rope_theta` + `rope_scaling` pair. Default, linear, llama3 and yarn RoPE are supported;
+    others (dynamic, longrope) and yarn's DeepSeek keys (mscale, mscale_all_dim) are refused by
+    name."""
     params = fields.get("rope_parameters", None)
     legacy = fields.get("rope_scaling", None)
     theta = fields.get("rope_theta", None)
@@ -140,8 +142,21 @@ def rope(fields: ConfigFields, max_seq_len: int) -> tuple[float, dict | None]:
             "original_max_seq_len": int(params.get("original_max_position_embeddings", max_seq_len)),
         }
         known |= {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}
+    elif kind == "yarn":
+        original = int(params["original_max_position_embeddings"])
+        factor = params.get("factor")
+        attention_factor = params.get("attention_factor")
+        scaling = {  # transformers' defaults: beta_fast 32, beta_slow 1, truncate true, factor max/original
+            "kind": "yarn", "factor": float(factor if factor is not None else max_seq_len / original),
+            "low_freq_factor": None, "high_freq_factor": None, "original_max_seq_len": original,
+            "beta_fast": float(params.get("beta_fast") or 32.0), "beta_slow": float(params.get("beta_slow") or 1.0),
+            "truncate": bool(params.get("truncate", True)),
+            "attention_factor": None if attention_factor is None else float(attention_factor),
+        }
+        known |= {"factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "truncate",
+                  "attention_factor"}
     else:
-        fields.refuse(f"{where}.rope_type", kind, "supported: 'default', 'linear', 'llama3'")
+        fields.refuse(f"{where}.rope_type", kind, "supported: 'default', 'linear', 'llama3', 'yarn'")
     for key in params:
         if key not in known:
             fields.refuse(f"{where}.{key}", params[key], f"not used by {kind} RoPE here")
@@ -156,9 +171,16 @@ def leading_dense_layers(fields: ConfigFields, n_layers: int, dense: set[int]) -
     return k
 
 
+# Config schema 1.2 (GPT-OSS) fields at the values that mean "not used" (colibri-model's V1_2_DEFAULTS).
+SCHEMA_1_2_DEFAULTS = dict(expert_proj_bias=False, expert_glu="swiglu", glu_alpha=1.702, glu_limit=7.0,
+                           router_bias=False, o_bias=False, attn_sinks=False, sliding_window=None, sliding_layers=[])
+_YARN_KEYS = ("beta_fast", "beta_slow", "truncate", "attention_factor")
+
+
 def colibri_config(**fields) -> dict:
-    """A complete Colibri config.json object (CHECKPOINT.md, config schema 1.1) with the routing
-    defaults of an imported softmax router: no selection bias, no balancing."""
+    """A complete Colibri config.json object (CHECKPOINT.md) with the routing defaults of an
+    imported softmax router: no selection bias, no balancing. Written at the lowest schema that
+    describes it, as colibri-model writes it: 1.2 when a GPT-OSS field or yarn RoPE is used, else 1.1."""
     defaults = dict(
         format_version="1.0", model_type="colibri", schema_version="1.1", qk_norm=False, qk_norm_scope="head",
         qkv_bias=False, rope_scaling=None, n_dense_layers=0, n_experts=0, expert_dim=0, top_k_train=1,
@@ -166,7 +188,15 @@ def colibri_config(**fields) -> dict:
         route_norm=True, route_scale=1.0, bias_update_gamma=0.0, aux_loss_alpha=0.0, tie_embeddings=False,
         init_std=0.02,
     )
-    return {**defaults, **fields}
+    config = {**defaults, **fields}
+    scaling = config["rope_scaling"]
+    uses_1_2 = any(config.get(k, v) != v for k, v in SCHEMA_1_2_DEFAULTS.items())
+    uses_1_2 |= scaling is not None and scaling["kind"] == "yarn"
+    if uses_1_2:
+        config = {**config, "schema_version": "1.2", **{k: config.get(k, v) for k, v in SCHEMA_1_2_DEFAULTS.items()}}
+        if scaling is not None:
+            config["rope_scaling"] = {**dict.fromkeys(_YARN_KEYS), **scaling}
+    return config
 
 
 def qwen_dense_layers(fields: ConfigFields, n_layers: int) -> int:

@@ -22,6 +22,8 @@ _LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
 class LlamaStyleNames:
     moe: str = "mlp"
     parts: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")  # gate, up, down
+    router: str = "gate"  # the router's module under `moe` (GPT-OSS: "router")
+    experts: str = "llama"  # how routed experts are stored; "gpt_oss": gpt_oss_experts.py
 
     def resident(self, name: str) -> str:
         """The HF name of a non-expert Colibri tensor."""
@@ -36,7 +38,7 @@ class LlamaStyleNames:
         base = f"model.layers.{i}."
         for colibri, hf in (
             ("attn_norm.", "input_layernorm."), ("ffn_norm.", "post_attention_layernorm."), ("attn.", "self_attn."),
-            ("ffn.", "mlp."), ("moe.router.", f"{self.moe}.gate."), ("moe.shared.", f"{self.moe}.shared_expert."),
+            ("ffn.", "mlp."), ("moe.router.", f"{self.moe}.{self.router}."), ("moe.shared.", f"{self.moe}.shared_expert."),
             ("moe.shared_gate.", f"{self.moe}.shared_expert_gate."),
         ):
             if rest.startswith(colibri):

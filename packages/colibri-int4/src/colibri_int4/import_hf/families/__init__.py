@@ -6,16 +6,15 @@ from __future__ import annotations
 from types import ModuleType
 
 from ...errors import HFImportError
-from . import llama, mixtral, olmoe, qwen2_moe, qwen3_moe
+from . import gpt_oss, llama, mixtral, olmoe, qwen2_moe, qwen3_moe
 
-_MODULES: tuple[ModuleType, ...] = (qwen3_moe, qwen2_moe, olmoe, mixtral, llama)
+_MODULES: tuple[ModuleType, ...] = (qwen3_moe, qwen2_moe, olmoe, mixtral, llama, gpt_oss)
 FAMILIES: dict[str, ModuleType] = {model_type: m for m in _MODULES for model_type in m.MODEL_TYPES}
 
 # What the families import-hf does not convert would need (the issue 17 note says more).
 _NOT_YET = {
     "deepseek_v2": "multi-head latent attention (MLA) and group-limited routing",
     "deepseek_v3": "multi-head latent attention (MLA), group-limited sigmoid routing and multi-token prediction",
-    "gpt_oss": "MXFP4 experts, attention sinks, sliding-window layers and clamped SwiGLU with biases",
 }
 
 
