@@ -51,7 +51,7 @@ def decode_mxfp4(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
 def encode_mxfp4(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(blocks, scales) of fp32 `x [..., cols]` (cols a multiple of 32): each block's scale is
     the smallest power of two with `max |x| / scale <= 6`, each element the nearest code."""
-    x = np.asarray(x, dtype=np.float32)
+    x = np.ascontiguousarray(x, dtype=np.float32)  # C order in, C order out (astype keeps strides)
     if x.shape[-1] % BLOCK:
         raise ValueError(f"MXFP4 needs a multiple of {BLOCK} columns, got {x.shape[-1]}")
     grouped = x.reshape(*x.shape[:-1], x.shape[-1] // BLOCK, BLOCK)
@@ -62,4 +62,4 @@ def encode_mxfp4(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     codes = np.abs(np.abs(scaled)[..., None] - E2M1_VALUES[:8]).argmin(-1).astype(np.uint8)  # magnitude 0..7
     codes |= np.where(np.signbit(scaled), 8, 0).astype(np.uint8)
     blocks = (codes[..., 0::2] | (codes[..., 1::2] << 4)).astype(np.uint8)
-    return blocks, (exponent + E8M0_BIAS).astype(np.uint8)
+    return np.ascontiguousarray(blocks), np.ascontiguousarray((exponent + E8M0_BIAS).astype(np.uint8))

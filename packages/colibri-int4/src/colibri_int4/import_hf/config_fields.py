@@ -143,7 +143,10 @@ def rope(fields: ConfigFields, max_seq_len: int) -> tuple[float, dict | None]:
         }
         known |= {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}
     elif kind == "yarn":
-        original = int(params["original_max_position_embeddings"])
+        if not isinstance(params.get("original_max_position_embeddings"), int):
+            fields.refuse(f"{where}.original_max_position_embeddings", params.get("original_max_position_embeddings"),
+                          "yarn needs the pre-training context length")
+        original = params["original_max_position_embeddings"]
         factor = params.get("factor")
         attention_factor = params.get("attention_factor")
         scaling = {  # transformers' defaults: beta_fast 32, beta_slow 1, truncate true, factor max/original
