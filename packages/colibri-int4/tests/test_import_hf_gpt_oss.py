@@ -148,3 +148,37 @@ def test_a_bad_mxfp4_scale_and_missing_expert_tensors_are_named(tmp_path):
     del tensors["model.layers.1.mlp.experts.down_proj_bias"]
     with pytest.raises(HFImportError, match=r"'model.layers.1.mlp.experts.down_proj_bias' is missing"):
         import_hf(_write(tmp_path / "b", tensors=tensors), tmp_path / "b.coli")
+
+
+# openai/gpt-oss-20b's config.json as published (transformers 4.55 era: legacy rope_scaling, openai's
+# own experts_per_token / initial_context_length, MXFP4 quantization_config)
+GPT_OSS_20B = {
+    "architectures": ["GptOssForCausalLM"], "attention_bias": True, "attention_dropout": 0.0, "eos_token_id": 200002,
+    "experts_per_token": 4, "head_dim": 64, "hidden_act": "silu", "hidden_size": 2880, "initial_context_length": 4096,
+    "initializer_range": 0.02, "intermediate_size": 2880,
+    "layer_types": ["sliding_attention", "full_attention"] * 12, "max_position_embeddings": 131072,
+    "model_type": "gpt_oss", "num_attention_heads": 64, "num_experts_per_tok": 4, "num_hidden_layers": 24,
+    "num_key_value_heads": 8, "num_local_experts": 32, "output_router_logits": False, "pad_token_id": 199999,
+    "quantization_config": {"modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
+                                                       "model.embed_tokens", "lm_head"], "quant_method": "mxfp4"},
+    "rms_norm_eps": 1e-05, "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0,
+                                            "original_max_position_embeddings": 4096, "rope_type": "yarn",
+                                            "truncate": False},
+    "rope_theta": 150000, "router_aux_loss_coef": 0.9, "sliding_window": 128, "swiglu_limit": 7.0,
+    "tie_word_embeddings": False, "transformers_version": "4.55.0.dev0", "use_cache": True, "vocab_size": 201088,
+}
+
+
+def test_the_published_gpt_oss_20b_config_maps_and_plans(tmp_path):
+    from colibri_int4.import_hf import planned_container
+
+    config = colibri_config_from_hf(GPT_OSS_20B, "gpt-oss-20b/config.json")
+    assert (config["n_layers"], config["n_experts"], config["expert_dim"], config["top_k_infer"]) == (24, 32, 2880, 4)
+    assert config["sliding_layers"] == list(range(0, 24, 2)) and config["sliding_window"] == 128
+    assert config["rope_scaling"]["truncate"] is False and config["rope_theta"] == 150000.0
+    (tmp_path / "config.json").write_text(json.dumps(GPT_OSS_20B))
+    planned = planned_container(tmp_path, "int4")
+    assert planned.blob_layout.bias and planned.version == (1, 2)
+    assert 12.5e9 < planned.file_size < 14e9  # 20.9B weights, experts at 4.25 bits, the rest int8/bf16
+    with pytest.raises(HFImportError, match="experts_per_token=2 is not supported .*differs"):
+        colibri_config_from_hf({**GPT_OSS_20B, "experts_per_token": 2}, "x")

@@ -37,6 +37,12 @@ def map_config(fields: ConfigFields, name: str) -> dict:
         window = fields.integer("sliding_window")
     bias = fields.expect("attention_bias", (True, False), True)
     top_k = fields.integer("num_experts_per_tok")
+    # The published configs also carry openai's own names: `experts_per_token` (must agree) and
+    # `initial_context_length` (the pre-training context; transformers' forward never reads it,
+    # the yarn parameters carry it as original_max_position_embeddings).
+    if fields.get("experts_per_token", top_k) != top_k:
+        fields.refuse("experts_per_token", fields.get("experts_per_token"), f"differs from num_experts_per_tok={top_k}")
+    fields.get("initial_context_length", None)
     expert_dim = fields.integer("intermediate_size")
     alpha, limit = fields.get("swiglu_alpha", 1.702), fields.get("swiglu_limit", 7.0)
     for key, value in (("swiglu_alpha", alpha), ("swiglu_limit", limit)):
