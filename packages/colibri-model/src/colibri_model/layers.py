@@ -200,8 +200,8 @@ class Attention(nn.Module):
             # Decoding after a prefix: query i (absolute past + i) may see keys 0..past + i.
             S = k.shape[2]
             allowed = torch.arange(S, device=x.device)[None, :] <= (past + torch.arange(T, device=x.device))[:, None]
-            if self.window is not None:
-                allowed = allowed & window_allowed(T, past, S, self.window, x.device)
+            if self.window is not None:  # a query's own key is always inside its window
+                allowed = allowed & window_allowed(positions, torch.arange(S, device=x.device), self.window)
             if self.sinks is None:
                 out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, enable_gqa=True)
             else:
@@ -209,11 +209,13 @@ class Attention(nn.Module):
         return self.o_proj(out.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
 
 
-def window_allowed(queries: int, past: int, keys: int, window: int, device: torch.device) -> torch.Tensor:
-    """[T, S] bool: the query at cache column past + i sees key columns > past + i - window (its
-    own and the window - 1 before it); ANDed with the causal mask on sliding layers (GPT-OSS)."""
-    query_columns = past + torch.arange(queries, device=device)
-    return torch.arange(keys, device=device)[None, :] > (query_columns - window)[:, None]
+def window_allowed(query_positions: torch.Tensor, key_positions: torch.Tensor, window: int) -> torch.Tensor:
+    """bool [..., T, S]: a query at position p sees keys at positions > p - window (its own and
+    the window - 1 before it); ANDed with the causal mask on sliding layers (GPT-OSS). In
+    positions, not cache columns, so that a padded batch (whose rows' keys are not at their
+    positions' columns) can give each row's key positions. `query_positions` [T] or [B, T],
+    `key_positions` [S] or [B, S]."""
+    return key_positions.unsqueeze(-2) > (query_positions - window).unsqueeze(-1)
 
 
 def sink_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor,
