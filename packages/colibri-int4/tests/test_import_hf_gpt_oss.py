@@ -182,3 +182,11 @@ def test_the_published_gpt_oss_20b_config_maps_and_plans(tmp_path):
     assert 12.5e9 < planned.file_size < 14e9  # 20.9B weights, experts at 4.25 bits, the rest int8/bf16
     with pytest.raises(HFImportError, match="experts_per_token=2 is not supported .*differs"):
         colibri_config_from_hf({**GPT_OSS_20B, "experts_per_token": 2}, "x")
+
+
+def test_a_synthetic_container_of_gpt_oss_shapes_is_valid(tmp_path):
+    from colibri_int4 import QuantScheme, write_synthetic_container
+
+    path = write_synthetic_container(tmp_path / "s.coli", colibri_config_from_hf(CONFIG, "x"), QuantScheme(group_size=32))
+    with Container.open(path) as c:
+        assert c.version == (1, 2) and c.blob_layout.bias and c.verify().ok
