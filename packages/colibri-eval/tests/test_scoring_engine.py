@@ -1,5 +1,5 @@
-"""The batched engine (length batching, head-only logits, shared prefixes) equals a naive
-one-request-at-a-time full forward."""
+"""The batched engine (packed rows, length batching, head-only logits, shared prefixes) equals
+a naive one-request-at-a-time full forward."""
 
 from __future__ import annotations
 
@@ -35,9 +35,14 @@ def test_engine_matches_naive_forward(tiny_hf_model, groups):
     hf_model = tiny_hf_model.model.model
     expected = [[naive_score(hf_model, r, tiny_hf_model.model.max_length) for r in g] for g in groups]
     model = tiny_hf_model.model
-    # a huge batch puts documents with different prefix lengths in one left-padded call
-    for share, batch_tokens in ((True, 64), (True, 100_000), (False, 64), (False, 100_000)):
-        got = ScoringEngine(model, batch_tokens=batch_tokens, share_prefixes=share).score(groups)
+    # a huge batch puts documents with different prefix lengths in one left-padded call; packed
+    # rows of 16 columns split every multiple-choice document (its trunk repeated per piece) and
+    # give longer segments rows of their own
+    settings = [dict(share_prefixes=share, batch_tokens=batch_tokens, pack=pack, row_tokens=row_tokens)
+                for pack in (True, False) for share in (True, False) for batch_tokens in (64, 100_000)
+                for row_tokens in ((16, 256) if pack else (256,))]
+    for setting in settings:
+        got = ScoringEngine(model, **setting).score(groups)
         for got_group, want_group in zip(got, expected, strict=True):
             for (ll, greedy), (want_ll, want_greedy) in zip(got_group, want_group, strict=True):
                 assert ll == pytest.approx(want_ll, rel=1e-5, abs=1e-3)
@@ -55,11 +60,33 @@ def test_prefix_sharing_is_used_for_multiple_choice(tiny_hf_model, groups):
 
     model.shared_prefix_logits = counting
     try:
-        ScoringEngine(model, batch_tokens=2048).score(groups)
+        ScoringEngine(model, batch_tokens=2048, pack=False).score(groups)
     finally:
         del model.shared_prefix_logits
     assert sum(prefixes) >= 8  # hellaswag and arc groups at least
     assert len(prefixes) < sum(prefixes)  # several documents per call
+
+
+def test_packing_computes_each_shared_context_once(tiny_hf_model, groups):
+    """Packed rows hold every document's trunk once and its branches: fewer tokens than the
+    requests' inputs laid end to end, and no more columns than that plus a row tail each."""
+    model = tiny_hf_model.model
+    calls = []
+    original = model.packed_logits
+
+    def counting(input_ids, positions, allowed, rows, cols):
+        calls.append((input_ids.shape, int((allowed.sum(-1) > 1).sum())))
+        return original(input_ids, positions, allowed, rows, cols)
+
+    model.packed_logits = counting
+    try:
+        ScoringEngine(model, batch_tokens=512, row_tokens=256).score(groups)
+    finally:
+        del model.packed_logits
+    inputs = sum(min(len(r.context) + len(r.continuation) - 1, model.max_length) for g in groups for r in g)
+    columns = sum(shape[0] * shape[1] for shape, _ in calls)
+    assert columns < 0.8 * inputs
+    assert all(shape[1] <= 256 for shape, _ in calls)
 
 
 def test_left_truncation_to_max_length(tiny_hf_model):

@@ -210,3 +210,26 @@ def test_trainer_trains_the_gpt_oss_variant(tmp_path):
     moved = {n for n, p in trainer.model.named_parameters() if not torch.equal(p.detach(), start[n])}
     assert {"layers.0.attn.sinks", "layers.0.attn.o_proj.bias", "layers.1.moe.router.bias",
             "layers.1.moe.experts.gate_bias", "layers.1.moe.experts.down_bias"} <= moved
+
+
+@pytest.mark.parametrize("case", ["padded_batch", "packed_row"])
+def test_padded_and_packed_rows_see_their_own_window_and_sinks(case):
+    """test_attention_mask.py's padded batch (prefill + decode into a shared cache column) and
+    packed row ([B, T, S] mask, positions restarting), on a model with sinks and a 4-position
+    window: the window counts each row's positions, not the cache columns between them."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("attention_mask_tests", Path(__file__).with_name("test_attention_mask.py"))
+    masks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(masks)
+    torch.manual_seed(0)
+    model = ColibriForCausalLM(_config(rope_scaling=None, max_seq_len=64)).eval()
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith(("bias", "sinks")):
+                parameter.normal_(std=0.3)
+    if case == "padded_batch":
+        masks.test_a_padded_batch_gives_each_row_its_own_logits_in_prefill_and_decode(model)
+    else:
+        masks.test_a_per_query_mask_packs_two_sequences_in_one_row(model)

@@ -164,6 +164,24 @@ def test_bf16_import_matches_transformers_logits_and_greedy_tokens_at_full_and_t
     assert engine_error <= 2 * hf_error + 1e-3 * float(ref_logits.abs().max()), (family, engine_error, hf_error)
 
 
+def test_a_padded_batch_decodes_each_prompt_as_transformers_does_alone(imported):
+    """Rows of different lengths, decoded together (one [B, 1] pass per step, per-row positions,
+    padding masked: batch_decode.py), each give transformers' greedy tokens for that prompt."""
+    family, reference, container, _ = imported
+    generator = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(2, VOCAB, (n,), generator=generator).tolist() for n in (12, 4, 9)]
+    steps = 12
+    expected = [_hf_greedy(reference, p, steps) for p in prompts]
+    options = dict(dtype="f32", max_context=CONTEXT, prefill_chunk=16)
+    for budget in ("1GB", _minimum_budget(container, **options)):
+        with Engine.open(container, ram_budget=budget, **options) as eng:
+            passes = eng.stats.steps
+            got = [r.token_ids for r in eng.generate(prompts, steps, stop_token_ids=[])]
+            assert got == expected, (family, budget)
+            prefill_passes = -(-12 // (16 // 3))  # 16-token chunks over 3 rows: 5 columns a pass
+            assert eng.stats.steps - passes == prefill_passes + steps - 1  # then one pass per step
+
+
 def _agreement(reference_logits: torch.Tensor, logits: torch.Tensor) -> tuple[float, float]:
     """(top-1 agreement, mean KL(reference || other) in nats) over positions."""
     top1 = float((reference_logits.argmax(-1) == logits.argmax(-1)).float().mean())

@@ -77,6 +77,39 @@ def test_completions_with_logprobs_and_sampling(served):
     assert len(entries) == chat.usage.completion_tokens and len(entries[0].top_logprobs) == 3
 
 
+def test_a_list_of_prompts_is_one_batch_with_a_choice_each(served):
+    engine, _, client = served
+    prompts = ["Once upon a time", "Hi", "The little bird sang a song today"]
+    want = [engine.generate(p, 8) for p in prompts]
+    steps = engine.stats.steps
+    got = client.completions.create(model=MODEL, prompt=prompts, max_tokens=8, temperature=0, logprobs=1)
+    assert engine.stats.steps - steps <= 1 + 7  # one prefill pass, then one pass per step for all rows
+    assert [c.index for c in got.choices] == [0, 1, 2]
+    assert [c.text for c in got.choices] == [w.text for w in want]
+    assert [c.finish_reason for c in got.choices] == [("length" if w.finish_reason == "length" else "stop")
+                                                      for w in want]
+    for choice, w in zip(got.choices, want):
+        assert choice.logprobs.token_logprobs == pytest.approx(w.logprobs, abs=1e-4)
+    assert got.usage.prompt_tokens == sum(w.prompt_tokens for w in want)
+    assert got.usage.completion_tokens == sum(len(w.token_ids) for w in want)
+    ids = [engine.encode(p) for p in prompts]
+    as_ids = client.completions.create(model=MODEL, prompt=ids, max_tokens=8, temperature=0)
+    assert [c.text for c in as_ids.choices] == [w.text for w in want]
+    streamed = list(client.completions.create(model=MODEL, prompt=prompts, max_tokens=8, temperature=0, stream=True,
+                                              stream_options={"include_usage": True}))
+    texts = ["".join(c.choices[0].text for c in streamed if c.choices and c.choices[0].index == i) for i in range(3)]
+    assert texts == [w.text for w in want]
+    assert sorted(c.choices[0].index for c in streamed if c.choices and c.choices[0].finish_reason) == [0, 1, 2]
+    assert streamed[-1].usage.completion_tokens == got.usage.completion_tokens
+    with pytest.raises(openai.BadRequestError, match="prompt"):
+        client.completions.create(model=MODEL, prompt=["Hi", 3], max_tokens=4)
+    with pytest.raises(openai.BadRequestError, match="empty"):
+        client.completions.create(model=MODEL, prompt=["Hi", ""], max_tokens=4)
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model=MODEL, prompt=["Hi", "word " * (engine.max_context + 10)], max_tokens=4)
+    assert err.value.body["code"] == "context_length_exceeded"
+
+
 def test_stop_strings_cut_the_reply(served):
     _, _, client = served
     full = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=16, temperature=0)

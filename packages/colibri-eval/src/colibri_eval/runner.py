@@ -1,9 +1,11 @@
 """Run tasks against a loaded model: documents -> requests -> scores -> metrics -> results.
 
 All documents of all requested tasks are read and validated before the model scores
-anything, so a bad line fails in a second, not after an hour. Each task's documents go to
-the scoring engine as one call (one group per document, so shared contexts are shared),
-with a progress bar per task. ``on_sample`` receives one JSON-able dict per document, the
+anything, so a bad line fails in a second, not after an hour. Every task's documents then go to
+the scoring engine as ONE call (one group per document, so shared contexts are shared), as
+lm-eval sends all tasks' requests to one ``loglikelihood`` call: the engine packs and batches
+across tasks, so no task leaves a half-empty last batch. A task's ``seconds`` is its share of
+that scoring time, in proportion to its input tokens, plus its own metrics' time. ``on_sample`` receives one JSON-able dict per document, the
 fields of lm-eval's ``--log_samples`` that matter for comparison: task, doc_id, target,
 arguments, per-request (log-likelihood, is_greedy), prediction(s) and metrics.
 """
@@ -35,11 +37,9 @@ def _source(task: Task, data_dir: str | Path | None) -> str:
     return str(Path(data_dir) / f"{task.name}.jsonl")
 
 
-def score_task(task: Task, documents: Sequence[Document], engine: ScoringEngine, tokenizer: Any,
-               progress: bool = False) -> list[dict[str, Any]]:
-    """Score every document; return one sample dict per document (metrics included)."""
-    groups = [encode_requests(tokenizer, doc.item.requests) for doc in documents]
-    scores = engine.score(groups, progress=progress, desc=task.name)
+def task_samples(task: Task, documents: Sequence[Document], scores: Sequence[Sequence[tuple[float, bool]]]
+                 ) -> list[dict[str, Any]]:
+    """One sample dict per document from its requests' (log-likelihood, is_greedy) scores."""
     samples = []
     for doc, results in zip(documents, scores, strict=True):
         lls = [ll for ll, _ in results]
@@ -80,11 +80,20 @@ def evaluate(
     loaded_docs = documents if documents is not None else {
         task.name: load_documents(task, data_dir, limit) for task in tasks}
     engine = ScoringEngine(loaded.model, batch_tokens=batch_tokens)
+    groups = {task.name: [encode_requests(loaded.tokenizer, doc.item.requests) for doc in loaded_docs[task.name]]
+              for task in tasks}
+    scoring_started = time.perf_counter()
+    scores = engine.score([g for task in tasks for g in groups[task.name]], progress=progress)
+    scoring_seconds = time.perf_counter() - scoring_started
+    tokens = {name: sum(len(r.context) + len(r.continuation) for g in gs for r in g) for name, gs in groups.items()}
+    all_tokens = sum(tokens.values()) or 1
     task_results: dict[str, TaskResult] = {}
+    first = 0
     for task in tasks:
         task_started = time.perf_counter()
         documents = loaded_docs[task.name]
-        samples = score_task(task, documents, engine, loaded.tokenizer, progress=progress)
+        samples = task_samples(task, documents, scores[first:first + len(documents)])
+        first += len(documents)
         metrics = {}
         if samples:
             for name in task.metrics:
@@ -92,7 +101,8 @@ def evaluate(
                 metrics[name] = MetricValue(value=value, stderr=finite_or_none(stderr))
         task_results[task.name] = TaskResult(
             task=task.name, task_version=task.version, n=len(samples), n_full=task.full_size,
-            source=_source(task, data_dir), metrics=metrics, seconds=round(time.perf_counter() - task_started, 3))
+            source=_source(task, data_dir), metrics=metrics,
+            seconds=round(time.perf_counter() - task_started + scoring_seconds * tokens[task.name] / all_tokens, 3))
         if on_sample is not None:
             for sample in samples:
                 on_sample(sample)

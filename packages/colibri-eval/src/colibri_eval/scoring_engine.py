@@ -21,6 +21,10 @@ How the work is laid out, and why:
   differ from a full forward by float rounding only (~1e-6 relative in fp32). On SmolLM2-135M
   (1 CPU thread) one call per group of suffixes beat one call per suffix by 1.3-1.6x: small
   matmuls are inefficient, so batching matters even on CPU.
+- Packing (``supports_packing``: the HF and colibri-checkpoint adapters): instead of both, each
+  document's shared context and its continuations go into one row beside other documents'
+  under a tree mask (packing.py): every context token computed once, no padding but a row's
+  tail. Time follows tokens computed (the work is matmul-bound), so this is the fast path.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from typing import Protocol
 import torch
 from tqdm.auto import tqdm
 
+from colibri_eval.packing import PackedBatch, Segment, batches, build_batch
 from colibri_eval.request_encoding import TokenRequest
 
 # Shorter shared prefixes are not worth a separate forward.
@@ -57,6 +62,16 @@ class TokenLogitsModel(Protocol):
         position, logits ``[N, V]`` at suffix positions ``(rows[n], cols[n])``)."""
         ...
 
+    # optional: models with ``supports_packing = True`` also give
+    def packed_logits(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, allowed: torch.Tensor,
+        rows: torch.Tensor, cols: torch.Tensor,
+    ) -> torch.Tensor:
+        """Logits ``[N, V]`` at ``(rows[n], cols[n])`` of a ``[R, W]`` batch run with RoPE
+        positions ``[R, W]`` and the attention mask ``allowed [R, W, W]`` (True: query i sees key
+        j; it already holds causality), as packing.py lays it out."""
+        ...
+
 
 @dataclass
 class _Work:
@@ -74,11 +89,12 @@ def _prepare(request: TokenRequest, max_length: int, slot: int) -> _Work:
     return _Work(slot, full[-(max_length + 1):][:-1], list(request.continuation))
 
 
-def _shared_prefix_length(works: list[_Work]) -> int:
+def _shared_prefix_length(works: list[_Work], packed: bool = False) -> int:
     first = works[0].inp
-    limit = min(len(w.inp) for w in works) - 1  # every suffix keeps at least one token
-    # every scored position must be at or after the prefix's last position
-    limit = min(limit, min(len(w.inp) - len(w.cont) + 1 for w in works))
+    limit = min(len(w.inp) for w in works)
+    if not packed:  # the prefix-cache path runs every suffix (at least one token each) after the
+        limit -= 1  # prefix pass, whose only logits are at its last position
+        limit = min(limit, min(len(w.inp) - len(w.cont) + 1 for w in works))
     length = 0
     while length < limit and all(w.inp[length] == first[length] for w in works[1:]):
         length += 1
@@ -105,14 +121,19 @@ class ScoringEngine:
     [[(-10.2, False)]]
     """
 
-    def __init__(self, model: TokenLogitsModel, batch_tokens: int = 1024, share_prefixes: bool = True) -> None:
+    def __init__(self, model: TokenLogitsModel, batch_tokens: int = 1024, share_prefixes: bool = True,
+                 row_tokens: int = 256, pack: bool = True) -> None:
         self.model = model
         self.batch_tokens = batch_tokens
+        self.row_tokens = min(row_tokens, batch_tokens)
+        self.pack = pack and bool(getattr(model, "supports_packing", False))
         self.share_prefixes = share_prefixes and bool(getattr(model, "supports_prefix_cache", False))
 
     def score(
         self, groups: Sequence[Sequence[TokenRequest]], progress: bool = False, desc: str = "scoring"
     ) -> list[list[tuple[float, bool]]]:
+        if self.pack:
+            return self._score_packed(groups, progress, desc)
         flat: list[tuple[float, bool] | None] = []
         singles: list[_Work] = []
         shared: list[tuple[int, list[_Work]]] = []
@@ -139,12 +160,45 @@ class ScoringEngine:
                     flat[work.slot] = result
                 bar.update(len(batch))
 
-        out: list[list[tuple[float, bool]]] = []
-        position = 0
+        return _regroup(groups, flat)
+
+    def _score_packed(self, groups, progress: bool, desc: str) -> list[list[tuple[float, bool]]]:
+        flat: list[tuple[float, bool] | None] = []
+        segments: list[Segment] = []
         for group in groups:
-            out.append([r for r in flat[position:position + len(group)] if r is not None])
-            position += len(group)
-        return out
+            works = [_prepare(request, self.model.max_length, len(flat) + i) for i, request in enumerate(group)]
+            flat.extend([None] * len(works))
+            if not works:
+                continue
+            # a shared prefix (even one token) is computed once: it costs nothing to share here
+            prefix = _shared_prefix_length(works, packed=True) if self.share_prefixes and len(works) > 1 else 0
+            if prefix:
+                segments.append(Segment(works[0].inp[:prefix], [w.inp[prefix:] for w in works], list(works)))
+            else:
+                segments.extend(Segment(w.inp, [[]], [w]) for w in works)
+        with torch.inference_mode(), tqdm(total=len(flat), desc=desc, disable=not progress, unit="req") as bar:
+            for rows in batches(segments, self.row_tokens, self.batch_tokens):
+                batch = build_batch(rows)
+                done = self._score_packed_batch(batch, flat)
+                bar.update(done)
+        return _regroup(groups, flat)
+
+    def _score_packed_batch(self, batch: PackedBatch, flat: list) -> int:
+        rows, cols, targets, counts, works = [], [], [], [], []
+        for s, segment in enumerate(batch.segments):
+            for k, work in enumerate(segment.owners):
+                for position in range(len(work.inp) - len(work.cont), len(work.inp)):
+                    row, col = batch.column(s, k, position)
+                    rows.append(row)
+                    cols.append(col)
+                targets.extend(work.cont)
+                counts.append(len(work.cont))
+                works.append(work)
+        logits = self.model.packed_logits(batch.input_ids, batch.positions, batch.allowed,
+                                          torch.tensor(rows), torch.tensor(cols))
+        for work, result in zip(works, _score_rows(logits, torch.tensor(targets), counts), strict=True):
+            flat[work.slot] = result
+        return len(works)
 
     def _length_batches(self, works: list[_Work]) -> list[list[_Work]]:
         ordered = sorted(works, key=lambda w: -len(w.inp))
@@ -228,3 +282,12 @@ class ScoringEngine:
             out.append(flat[start:start + len(works)])
             start += len(works)
         return out
+
+
+def _regroup(groups, flat: list) -> list[list[tuple[float, bool]]]:
+    out: list[list[tuple[float, bool]]] = []
+    position = 0
+    for group in groups:
+        out.append([r for r in flat[position:position + len(group)] if r is not None])
+        position += len(group)
+    return out

@@ -113,9 +113,12 @@ class RotaryEmbedding(nn.Module):
         self._cos, self._sin = _rope_tables(self.head_dim, self.theta, self.scaling, max(length, self.max_len), device)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """x: [B, H, T, D]; positions: [T] absolute positions of the T tokens (< the table length)."""
+        """x: [B, H, T, D]; positions: absolute positions (< the table length), [T] shared by the
+        batch or [B, T] per row (a padded batch whose rows stand at different positions)."""
         self.ensure(self.max_len, x.device)
-        cos, sin = self._cos[positions], self._sin[positions]  # [T, D]
+        cos, sin = self._cos[positions], self._sin[positions]  # [T, D], or [B, T, D]
+        if positions.dim() == 2:  # per row: broadcast over the heads
+            cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         half = self.head_dim // 2
         xf = x.float()
         rotated = torch.cat([-xf[..., half:], xf[..., :half]], dim=-1)
@@ -143,15 +146,44 @@ class KVCache:
         self.values[layer][:, :, start:end] = v
         return self.keys[layer][:, :, :end], self.values[layer][:, :, :end]
 
+    def select_rows(self, rows: torch.Tensor) -> None:
+        """Keep only batch rows `rows` (a 1-D index, in the order given): a batch whose finished
+        rows leave decoding. Copies what is kept (the storage shrinks with the batch)."""
+        self.keys = [k.index_select(0, rows) for k in self.keys]
+        self.values = [v.index_select(0, rows) for v in self.values]
+
 
 class Attention(nn.Module):
     """Grouped-query attention with QK-norm (per head, or over the projection), RoPE and SDPA
     (`enable_gqa`).
 
+    forward(x [B, T, d], positions, cache=None, attention_mask=None) -> [B, T, d]
+
+    - `positions`: absolute positions for RoPE, [T] (every row alike: training, plain prefill and
+      decode) or [B, T] (per row: a padded batch whose rows stand at different positions).
+    - `cache`: a KV cache (`KVCache`, or anything with `length` and `update(layer, k, v)`); its
+      `length` (`past`) is the cache column the first of the T tokens is written to, shared by the
+      batch. Without one, past = 0.
+    - `attention_mask`: None, or [B, S] over every key column the pass attends, S = past + T (the
+      cache's columns and the T new ones), bool or 0/1, True/1 = a real key. It is ANDed with the
+      causal rule on cache columns: the query at column past + i sees key columns <= past + i. So
+      a right-padded batch hides row r's padding columns by setting them False, and a row's real
+      tokens see exactly what they would alone. A query that would see no key at all (a padding
+      query with everything before it hidden) sees its own column instead, so no row is NaN.
+      Or [B, T, S], per query (True = query i may see key j), also ANDed with the causal rule:
+      packed rows, several sequences side by side, each seeing only its own tokens (an eval's
+      tree of a shared context and its continuations; colibri-eval's packing.py).
+
+    With `attention_mask=None` the rule is causal alone: SDPA's fast `is_causal=True` kernel when
+    past == 0, else a [T, S] prefix mask; outputs are bit-identical to a forward without the
+    argument. The mask is checked against (B, S) from shapes alone (no host sync).
+
     GPT-OSS's variants (config schema 1.2): an o_proj bias; on `sliding_layers` a window of
-    `sliding_window` keys (a mask: the KV cache keeps every position, which costs memory but no
-    bookkeeping); learned sinks (`sink_attention`, an explicit fp32 softmax, since SDPA has no
-    sink column). A layer with neither keeps the SDPA fast path, bit for bit as before."""
+    `sliding_window` positions (a mask in positions, not cache columns: a padded or packed row's
+    key positions come from its mask, `key_positions`; the KV cache keeps every position, which
+    costs memory but no bookkeeping); learned sinks (`sink_attention`, an explicit fp32 softmax, since SDPA has no
+    sink column). A layer with neither keeps the SDPA fast path, bit for bit as before.
+    """
 
     def __init__(self, config: ColibriConfig, layer_index: int):
         super().__init__()
@@ -177,7 +209,8 @@ class Attention(nn.Module):
             self.q_norm = self.k_norm = None
         self.rope = RotaryEmbedding(self.head_dim, config.rope_theta, config.max_seq_len, config.rope_scaling)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache | None = None,
+                attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         B, T, _ = x.shape
         q, k = self.q_proj(x), self.k_proj(x)
         if self.norm_projection:
@@ -194,14 +227,13 @@ class Attention(nn.Module):
         if cache is not None:
             past = cache.length
             k, v = cache.update(self.layer_index, k, v)
-        if past == 0 and self.window is None and self.sinks is None:
+        if attention_mask is None and past == 0 and self.window is None and self.sinks is None:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         else:
-            # Decoding after a prefix: query i (absolute past + i) may see keys 0..past + i.
             S = k.shape[2]
-            allowed = torch.arange(S, device=x.device)[None, :] <= (past + torch.arange(T, device=x.device))[:, None]
+            allowed = attention_allowed(B, T, past, S, attention_mask, x.device)
             if self.window is not None:  # a query's own key is always inside its window
-                allowed = allowed & window_allowed(positions, torch.arange(S, device=x.device), self.window)
+                allowed = allowed & window_allowed(positions, key_positions(S, attention_mask, x.device), self.window)
             if self.sinks is None:
                 out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, enable_gqa=True)
             else:
@@ -209,13 +241,45 @@ class Attention(nn.Module):
         return self.o_proj(out.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
 
 
+def attention_allowed(batch: int, queries: int, past: int, keys: int, attention_mask: torch.Tensor | None,
+                      device: torch.device) -> torch.Tensor:
+    """The boolean SDPA mask of `Attention`: [T, S] from the causal rule alone (query i at cache
+    column past + i sees key columns <= past + i), or [B, 1, T, S] with a [B, S] or [B, T, S]
+    `attention_mask` ANDed in (see Attention's docstring; a query left with no key sees its own column)."""
+    query_columns = past + torch.arange(queries, device=device)
+    causal = torch.arange(keys, device=device)[None, :] <= query_columns[:, None]  # [T, S]
+    if attention_mask is None:
+        return causal
+    if tuple(attention_mask.shape) == (batch, keys):
+        allowed = causal[None] & (attention_mask != 0)[:, None, :]  # [B, T, S]
+    elif tuple(attention_mask.shape) == (batch, queries, keys):
+        allowed = causal[None] & (attention_mask != 0)
+    else:
+        raise ValueError(f"attention_mask must be [batch, past + T] = [{batch}, {keys}] or [batch, T, past + T] = "
+                         f"[{batch}, {queries}, {keys}], got {list(attention_mask.shape)}")
+    own_column = torch.arange(keys, device=device)[None, :] == query_columns[:, None]
+    allowed = allowed | (own_column[None] & ~allowed.any(-1, keepdim=True))
+    return allowed[:, None]  # broadcast over the heads
+
+
+def key_positions(keys: int, attention_mask: torch.Tensor | None, device: torch.device) -> torch.Tensor:
+    """The position of every key column: the column itself without a mask; with one, the count of
+    the allowed keys before it ([B, S] -> [B, S], [B, T, S] -> [B, T, S]), since a row's real keys
+    (a query's visible keys) hold its positions 0, 1, ... in column order while padding (or
+    another packed sequence) sits between them in the cache."""
+    if attention_mask is None:
+        return torch.arange(keys, device=device)
+    return (attention_mask != 0).cumsum(-1) - 1
+
+
 def window_allowed(query_positions: torch.Tensor, key_positions: torch.Tensor, window: int) -> torch.Tensor:
-    """bool [..., T, S]: a query at position p sees keys at positions > p - window (its own and
-    the window - 1 before it); ANDed with the causal mask on sliding layers (GPT-OSS). In
-    positions, not cache columns, so that a padded batch (whose rows' keys are not at their
-    positions' columns) can give each row's key positions. `query_positions` [T] or [B, T],
-    `key_positions` [S] or [B, S]."""
-    return key_positions.unsqueeze(-2) > (query_positions - window).unsqueeze(-1)
+    """bool: a query at position p sees keys at positions > p - window (its own and the window - 1
+    before it); ANDed with the causal mask on sliding layers (GPT-OSS). `query_positions` [T] or
+    [B, T]; `key_positions` [S], [B, S] or [B, T, S]. Returns [T, S], or [B, 1, T, S] (the heads
+    broadcast) when either is per row."""
+    keys = key_positions if key_positions.dim() == 3 else key_positions.unsqueeze(-2)
+    allowed = keys > (query_positions - window).unsqueeze(-1)
+    return allowed[:, None] if allowed.dim() == 3 else allowed
 
 
 def sink_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor,

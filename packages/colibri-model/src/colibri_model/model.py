@@ -4,11 +4,17 @@
     block  = h + attn(attn_norm(h));  h + ffn(ffn_norm(h))
     ffn    = dense SwiGLU for the first n_dense_layers, MoELayer after
 
-`forward(input_ids, targets=None)`: `targets` are the next tokens, already aligned with the
+`forward(input_ids, targets=None, cache=None, return_logits=False, positions=None,
+attention_mask=None)`: `targets` are the next tokens, already aligned with the
 inputs (targets[t] is what position t should predict; -100 is ignored), so data loaders own the
 shift and loss masks (SFT masks non-assistant tokens with -100). With targets, the loss runs the
 LM head in row chunks (loss.py) and returns no logits, unless `return_logits=True` asks for the
-plain path (whole-batch logits, then one cross-entropy).
+plain path (whole-batch logits, then one cross-entropy). `cache` (a `KVCache`, `new_kv_cache`)
+makes the pass incremental: the T tokens go to cache columns length..length+T. `positions` ([T]
+or [B, T], default length..length+T for every row) and `attention_mask` ([B, length + T], or per
+query [B, T, length + T]; True = a real key) let a right-padded batch run each row at its own
+position and hide its padding, or packed sequences share a row: see `Attention` (layers.py) for
+the exact rule. Both None: the plain causal forward, unchanged.
 
 `compile_blocks()` compiles each block with `torch.compile(fullgraph=True)` (the torchtitan way:
 the blocks are where the FLOPs are, one graph each, no graph break; the loop over blocks, the
@@ -60,22 +66,25 @@ class Block(nn.Module):
     def is_moe(self) -> bool:
         return hasattr(self, "moe")
 
-    def forward(self, h: torch.Tensor, positions: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
-        h = h + self.attn(self.attn_norm(h), positions, cache)
+    def forward(self, h: torch.Tensor, positions: torch.Tensor, cache: KVCache | None = None,
+                attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        h = h + self.attn(self.attn_norm(h), positions, cache, attention_mask)
         ffn = self.moe if self.is_moe else self.ffn
         return h + ffn(self.ffn_norm(h))
 
 
 class _TrainingCompiled:
-    """A block's forward: the compiled one in training mode without a KV cache, else the eager one."""
+    """A block's forward: the compiled one in training mode without a KV cache or padding mask (the
+    graph it was compiled for), else the eager one."""
 
     def __init__(self, block: Block, compiled, eager):
         self.block, self.compiled, self.eager = block, compiled, eager
 
-    def __call__(self, h: torch.Tensor, positions: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
-        if self.block.training and cache is None:
+    def __call__(self, h: torch.Tensor, positions: torch.Tensor, cache: KVCache | None = None,
+                 attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        if self.block.training and cache is None and attention_mask is None:
             return self.compiled(h, positions)
-        return self.eager(h, positions, cache)
+        return self.eager(h, positions, cache, attention_mask)
 
 
 class ColibriForCausalLM(nn.Module):
@@ -161,18 +170,23 @@ class ColibriForCausalLM(nn.Module):
         targets: torch.Tensor | None = None,
         cache: KVCache | None = None,
         return_logits: bool = False,
+        positions: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
     ) -> CausalLMOutput:
         B, T = input_ids.shape
         start = cache.length if cache is not None else 0
-        positions = torch.arange(start, start + T, device=input_ids.device)
+        if positions is None:
+            positions = torch.arange(start, start + T, device=input_ids.device)
+        elif tuple(positions.shape) not in ((T,), (B, T)):
+            raise ValueError(f"positions must be [T] = [{T}] or [B, T] = [{B}, {T}], got {list(positions.shape)}")
         for block in self.layers:  # host-side: the RoPE tables exist before a compiled block runs
             block.attn.rope.ensure(start + T, input_ids.device)
         h = self.embed(input_ids)
         for block in self.layers:
             if self.activation_checkpointing and self.training and cache is None:
-                h = torch.utils.checkpoint.checkpoint(block, h, positions, use_reentrant=False)
+                h = torch.utils.checkpoint.checkpoint(block, h, positions, None, attention_mask, use_reentrant=False)
             else:
-                h = block(h, positions, cache)
+                h = block(h, positions, cache, attention_mask)
         if cache is not None:
             cache.length += T
         h = self.norm(h)

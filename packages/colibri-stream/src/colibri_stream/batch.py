@@ -1,5 +1,5 @@
-"""Padded batches through the model: prompts (one prefill for all, then a session each), and
-continuations of one context (`branch_logits`, what an eval scoring choices needs).
+"""Padded batches through the model: the prefill of a batch of prompts, and continuations of one
+context (`branch_logits`, what an eval scoring choices needs). Decoding a batch: batch_decode.py.
 
     >>> results = engine.generate(["The sky is", "Once upon a time there"], 32)   # doctest: +SKIP
 
@@ -7,21 +7,17 @@ The prompts are RIGHT-padded to the longest and run as one [B, T] batch through 
 forward (in column chunks of `prefill_chunk // B`, so a pass holds no more tokens than the
 budget's workspace): with causal attention and every row starting at position 0, a row's real
 tokens never see its padding, so row i's logits at its last real position are exactly those of
-a run of that prompt alone. The MoE layers see all rows' tokens at once, so each distinct expert
-is read and run once per chunk for the whole batch (the batch-union of StreamedExperts), which is
-what a batch buys when experts stream from disk. Each row's keys and values up to its length are
-then copied into its own `Session`.
+a run of that prompt alone, and the plain causal forward (SDPA's `is_causal` kernel) needs no
+mask. The MoE layers see all rows' tokens at once, so each distinct expert is read and run once
+per chunk for the whole batch (the batch-union of StreamedExperts), which is what a batch buys
+when experts stream from disk. `prefill_rows` leaves the batch's keys and values in a batch KV
+cache (what batch_decode.py decodes on); `prefill_batch` copies each row's into its own `Session`.
 
-Decoding is per session, one after the other: decoding B rows in one pass needs each row at its
-own position and a padding mask in the attention, which colibri-model's `Attention` (one
-`positions` vector for the batch, causal or prefix mask) does not take. Padding tokens (the
-row's last token repeated) are routed like real ones: they may read experts no prompt needs and
-show in the routing trace; `stats.prefill_tokens` counts only real tokens.
+Padding tokens (the row's last token repeated) are routed like real ones: they may read experts
+no prompt needs and show in the routing trace; `stats.prefill_tokens` counts only real tokens.
 """
 
 from __future__ import annotations
-
-import time
 
 import torch
 
@@ -68,18 +64,21 @@ def branch_logits(session: Session, continuations: list[list[int]], skip: int = 
     return [logits[row, : len(c) - skip] for row, c in enumerate(continuations)]
 
 
-
-@torch.inference_mode()
-def prefill_batch(engine, prompts: list[list[int]]) -> list[Session]:
-    """A session per prompt holding it, its last logits ready (`Session.last_logits`)."""
-    if any(not p for p in prompts):
+def checked_longest(engine, prompts: list[list[int]]) -> int:
+    """The longest prompt's length, once every prompt is known to have a token and fit the context."""
+    if not prompts or any(not p for p in prompts):
         raise ValueError("every prompt of a batch needs at least one token")
     longest = max(len(p) for p in prompts)
     if longest > engine.max_context:
         raise ValueError(f"a prompt of {longest} tokens exceeds the engine's max_context={engine.max_context}")
-    rows = len(prompts)
+    return longest
+
+
+def prefill_rows(engine, prompts: list[list[int]], kv) -> list[torch.Tensor]:
+    """Run the right-padded batch through `kv` (a KV cache of len(prompts) rows, empty) in chunks
+    of `prefill_chunk // B` columns; returns each row's fp32 logits after its last real token."""
+    longest, rows = checked_longest(engine, prompts), len(prompts)
     ids = torch.tensor([p + [p[-1]] * (longest - len(p)) for p in prompts], dtype=torch.long, device=engine.device)
-    kv = engine.model.new_kv_cache(rows, longest)
     last: list[torch.Tensor | None] = [None] * rows
     width = max(1, engine.prefill_chunk // rows)
     with engine._lock:
@@ -90,6 +89,15 @@ def prefill_batch(engine, prompts: list[list[int]]) -> list[Session]:
                 if start <= len(prompt) - 1 < start + width:
                     last[row] = logits[row, len(prompt) - 1 - start]
         finish_passes(engine)
+    return last
+
+
+@torch.inference_mode()
+def prefill_batch(engine, prompts: list[list[int]]) -> list[Session]:
+    """A session per prompt holding it, its last logits ready (`Session.last_logits`): the batch's
+    keys and values up to each row's length are copied into the row's own session."""
+    kv = engine.model.new_kv_cache(len(prompts), checked_longest(engine, prompts))
+    last = prefill_rows(engine, prompts, kv)
     sessions = []
     for row, prompt in enumerate(prompts):
         session = engine.session()
@@ -98,24 +106,3 @@ def prefill_batch(engine, prompts: list[list[int]]) -> list[Session]:
         session.prefilled_tokens = len(prompt)
         sessions.append(session)
     return sessions
-
-
-def generate_batch(engine, prompts, max_new_tokens: int, **kwargs) -> list:
-    """`Engine.generate` for a list of prompts (text or ids): a list of `GenerationResult`s."""
-    from .generation import GenerationResult
-
-    ids = [engine.encode(p) if isinstance(p, str) else [int(i) for i in p] for p in prompts]
-    on_text = kwargs.pop("on_text", None)
-    if on_text is not None:
-        raise ValueError("on_text is for one prompt; stream each session for a batch")
-    began = time.perf_counter()
-    sessions = prefill_batch(engine, ids) if max_new_tokens > 0 else [engine.session() for _ in ids]
-    prefill_seconds = time.perf_counter() - began
-    results: list[GenerationResult] = []
-    for session, prompt in zip(sessions, ids):
-        result = session.generate((), max_new_tokens, **kwargs) if max_new_tokens > 0 else \
-            session.generate(prompt, 0, **kwargs)
-        result.prompt_tokens = result.prefilled_tokens = len(prompt)
-        result.prefill_seconds += prefill_seconds  # the batch's prefill is every row's time to first token
-        results.append(result)
-    return results

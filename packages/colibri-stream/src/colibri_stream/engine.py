@@ -279,10 +279,11 @@ class Engine:
         `repetition_penalty`; stops at an end token (`end_token_ids` by default) or at the first
         of the `stop` strings (cut from the text); `logprobs=n` adds the n most likely
         alternatives to each of `result.tokens`. `on_text(piece)` receives the text as it is
-        produced. A list of prompts (texts, or lists of ids) returns a list of results, their
-        prefill run as one padded batch (batch.py)."""
+        produced. A list of prompts (texts, or lists of ids) returns a list of results, each what
+        the prompt alone gives, run as one padded batch: one prefill, then one pass per step for
+        every row still going (batch_decode.py)."""
         if isinstance(prompt, (list, tuple)) and prompt and not isinstance(prompt[0], int):
-            from .batch import generate_batch
+            from .batch_decode import generate_batch
 
             return generate_batch(self, list(prompt), max_new_tokens, on_text=on_text, **kwargs)
         return self.session().generate(prompt, max_new_tokens, on_text=on_text, **kwargs)

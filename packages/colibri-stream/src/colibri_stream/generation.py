@@ -1,8 +1,10 @@
 """Generation: the decode loop, streaming text with stop strings, and what a run reports.
 
-- `decode_loop`: on a `Session` (session.py), prefill the prompt, then sample (sampling.py) and
-  decode one token at a time, yielding a `StreamedToken` (id, text piece, logprob) per step;
-  `GenerationResult` is what it reports at the end.
+- `RowDecoder`: the per-token rules of one generation (sampling.py's sampler, end ids, stop
+  strings, max tokens, the context's end), shared by a session and by each row of a batch.
+- `decode_loop`: on a `Session` (session.py), prefill the prompt, then decode one token at a
+  time, yielding a `StreamedToken` (id, text piece, logprob) per step; `GenerationResult` is
+  what it reports at the end.
 - `TextAssembler`: turns the growing list of generated ids into text pieces for streaming. It
   re-decodes the whole generation each step (byte-level BPE merges and multi-byte characters
   make per-token decoding wrong), holds back an incomplete UTF-8 character (decoded as U+FFFD)
@@ -14,7 +16,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -120,69 +122,119 @@ class GenerationResult:
 
 
 
-def decode_loop(
-    session,
-    prompt_ids: list[int],
-    max_new_tokens: int,
-    sampling: SamplingConfig,
-    stop: tuple[str, ...],
-    stop_ids: set[int],
-    result: list | None,
-    top_logprobs: int = 0,
-) -> Iterator[StreamedToken]:
+@dataclass(frozen=True)
+class GenerationOptions:
+    """What one generation is asked for, checked once (`generation_options`)."""
+
+    max_new_tokens: int
+    sampling: SamplingConfig
+    stop: tuple[str, ...]
+    stop_ids: frozenset[int]
+    logprobs: int  # alternatives reported per token
+
+
+def generation_options(engine, max_new_tokens: int, *, temperature: float = 0.0, top_p: float = 1.0,
+                       top_k: int = 0, min_p: float = 0.0, repetition_penalty: float = 1.0,
+                       seed: int | None = None, stop: Sequence[str] = (),
+                       stop_token_ids: Sequence[int] | None = None, logprobs: int = 0) -> GenerationOptions:
+    """`Session.stream`'s keywords (and a batch's, batch_decode.py) checked: ValueError names the
+    bad one; end ids default to the engine's `end_token_ids`."""
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    if isinstance(logprobs, bool) or not isinstance(logprobs, int) or logprobs < 0:
+        raise ValueError(f"logprobs must be an integer >= 0 (alternatives per token), got {logprobs!r}")
+    if isinstance(stop, str):
+        stop = (stop,)
+    sampling = SamplingConfig(temperature, top_p, seed, top_k, min_p, repetition_penalty)
+    ends = engine.end_token_ids if stop_token_ids is None else stop_token_ids
+    return GenerationOptions(max_new_tokens, sampling, tuple(stop), frozenset(int(i) for i in ends), logprobs)
+
+
+class RowDecoder:
+    """The per-token rules of one generation, whatever runs the model: sample (sampling.py), stop
+    at an end id, a stop string, `max_new_tokens` or the context's end, and say which token to run
+    next. `decode_loop` drives one on a `Session`; a batch drives one per row (batch_decode.py),
+    so a row of a batch follows exactly the rules of a prompt alone.
+
+    `step(logits)` takes the logits after the context and returns the `StreamedToken` to show (or
+    None at an end token); then `next_token` is the token to run before the next step, or None
+    when the generation is over (`finish` says why; `deferred` is the last token, in the context
+    but not run)."""
+
+    def __init__(self, engine, options: GenerationOptions, context: list[int]):
+        self.engine, self.sampler = engine, TokenSampler(options.sampling)  # its own RNG, seeded alike
+        self.assembler = TextAssembler(engine.tokenizer, options.stop)
+        self.stop_ids, self.max_new_tokens = options.stop_ids, options.max_new_tokens
+        self.top_logprobs = options.logprobs
+        self.history = list(context)  # what the repetition penalty looks at
+        self.context_length = len(context)  # positions the model has run (or will, before the next step)
+        self.events: list[StreamedToken] = []
+        self.finish: Literal["stop", "eos", "length"] = "length"
+        self.next_token: int | None = None
+        self.deferred: int | None = None
+        self.done = self.max_new_tokens <= 0
+
+    def step(self, logits) -> StreamedToken | None:
+        step, self.next_token = len(self.assembler.ids), None
+        token = self.sampler(logits, self.history)
+        if token in self.stop_ids:
+            self.finish, self.done = "eos", True
+            return None
+        self.history.append(token)
+        logprob, top = token_logprobs(logits, token, self.top_logprobs)
+        piece = self.assembler.add(token)
+        last = (self.assembler.stopped or step + 1 == self.max_new_tokens
+                or self.context_length + 1 > self.engine.max_context)
+        if last:
+            piece += self.assembler.finish()
+            self.finish = "stop" if self.assembler.stopped else "length"
+            self.deferred, self.done = token, True
+        else:
+            self.next_token = token
+            self.context_length += 1
+        event = StreamedToken(token, piece, logprob, tuple(top))
+        self.events.append(event)
+        return event
+
+    def tail(self) -> StreamedToken | None:
+        """At the end: held-back text (an end token cut a possible stop string short), as an event."""
+        text = self.assembler.finish()
+        if not text:
+            return None
+        event = StreamedToken(None, text)
+        self.events.append(event)
+        return event
+
+    def result(self, prompt_tokens: int, prefill_seconds: float, decode_seconds: float) -> GenerationResult:
+        return GenerationResult(self.assembler.text, list(self.assembler.ids), prompt_tokens, self.finish,
+                                prefill_seconds, decode_seconds, self.engine.stats.to_dict(),
+                                prefilled_tokens=prompt_tokens, tokens=self.events)
+
+
+def decode_loop(session, prompt_ids: list[int], options: GenerationOptions,
+                result: list | None) -> Iterator[StreamedToken]:
     """Generation on a `Session` (session.py): append `prompt_ids` to its context (an empty prompt
-    continues from the context's last logits), then sample and append one token at a time,
-    yielding `StreamedToken`s. The last sampled token is deferred (`Session.defer`: in the
-    context, run by whatever comes next), so no pass is spent on logits nobody reads. Appends a
-    `GenerationResult` to `result` at the end."""
-    engine = session.engine
-    sampler = TokenSampler(sampling)
-    assembler = TextAssembler(engine.tokenizer, stop)
-    history = session.tokens + list(prompt_ids)  # what the repetition penalty looks at
-    finish = "length"
+    continues from the context's last logits), then sample and append one token at a time
+    (`RowDecoder`), yielding `StreamedToken`s. The last sampled token is deferred
+    (`Session.defer`: in the context, run by whatever comes next), so no pass is spent on logits
+    nobody reads. Appends a `GenerationResult` to `result` at the end."""
+    row = RowDecoder(session.engine, options, session.tokens + list(prompt_ids))
     began = time.perf_counter()
-    logits, events = None, []
-    if max_new_tokens > 0:
+    logits = None
+    if not row.done:
         logits = session.append(prompt_ids) if prompt_ids else session.last_logits()
     prefill_seconds = time.perf_counter() - began
-    for step in range(max_new_tokens):
-        token = sampler(logits, history)
-        if token in stop_ids:
-            finish = "eos"
+    while not row.done:
+        event = row.step(logits)
+        if event is not None:
+            yield event
+        if row.deferred is not None:
+            session.defer([row.deferred])
+        if row.next_token is None:
             break
-        history.append(token)
-        logprob, top = token_logprobs(logits, token, top_logprobs)
-        piece = assembler.add(token)
-        last = assembler.stopped or step + 1 == max_new_tokens or len(session) + 1 > engine.max_context
-        if last:
-            piece += assembler.finish()
-        event = StreamedToken(token, piece, logprob, tuple(top))
-        events.append(event)
-        yield event
-        if assembler.stopped:
-            finish = "stop"
-            session.defer([token])
-            break
-        if last:
-            session.defer([token])
-            break
-        logits = session.append([token])
-    tail = assembler.finish()
-    if tail:
-        event = StreamedToken(None, tail)
-        events.append(event)
-        yield event
+        logits = session.append([row.next_token])
+    tail = row.tail()
+    if tail is not None:
+        yield tail
     if result is not None:
-        result.append(
-            GenerationResult(
-                assembler.text,
-                list(assembler.ids),
-                len(prompt_ids),
-                finish,
-                prefill_seconds,
-                time.perf_counter() - began - prefill_seconds,
-                engine.stats.to_dict(),
-                prefilled_tokens=len(prompt_ids),
-                tokens=events,
-            )
-        )
+        result.append(row.result(len(prompt_ids), prefill_seconds, time.perf_counter() - began - prefill_seconds))

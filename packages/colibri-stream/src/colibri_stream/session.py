@@ -25,8 +25,7 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
-from .generation import GenerationResult, StreamedToken, decode_loop
-from .sampling import SamplingConfig
+from .generation import GenerationResult, StreamedToken, decode_loop, generation_options
 from .session_kv import SessionKV
 
 
@@ -136,16 +135,13 @@ class Session:
         prompt_ids = self.engine.encode(prompt) if isinstance(prompt, str) else [int(i) for i in prompt]
         if not prompt_ids and not self._tokens:
             raise ValueError("the prompt is empty")
-        if max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-        if isinstance(logprobs, bool) or not isinstance(logprobs, int) or logprobs < 0:
-            raise ValueError(f"logprobs must be an integer >= 0 (alternatives per token), got {logprobs!r}")
+        options = generation_options(self.engine, max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+                                     min_p=min_p, repetition_penalty=repetition_penalty, seed=seed, stop=stop,
+                                     stop_token_ids=stop_token_ids, logprobs=logprobs)
         if len(self) + len(prompt_ids) > self.engine.max_context:
             raise ValueError(f"the prompt ({len(prompt_ids)} tokens after {len(self)} in the context) does not "
                              f"fit the engine's max_context={self.engine.max_context}")
-        sampling = SamplingConfig(temperature, top_p, seed, top_k, min_p, repetition_penalty)
-        ends = self.engine.end_token_ids if stop_token_ids is None else stop_token_ids
-        return decode_loop(self, prompt_ids, max_new_tokens, sampling, tuple(stop), set(ends), result, logprobs)
+        return decode_loop(self, prompt_ids, options, result)
 
     def stream_text(self, prompt: str | Sequence[int] = (), max_new_tokens: int = 128, **kwargs) -> Iterator[str]:
         """`stream`, text pieces only (empty pieces skipped)."""

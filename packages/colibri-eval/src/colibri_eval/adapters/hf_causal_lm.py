@@ -4,10 +4,13 @@ PATH is a directory that ``AutoModelForCausalLM.from_pretrained`` reads (config.
 weights + tokenizer), a Hub id when online, or a ``.gguf`` file (loaded with
 ``gguf_file=``; needs the ``gguf`` package).
 
-Speed: ``logits_at`` runs the decoder body and applies the LM head only at the scored
+Speed: ``packed_logits`` (the scoring engine's packed rows: documents side by side, each context
+once, under a tree mask passed as transformers' custom 4-D ``attention_mask`` with explicit
+``position_ids``) and ``logits_at`` run the decoder body and apply the LM head only at the scored
 positions; ``shared_prefix_logits`` runs several documents' shared prefixes once (left-padded, masked,
 explicit position ids) and their suffixes on the repeated KV cache. Models whose head is not a plain linear map (final logit
-soft-capping, logit scaling) fall back to the full ``model(...).logits``.
+soft-capping, logit scaling) fall back to the full ``model(...).logits``. Models with a sliding
+window do not pack: transformers takes a custom 4-D mask as given, so the window would be lost.
 ``max_length`` follows lm-eval's hf backend: config ``n_positions`` /
 ``max_position_embeddings`` / ``n_ctx``, else the tokenizer's ``model_max_length``, else 2048.
 """
@@ -39,6 +42,15 @@ def lm_eval_max_length(config: Any, tokenizer: Any) -> int:
     return _DEFAULT_MAX_LENGTH
 
 
+def _full_attention_only(config: Any) -> bool:
+    """Every layer attends to the whole context (no sliding window, no chunked or linear
+    attention): the layers a custom 4-D mask describes exactly."""
+    if any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or ()):
+        return False
+    window = getattr(config, "sliding_window", None)
+    return not window or getattr(config, "use_sliding_window", True) is False
+
+
 class HFCausalLM:
     """``TokenLogitsModel`` over a transformers ``*ForCausalLM``."""
 
@@ -53,6 +65,7 @@ class HFCausalLM:
         plain_head = not getattr(config, "final_logit_softcapping", None) and not getattr(config, "logit_scale", None)
         self.headless = self.decoder is not None and isinstance(self.head, torch.nn.Linear) and plain_head
         self.supports_prefix_cache = self.headless
+        self.supports_packing = _full_attention_only(config)
         # transformers 5.2x renamed ``past_key_values`` to ``cache`` (argument and output)
         params = inspect.signature(self.decoder.forward).parameters if self.decoder is not None else {}
         self.cache_arg = "cache" if "cache" in params else "past_key_values"
@@ -62,6 +75,14 @@ class HFCausalLM:
             hidden = self.decoder(input_ids=input_ids, use_cache=False).last_hidden_state
             return self.head(hidden[rows, cols])
         return self.model(input_ids=input_ids, use_cache=False).logits[rows, cols]
+
+    def packed_logits(self, input_ids: torch.Tensor, positions: torch.Tensor, allowed: torch.Tensor,
+                      rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        kwargs = {"input_ids": input_ids, "attention_mask": allowed[:, None], "position_ids": positions,
+                  "use_cache": False}
+        if self.headless:
+            return self.head(self.decoder(**kwargs).last_hidden_state[rows, cols])
+        return self.model(**kwargs).logits[rows, cols]
 
     def shared_prefix_logits(
         self, prefix_ids: torch.Tensor, prefix_lengths: torch.Tensor, suffix_ids: torch.Tensor,

@@ -1,7 +1,8 @@
 """The OpenAI API's request and response shapes, over an `Engine` (no HTTP here: server.py).
 
 Endpoints: `/v1/chat/completions` (messages through the container's chat template, chat.py),
-`/v1/completions` (a prompt string, or a list of token ids), `/v1/models`. Parameters: `model`
+`/v1/completions` (a prompt string, a list of token ids, or a list of either: one choice per
+prompt, `index` = its place, all run as one padded batch, batch_decode.py), `/v1/models`. Parameters: `model`
 (must name the served model: else 404), `max_tokens` / `max_completion_tokens`, `temperature`
 (OpenAI's default 1.0), `top_p`, `seed`, `stop` (a string or a list), `stream`,
 `stream_options.include_usage`, `logprobs` (chat: true + `top_logprobs` n; completions: n), and
@@ -19,6 +20,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from ..batch_decode import stream_batch
 from ..chat import ChatTemplateError, ContextOverflowError
 from ..generation import GenerationResult, StreamedToken
 
@@ -135,18 +137,13 @@ def start(engine, request: Request, pool=None) -> tuple[Iterator[StreamedToken],
                 chat = pool.take(engine.chat_prompt(messages))
                 tokens = pool.returning(chat, chat.stream(messages, request.max_tokens, **kwargs))
         else:
-            prompt = request.body.get("prompt")
-            if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-                prompt = prompt[0]  # a batch of one
-            if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-                vocab = engine.tokenizer.get_vocab_size()
-                if any(not 0 <= t < vocab for t in prompt):
-                    raise bad(f"prompt token ids must be in [0, {vocab})", "prompt")
-            elif not isinstance(prompt, str):
-                raise bad("'prompt' must be a string or a list of token ids (one prompt per request)", "prompt")
-            if not prompt:
-                raise bad("'prompt' is empty", "prompt")
-            tokens = engine.session().stream(prompt, request.max_tokens, **kwargs)
+            prompts = _completion_prompts(engine, request.body.get("prompt"))
+            if len(prompts) == 1:
+                tokens = engine.session().stream(prompts[0], request.max_tokens, **kwargs)
+            else:  # one padded batch, every row decoded in each pass (batch_decode.py)
+                kwargs.pop("result")
+                tokens, batch = stream_batch(engine, prompts, request.max_tokens, **kwargs)
+                return tokens, batch
     except ContextOverflowError as exc:
         raise bad(str(exc), "messages", "context_length_exceeded") from None
     except ChatTemplateError as exc:
@@ -155,6 +152,30 @@ def start(engine, request: Request, pool=None) -> tuple[Iterator[StreamedToken],
         code = "context_length_exceeded" if "max_context" in str(exc) else None
         raise bad(str(exc), None, code) from None
     return tokens, result
+
+
+def _completion_prompts(engine, prompt) -> list:
+    """The prompts of a completions request: a string, a list of token ids, or a list of either
+    (one choice per prompt, run as one batch)."""
+    def is_ids(value) -> bool:
+        return isinstance(value, list) and bool(value) and all(
+            isinstance(t, int) and not isinstance(t, bool) for t in value)
+
+    if prompt == "" or prompt == []:
+        raise bad("'prompt' is empty", "prompt")
+    if isinstance(prompt, str) or is_ids(prompt):
+        prompts = [prompt]
+    elif isinstance(prompt, list) and prompt and all(isinstance(p, str) or is_ids(p) for p in prompt):
+        prompts = prompt
+    else:
+        raise bad("'prompt' must be a string, a list of token ids, or a non-empty list of either", "prompt")
+    vocab = engine.tokenizer.get_vocab_size()
+    for p in prompts:
+        if not p:
+            raise bad("'prompt' is empty", "prompt")
+        if isinstance(p, list) and any(not 0 <= t < vocab for t in p):
+            raise bad(f"prompt token ids must be in [0, {vocab})", "prompt")
+    return prompts
 
 
 def _plain_message(message, index: int) -> dict:
@@ -179,10 +200,10 @@ def new_id(kind: str) -> str:
     return ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
 
 
-def usage(result: GenerationResult) -> dict:
-    completion = len(result.token_ids)
-    return {"prompt_tokens": result.prompt_tokens, "completion_tokens": completion,
-            "total_tokens": result.prompt_tokens + completion}
+def usage(results: list[GenerationResult]) -> dict:
+    prompt = sum(r.prompt_tokens for r in results)
+    completion = sum(len(r.token_ids) for r in results)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
 def _token_text(engine, token_id: int) -> str:
@@ -211,52 +232,60 @@ def completion_logprobs(engine, tokens: list[StreamedToken], offset: int = 0) ->
     return out
 
 
-def full_response(engine, request: Request, model_name: str, result: GenerationResult) -> dict:
-    created, finish = int(time.time()), FINISH[result.finish_reason]
-    if request.kind == "chat":
-        choice = {"index": 0, "message": {"role": "assistant", "content": result.text, "refusal": None},
-                  "logprobs": chat_logprobs(engine, result.tokens) if request.logprobs is not None else None,
-                  "finish_reason": finish}
-        kind = "chat.completion"
-    else:
-        choice = {"index": 0, "text": result.text, "finish_reason": finish,
-                  "logprobs": completion_logprobs(engine, result.tokens) if request.logprobs is not None else None}
-        kind = "text_completion"
+def full_response(engine, request: Request, model_name: str, results: list[GenerationResult]) -> dict:
+    """The whole answer: one choice per result (a completions request's list of prompts gives
+    several, `index` = the prompt's)."""
+    created = int(time.time())
+    choices = []
+    for index, result in enumerate(results):
+        finish = FINISH[result.finish_reason]
+        if request.kind == "chat":
+            logprobs = chat_logprobs(engine, result.tokens) if request.logprobs is not None else None
+            choices.append({"index": index, "message": {"role": "assistant", "content": result.text, "refusal": None},
+                            "logprobs": logprobs, "finish_reason": finish})
+        else:
+            logprobs = completion_logprobs(engine, result.tokens) if request.logprobs is not None else None
+            choices.append({"index": index, "text": result.text, "finish_reason": finish, "logprobs": logprobs})
+    kind = "chat.completion" if request.kind == "chat" else "text_completion"
     return {"id": new_id(request.kind), "object": kind, "created": created, "model": model_name,
-            "choices": [choice], "usage": usage(result), "system_fingerprint": None}
+            "choices": choices, "usage": usage(results), "system_fingerprint": None}
 
 
-def stream_chunks(engine, request: Request, model_name: str, tokens: Iterator[StreamedToken],
+def stream_chunks(engine, request: Request, model_name: str, tokens: Iterator,
                   result: list[GenerationResult]) -> Iterator[dict]:
-    """The SSE events' JSON objects, in order (the server adds `data: [DONE]`)."""
+    """The SSE events' JSON objects, in order (the server adds `data: [DONE]`). `tokens` yields
+    `StreamedToken`s, or (choice index, `StreamedToken`) pairs for a batch of prompts; each
+    choice's finish chunk comes once all are done (the results are complete then)."""
     ident, created = new_id(request.kind), int(time.time())
     chat = request.kind == "chat"
     kind = "chat.completion.chunk" if chat else "text_completion"
 
-    def chunk(piece: str | None, finish: str | None, token: StreamedToken | None = None, first=False) -> dict:
+    def chunk(index: int, piece: str | None, finish: str | None, token: StreamedToken | None = None,
+              first=False) -> dict:
         if chat:
             delta = {"role": "assistant", "content": ""} if first else ({"content": piece} if piece is not None else {})
             logprobs = chat_logprobs(engine, [token]) if token is not None and request.logprobs is not None else None
-            choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+            choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         else:
             logprobs = completion_logprobs(engine, [token]) if token is not None and request.logprobs is not None \
                 else None
-            choice = {"index": 0, "text": piece or "", "logprobs": logprobs, "finish_reason": finish}
+            choice = {"index": index, "text": piece or "", "logprobs": logprobs, "finish_reason": finish}
         out = {"id": ident, "object": kind, "created": created, "model": model_name, "choices": [choice]}
         if request.include_usage:
             out["usage"] = None
         return out
 
     if chat:
-        yield chunk(None, None, first=True)
-    for token in tokens:
+        yield chunk(0, None, None, first=True)
+    for item in tokens:
+        index, token = item if isinstance(item, tuple) else (0, item)
         if token.text or (token.id is not None and request.logprobs is not None):
-            yield chunk(token.text, None, token if token.id is not None else None)
-    final = result[0]
-    yield chunk(None, FINISH[final.finish_reason])
+            yield chunk(index, token.text, None, token if token.id is not None else None)
+    for index, final in enumerate(result):
+        yield chunk(index, None, FINISH[final.finish_reason])
     if request.include_usage:
         yield {"id": ident, "object": kind, "created": created, "model": model_name, "choices": [],
-               "usage": usage(final)}
+               "usage": usage(result)}
 
 
 def models_response(model_name: str, created: int) -> dict:

@@ -77,7 +77,7 @@ class Handler(BaseHTTPRequestHandler):
                 return self._stream(request, tokens, result)
             for _ in tokens:
                 pass
-            self._send_json(200, full_response(self.server.engine, request, self.server.model_name, result[0]))
+            self._send_json(200, full_response(self.server.engine, request, self.server.model_name, result))
         except APIError as exc:
             self._error(exc)
         except (BrokenPipeError, ConnectionResetError):
