@@ -39,6 +39,7 @@ demo: setup
 CPU_KERNEL_TESTS := \
 	packages/colibri-int4/tests/test_quantize.py \
 	packages/colibri-model/tests/test_model_architecture.py \
+	packages/colibri-model/tests/test_model_gpt_oss_variant.py \
 	packages/colibri-model/tests/test_train_precision.py \
 	packages/colibri-stream/tests/test_bench_int4_repack.py \
 	packages/colibri-stream/tests/test_compute_choice.py \

@@ -1,6 +1,6 @@
 """Routing traces of the imported MoE families, streamed by the engine, and their policy study.
 
-For each MoE family import-hf converts (qwen3_moe, qwen2_moe, olmoe, mixtral), a small random
+For each MoE family import-hf converts (qwen3_moe, qwen2_moe, olmoe, mixtral, gpt_oss), a small random
 transformers model (its own config class, saved bf16, no download), imported `--quant bf16`,
 generates greedily with `record_trace=True`; the trace is saved (ROUTING_TRACE.md) and replayed
 as `colibri-stream policy-study` does: every policy against Belady's MIN at 25% of the experts,
@@ -44,6 +44,8 @@ FAMILIES = {
         **COMMON, intermediate_size=64, num_experts=32, num_experts_per_tok=4, norm_topk_prob=False),
     "mixtral": lambda: transformers.MixtralConfig(
         **COMMON, intermediate_size=64, num_local_experts=8, num_experts_per_tok=2),
+    "gpt_oss": lambda: transformers.GptOssConfig(
+        **COMMON, head_dim=32, intermediate_size=64, num_local_experts=32, num_experts_per_tok=4, sliding_window=32),
 }
 
 
@@ -71,12 +73,13 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--out-dir", type=Path, default=None, help="Keep the traces here (default: a temporary dir).")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--families", nargs="+", choices=sorted(FAMILIES), default=list(FAMILIES))
     args = parser.parse_args()
     report = {}
     with tempfile.TemporaryDirectory() as tmp:
         out_dir = args.out_dir or Path(tmp) / "traces"
         out_dir.mkdir(parents=True, exist_ok=True)
-        for family in FAMILIES:
+        for family in args.families:
             path, distinct = record(family, Path(tmp), out_dir, args.tokens)
             trace = read_trace(path)
             h = trace.header

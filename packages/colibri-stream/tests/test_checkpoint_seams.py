@@ -42,7 +42,12 @@ MLA = dict(attention_kind="mla", qk_norm=False, n_kv_heads=4, head_dim=32, kv_lo
            qk_rope_head_dim=8, v_head_dim=32, rope_interleave=True, router_groups=4, router_topk_groups=2,
            rope_scaling=dict(kind="yarn", factor=4.0, original_max_seq_len=32, beta_fast=32.0, beta_slow=1.0,
                              mscale=1.0, mscale_all_dim=1.0, truncate=True))
-VARIANTS = [dict(name=name) for name in PRESETS] + [
+# config schema 1.2: GPT-OSS's variants
+GPT_OSS = dict(name="tiny", qk_norm=False, qkv_bias=True, o_bias=True, attn_sinks=True, sliding_window=8,
+               sliding_layers=(0, 2), router_score="softmax", selection_bias=False, router_bias=True,
+               expert_proj_bias=True, expert_glu="clamped_swiglu", glu_limit=1.0, shared_expert_dim=0,
+               n_dense_layers=1, top_k_infer=2)
+VARIANTS = [dict(name=name) for name in PRESETS] + [GPT_OSS] + [
     dict(name="tiny", qk_norm=False, tie_embeddings=False, shared_expert_dim=0, n_dense_layers=0),
 ] + [
     # config schema 1.2: DeepSeek's multi-head latent attention (with and without a q latent),
@@ -83,3 +88,39 @@ def test_exported_1_1_variant_streams_like_its_checkpoint(variant, tmp_path):
         expected = reference(ids).logits[0]
     with Engine.open(tmp_path / "v.coli", ram_budget="200MB", dtype="f32", compute="dequant") as eng:
         torch.testing.assert_close(eng.logits(ids[0]), expected, atol=2e-5, rtol=1e-4)
+
+
+def test_exported_1_2_gpt_oss_variant_streams_like_its_checkpoint(tmp_path):
+    """Trained-shape GPT-OSS variant (random, biases made non-zero), exported at int4: the engine's
+    int4 expert kernels with biases and the clamped SwiGLU against load_checkpoint of the
+    dequantized container (the same weights)."""
+    from colibri_int4 import dequantize_container
+    from colibri_model import ColibriForCausalLM
+
+    torch.manual_seed(0)
+    config = get_preset(**GPT_OSS, vocab_size=512, max_seq_len=64, init_std=0.05)
+    model = ColibriForCausalLM(config)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith(("bias", "sinks")):
+                parameter.normal_(std=0.3)
+    model.save_pretrained(tmp_path / "ckpt")
+    export_checkpoint(tmp_path / "ckpt", tmp_path / "v.coli", QuantScheme(group_size=32))
+    reference = load_checkpoint(dequantize_container(tmp_path / "v.coli", tmp_path / "deq")).eval()
+    ids = torch.randint(0, 512, (1, 20), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        expected = reference(ids).logits[0]
+    for compute in ("dequant", "int4"):
+        with Engine.open(tmp_path / "v.coli", ram_budget="200MB", dtype="f32", compute=compute,
+                         kernel_dtype="f32") as eng:
+            assert eng.stats.compute_mode == ("dequant" if compute == "dequant" else "int4-f32")
+            torch.testing.assert_close(eng.logits(ids[0]), expected, atol=1e-4, rtol=1e-4)
+
+
+def test_import_hf_writes_schema_1_2_configs_with_colibri_models_defaults():
+    """colibri-int4 may not import colibri-model, so import-hf keeps its own copy of the 1.2
+    defaults (every key a 1.2 config is written with): it must be colibri-model's."""
+    from colibri_int4.import_hf.config_fields import SCHEMA_1_2_DEFAULTS
+    from colibri_model.config import V1_2_DEFAULTS
+
+    assert {k: tuple(v) if isinstance(v, list) else v for k, v in SCHEMA_1_2_DEFAULTS.items()} == V1_2_DEFAULTS

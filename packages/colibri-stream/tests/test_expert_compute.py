@@ -77,3 +77,37 @@ def test_int4_supported_explains_unsupported_shapes():
     _, layout = make_blob(64, 64, QuantScheme(group_size=32))
     assert int4_supported(layout, 64, 64) is None
     assert "multiple of 16" in int4_supported(layout, 64, 40)
+
+
+def test_biased_clamped_experts_compute_colibri_models_formula_on_both_paths():
+    """GPT-OSS experts (format 1.2 blobs with biases, the clamped SwiGLU): the int4 kernel path,
+    the dequantized path and colibri-model's GroupedExperts reference agree, slab-sized alike."""
+    from colibri_model import ExpertGlu, GroupedExperts
+
+    scheme = QuantScheme(group_size=32)
+    shape = ModelShape(vocab_size=32, d_model=64, n_layers=1, n_dense_layers=0, n_heads=1, n_kv_heads=1, head_dim=32,
+                       qk_norm=False, dense_ffn_dim=64, n_experts=1, expert_dim=32, shared_expert_dim=0,
+                       tie_embeddings=True, expert_proj_bias=True)
+    layout = ExpertBlobLayout.build(shape, scheme)
+    rng = np.random.default_rng(4)
+    gate, up = (rng.normal(0, 0.3, (32, 64)).astype(np.float32) for _ in range(2))
+    down = rng.normal(0, 0.3, (64, 32)).astype(np.float32)
+    biases = tuple(rng.normal(0, 0.5, n).astype(np.float32) for n in (32, 32, 64))
+    blob = ExpertBlob.parse(encode_expert_blob(gate, up, down, layout, scheme, biases), layout)
+    glu = ExpertGlu("clamped_swiglu", 1.702, 0.5)
+    reference = GroupedExperts(1, 64, 32, glu, bias=True)
+    weights = blob.dequantize()
+    with torch.no_grad():
+        for name, array in (("gate_proj", weights["gate"]), ("up_proj", weights["up"]), ("down_proj", weights["down"]),
+                            ("gate_bias", biases[0]), ("up_bias", biases[1]), ("down_bias", biases[2])):
+            getattr(reference, name).copy_(torch.from_numpy(array)[None])
+    x = torch.randn(5, 64)
+    expected = reference.reference_forward(x, torch.zeros(5, 1, dtype=torch.long), torch.ones(5, 1))
+    fast, slow = Int4Expert(blob, torch.float32, glu), DequantExpert(blob, torch.float32, glu=glu)
+    torch.testing.assert_close(slow.forward(x), expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(fast.forward(x), expected, atol=1e-4, rtol=1e-4)
+    assert float((x @ torch.from_numpy(gate).T + torch.from_numpy(biases[0])).max()) > 0.5  # the clamp acts
+    assert fast.nbytes == prepared_nbytes(layout, 64, 32, "int4", torch.float32)
+    assert slow.nbytes == prepared_nbytes(layout, 64, 32, "dequant", torch.float32)
+    without = Int4Expert(blob, torch.float32)  # the plain SwiGLU gives something else: the glu is used
+    assert float((without.forward(x) - expected).abs().max()) > 1e-2

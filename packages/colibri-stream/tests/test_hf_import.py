@@ -39,6 +39,13 @@ FAMILIES = {
     "qwen2_moe": lambda: transformers.Qwen2MoeConfig(
         **COMMON, intermediate_size=96, moe_intermediate_size=32, shared_expert_intermediate_size=64, num_experts=8,
         num_experts_per_tok=2, norm_topk_prob=False),
+    # sinks, a sliding window shorter than the prompt on layers 0 and 2, q/k/v/o biases, yarn RoPE,
+    # a router bias, experts with biases and the clamped SwiGLU (a limit the random weights reach)
+    "gpt_oss": lambda: transformers.GptOssConfig(
+        **COMMON, head_dim=16, intermediate_size=32, num_local_experts=8, num_experts_per_tok=2, sliding_window=8,
+        swiglu_limit=0.5,
+        rope_parameters={"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                         "original_max_position_embeddings": 16, "rope_theta": 150000.0}),
     "llama": lambda: transformers.LlamaConfig(
         **COMMON, intermediate_size=96, tie_word_embeddings=True,
         rope_parameters={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -82,10 +89,20 @@ def _checkpoint(family: str, directory):
         for name, buffer in model.named_buffers():
             if name.endswith("e_score_correction_bias"):
                 buffer.normal_(0.0, 0.1)
+    _randomise_zero_initialised(model)
     model.to(torch.bfloat16).save_pretrained(directory)  # what the Hub holds: bf16 safetensors
     _tokenizer().save(str(directory / "tokenizer.json"))
     (directory / "tokenizer_config.json").write_text('{"chat_template": "{{ messages }}", "eos_token": "w1"}')
     return transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+
+
+@torch.no_grad()
+def _randomise_zero_initialised(model) -> None:
+    """transformers initialises biases to zero (GPT-OSS's expert biases, q/k/v/o biases); a test
+    of the bias path needs them not to be."""
+    for name, parameter in model.named_parameters():
+        if name.endswith(("_bias", ".bias")):
+            parameter.normal_(std=0.08)
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
@@ -123,7 +140,7 @@ def test_imported_config_is_a_colibri_config_and_the_container_keeps_the_tokeniz
         config = parse_checkpoint_config(c.config, str(container))  # colibri-model's one reader
         assert c.chat_template == "{{ messages }}" and c.tokenizer_config["eos_token_ids"] == [1]
         assert Tokenizer.from_str(c.read_tokenizer_json()).token_to_id("w7") == 7
-        assert c.scheme.expert_dtype == "bf16" and c.version == (1, 1)
+        assert c.scheme.expert_dtype == "bf16" and c.version == ((1, 2) if family == "gpt_oss" else (1, 1))
     assert config.n_layers == 3 and config.vocab_size == VOCAB
     assert config.to_dict() == {k: v for k, v in c.config.items() if k not in ("format_version", "model_type")}
     if family == "llama":
@@ -232,3 +249,39 @@ def test_dequantized_import_is_a_colibri_checkpoint_with_transformers_logits(imp
     ids = torch.tensor([_prompt()])
     with torch.inference_mode():
         torch.testing.assert_close(model(ids).logits, reference(ids).logits, atol=1e-4, rtol=1e-4)
+
+
+def test_gpt_oss_mxfp4_checkpoint_computes_transformers_logits_on_its_decoded_weights(tmp_path):
+    """The published GPT-OSS form: experts as MXFP4 blocks + scales (packed here from the tiny
+    model's weights). Imported with --quant bf16 it equals transformers run on the decoded weights."""
+    import json
+
+    from colibri_int4.mxfp4 import decode_mxfp4, encode_mxfp4
+    from safetensors.torch import load_file, save_file
+
+    reference = _checkpoint("gpt_oss", tmp_path / "hf")
+    tensors = load_file(str(tmp_path / "hf" / "model.safetensors"))
+    mx = tmp_path / "mxfp4"
+    mx.mkdir()
+    for i in range(reference.config.num_hidden_layers):
+        experts = reference.model.layers[i].mlp.experts
+        for proj in ("gate_up_proj", "down_proj"):
+            stored = tensors.pop(f"model.layers.{i}.mlp.experts.{proj}")  # [E, in, out]
+            blocks, scales = encode_mxfp4(stored.float().transpose(1, 2).numpy())
+            tensors[f"model.layers.{i}.mlp.experts.{proj}_blocks"] = torch.from_numpy(blocks)
+            tensors[f"model.layers.{i}.mlp.experts.{proj}_scales"] = torch.from_numpy(scales)
+            with torch.no_grad():  # what transformers' MXFP4 dequantizer hands the forward
+                getattr(experts, proj).copy_(torch.from_numpy(decode_mxfp4(blocks, scales)).transpose(1, 2))
+    save_file(tensors, str(mx / "model.safetensors"))
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn"]}
+    (mx / "config.json").write_text(json.dumps(config))
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (mx / name).write_bytes((tmp_path / "hf" / name).read_bytes())
+    import_hf(mx, tmp_path / "mxfp4.coli", quant_scheme("bf16"))
+    ids = _prompt() * 3
+    with torch.inference_mode():
+        ref_logits = reference(torch.tensor([ids])).logits[0]
+    with Engine.open(tmp_path / "mxfp4.coli", ram_budget="1GB", dtype="f32", max_context=CONTEXT) as eng:
+        diff = float((eng.logits(ids) - ref_logits).abs().max())
+    assert diff < 1e-4 * max(1.0, float(ref_logits.abs().max())), diff

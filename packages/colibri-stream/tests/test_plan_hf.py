@@ -92,7 +92,7 @@ def _write_trace(path: Path) -> Path:
     (lambda c: c.update(use_sliding_window=True), "use_sliding_window=True is not supported"),
     (lambda c: c.update(attn_logit_softcapping=30.0), "attn_logit_softcapping=30.0 is not supported"),
     (lambda c: c.pop("hidden_size"), "required field 'hidden_size' is missing"),
-    (lambda c: c.update(model_type="gpt_oss"), "model_type='gpt_oss' is not supported"),
+    (lambda c: c.update(model_type="qwen3_next"), "model_type='qwen3_next' is not supported (Gated DeltaNet"),
 ])
 def test_a_bad_config_is_one_clear_error_and_exit_2(tmp_path, edit, message):
     config = json.loads((QWEN3_30B / "config.json").read_text())

@@ -40,8 +40,10 @@ def dequantize_container(
             buffer = bytearray(container.blob_length)
             entries = container.header.experts.entries
             for entry in tqdm(entries, desc="dequantize", unit="expert", disable=not progress):
-                names = expert_tensor_names(entry.layer)
-                weights = container.read_expert_into(entry.layer, entry.expert, buffer).dequantize()
+                names = expert_tensor_names(entry.layer, container.shape.expert_proj_bias)
+                blob = container.read_expert_into(entry.layer, entry.expert, buffer)
+                weights = blob.dequantize()
+                weights.update({f"{part}_bias": bias for part, bias in (blob.biases or {}).items()})
                 for part, array in weights.items():
                     writer.write(names[part], array, index=entry.expert)
         except BaseException:

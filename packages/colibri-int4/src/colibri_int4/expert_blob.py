@@ -34,11 +34,16 @@ PARTS = ("gate", "up", "down")
 
 
 def encode_expert_blob(
-    gate: np.ndarray, up: np.ndarray, down: np.ndarray, layout: ExpertBlobLayout, scheme: QuantScheme
+    gate: np.ndarray, up: np.ndarray, down: np.ndarray, layout: ExpertBlobLayout, scheme: QuantScheme,
+    biases: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
 ) -> bytearray:
-    """Quantize one expert's three matrices into a zero-padded blob of `layout.blob_length`."""
+    """Quantize one expert's three matrices into a zero-padded blob of `layout.blob_length`;
+    `biases` (gate, up, down; format 1.2) are stored as f32 when the layout has them."""
+    if layout.bias != (biases is not None):
+        raise ValueError("the blob layout has expert biases" if layout.bias else "this blob layout has no expert biases")
     blob = bytearray(layout.blob_length)
     matrices = dict(zip(PARTS, (gate, up, down), strict=True))
+    bias_of = dict(zip(PARTS, biases, strict=True)) if biases is not None else {}
     if layout.encoding == "q4":
         quantized = {p: quantize_q4(m, layout.groups[p], scheme.symmetric, scheme.scale_dtype) for p, m in matrices.items()}
     elif layout.encoding == "q8":
@@ -46,6 +51,12 @@ def encode_expert_blob(
     else:
         quantized = {p: _Bits(f32_to_bf16_bits(m)) for p, m in matrices.items()}
     for section in layout.sections:
+        if section.kind == "bias":
+            bias = np.asarray(bias_of[section.part], dtype="<f4")
+            if bias.shape != section.shape:
+                raise ValueError(f"{section.part} bias has shape {list(bias.shape)}, expected {list(section.shape)}")
+            blob[section.offset : section.offset + section.length] = bias.tobytes()
+            continue
         q = quantized[section.part]
         array = {"packed": q.data, "data": q.data, "scales": q.scales, "zeros": q.zeros}[section.kind]
         blob[section.offset : section.offset + section.length] = np.ascontiguousarray(array).tobytes()
@@ -67,7 +78,8 @@ class ExpertBlob:
     uint8 `[rows, cols/2]`, low nibble = even column; `scales[part]` / `zeros[part]`: uint16
     bit patterns of `scale_dtype`, `[rows, cols/groups[part]]`; dequantized weight =
     `(nibble - 8) * scale (+ zero)`. For q8: `data[part]` int8 `[rows, cols]` and `scales`;
-    for bf16: `data[part]` uint16 bf16 bit patterns `[rows, cols]`, no scales."""
+    for bf16: `data[part]` uint16 bf16 bit patterns `[rows, cols]`, no scales. `biases[part]`
+    (format 1.2, or None): f32 `[rows]`, added after the matrix product."""
 
     packed: dict[str, np.ndarray]
     scales: dict[str, np.ndarray]
@@ -76,6 +88,7 @@ class ExpertBlob:
     scale_dtype: str
     encoding: str = "q4"
     data: dict[str, np.ndarray] | None = None
+    biases: dict[str, np.ndarray] | None = None
 
     @classmethod
     def parse(cls, buffer, layout: ExpertBlobLayout, crc32: str | None = None, where: str = "expert blob") -> ExpertBlob:
@@ -88,17 +101,19 @@ class ExpertBlob:
         raw = raw[: layout.blob_length]
         if crc32 is not None and f"{zlib.crc32(raw) & 0xFFFFFFFF:08x}" != crc32:
             raise ChecksumError(f"{where}: checksum mismatch (CRC-32 {crc32} expected): the blob is corrupted")
-        views: dict[str, dict[str, np.ndarray]] = {"packed": {}, "data": {}, "scales": {}, "zeros": {}}
+        views: dict[str, dict[str, np.ndarray]] = {"packed": {}, "data": {}, "scales": {}, "zeros": {}, "bias": {}}
         data_dtype = np.int8 if layout.encoding == "q8" else np.dtype("<u2")
         for s in layout.sections:
             chunk = raw[s.offset : s.offset + s.length]
             if s.kind == "packed":
                 view = chunk
+            elif s.kind == "bias":
+                view = chunk.view("<f4")
             else:
                 view = chunk.view(data_dtype if s.kind == "data" else "<u2")
             views[s.kind][s.part] = view.reshape(s.shape)
         return cls(views["packed"], views["scales"], views["zeros"] or None, layout.groups, layout.scale_dtype,
-                   layout.encoding, views["data"] or None)
+                   layout.encoding, views["data"] or None, views["bias"] or None)
 
     def scales_f32(self, part: str) -> np.ndarray:
         return decode_half(self.scales[part], self.scale_dtype)
@@ -107,7 +122,8 @@ class ExpertBlob:
         return None if self.zeros is None else decode_half(self.zeros[part], self.scale_dtype)
 
     def dequantize(self) -> dict[str, np.ndarray]:
-        """fp32 `{"gate": [expert_dim, d], "up": [expert_dim, d], "down": [d, expert_dim]}`."""
+        """fp32 `{"gate": [expert_dim, d], "up": [expert_dim, d], "down": [d, expert_dim]}`
+        (the biases, when there are any, are `biases`)."""
         if self.encoding == "bf16":
             return {part: bf16_bits_to_f32(self.data[part]) for part in PARTS}
         if self.encoding == "q8":

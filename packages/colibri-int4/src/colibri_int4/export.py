@@ -81,10 +81,11 @@ def _build_header(config: dict, scheme: QuantScheme, plan: ContainerPlan, crcs: 
         container_version=f"{VERSION_MAJOR}.{VERSION_MINOR}", format_name=FORMAT_NAME, file_size=plan.file_size,
         config=config, quantization=scheme, tokenizer=tokenizer, tokenizer_config=tokenizer_config,
         resident=RegionRef(offset=plan.resident_offset, length=plan.resident_length),
-        tensors=tensors, experts=ExpertIndex(blob_length=blob_length, entries=experts),
+        tensors=tensors, experts=ExpertIndex(blob_length=blob_length, bias="f32" if plan.blob and plan.blob.bias else None,
+                                             entries=experts),
     )
-    if not header.uses_1_1():  # the lowest version that describes the file (FORMAT.md, Versioning)
-        header.container_version = f"{VERSION_MAJOR}.0"
+    # the lowest version that describes the file (FORMAT.md, Versioning)
+    header.container_version = f"{VERSION_MAJOR}.{min(VERSION_MINOR, header.lowest_minor())}"
     return header
 
 
@@ -210,10 +211,10 @@ class _CheckpointTensors:
         return rows, self.st.nbytes(name) * rows.shape[0] // self.st.entries[name][1][0]
 
     def read_expert(self, layer: int, expert: int) -> tuple[list[np.ndarray], int]:
-        names = expert_tensor_names(layer)
-        matrices = [self.st.read(names[part], index=expert) for part in ("gate", "up", "down")]
+        names = expert_tensor_names(layer, bias=expert_tensor_names(layer, True)["gate_bias"] in self.st.entries)
+        matrices = [self.st.read(name, index=expert) for name in names.values()]
         n_experts = self.st.entries[names["gate"]][1][0]
-        return matrices, sum(self.st.nbytes(names[part]) for part in ("gate", "up", "down")) // n_experts
+        return matrices, sum(self.st.nbytes(name) for name in names.values()) // n_experts
 
 
 # fp32 bytes of a resident matrix converted at a time. The embedding of a 150k-token vocabulary is
@@ -272,7 +273,8 @@ def write_body(fd: int, source, plan: ContainerPlan, scheme: QuantScheme, tokeni
     `source.read(name) -> (fp32 array, bytes read)` gives a resident tensor by its container name,
     `source.read_rows(name, start, stop) -> (fp32 rows, bytes read)` a block of a large matrix's rows (so the
     peak stays at `ROW_BLOCK_BYTES`, whatever the vocabulary), and
-    `source.read_expert(layer, expert) -> ([gate, up, down], bytes read)` one routed expert. The
+    `source.read_expert(layer, expert) -> ([gate, up, down], bytes read)` one routed expert
+    (`[gate, up, down, gate_bias, up_bias, down_bias]` when the blob layout has biases). The
     export reads a Colibri checkpoint this way; `import_hf` a Hugging Face one."""
     crcs: dict = {}
     if tokenizer:
@@ -291,7 +293,8 @@ def write_body(fd: int, source, plan: ContainerPlan, scheme: QuantScheme, tokeni
     for layer, expert, offset in plan.experts:
         matrices, nbytes = source.read_expert(layer, expert)
         try:
-            blob = encode_expert_blob(*matrices, plan.blob, scheme)
+            biases = tuple(matrices[3:]) if plan.blob.bias else None
+            blob = encode_expert_blob(*matrices[:3], plan.blob, scheme, biases)
         except ValueError as exc:
             raise CheckpointError(f"routed expert (layer {layer}, expert {expert}): {exc}") from None
         _pwrite_all(fd, blob, offset)

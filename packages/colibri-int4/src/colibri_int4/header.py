@@ -31,7 +31,9 @@ from .scheme import QuantScheme
 
 MAGIC = b"\x89COLI4\r\n"
 FORMAT_NAME = "colibri-int4"
-VERSION_MAJOR, VERSION_MINOR = 1, 1
+VERSION_MAJOR, VERSION_MINOR = 1, 2
+# config keys (colibri-model schema 1.2) whose tensors only a 1.2 reader places
+CONFIG_1_2_TENSORS = ("o_bias", "attn_sinks", "router_bias", "expert_proj_bias")
 PREAMBLE = struct.Struct("<8sHHIQII")
 PREAMBLE_SIZE = PREAMBLE.size  # 32
 MAX_JSON_LENGTH = 64 << 20
@@ -73,6 +75,9 @@ class ExpertEntry(_Strict):
 
 class ExpertIndex(_Strict):
     blob_length: int = Field(ge=0, le=_MAX_OFFSET)
+    # 1.2: "f32" when every blob ends with its gate, up and down biases (FORMAT.md); a 1.1
+    # reader refuses the key instead of misreading the blobs
+    bias: Literal["f32"] | None = None
     entries: list[ExpertEntry]
 
 
@@ -103,8 +108,11 @@ class ContainerHeader(_Strict):
     tensors: list[TensorEntry]
     experts: ExpertIndex
 
-    def uses_1_1(self) -> bool:
-        return self.tokenizer_config is not None or self.quantization.expert_dtype != "int4"
+    def lowest_minor(self) -> int:
+        """The lowest 1.x minor that describes this header (FORMAT.md, Versioning)."""
+        if self.experts.bias is not None or any(self.config.get(key) for key in CONFIG_1_2_TENSORS):
+            return 2
+        return 1 if self.tokenizer_config is not None or self.quantization.expert_dtype != "int4" else 0
 
     def to_json_bytes(self) -> bytes:
         """The JSON a writer stores. 1.1 keys are written only when used, so a container
@@ -114,6 +122,8 @@ class ContainerHeader(_Strict):
             del data["tokenizer_config"]
         if data["quantization"]["expert_dtype"] == "int4":
             del data["quantization"]["expert_dtype"]
+        if data["experts"]["bias"] is None:
+            del data["experts"]["bias"]
         return json.dumps(data, separators=(",", ":")).encode("utf-8")
 
 
@@ -234,6 +244,10 @@ def _check_tensors(header: ContainerHeader, specs: list[TensorSpec], lo: int, hi
 
 def _check_experts(header: ContainerHeader, shape: ModelShape, blob: ExpertBlobLayout | None, lo: int, file_size: int) -> None:
     index = header.experts
+    if (index.bias is not None) != shape.expert_proj_bias:
+        raise ContainerError(
+            f"experts.bias is {index.bias!r}, but the config's expert_proj_bias is {shape.expert_proj_bias}"
+        )
     expected_blob = blob.blob_length if blob else 0
     if index.blob_length != expected_blob:
         raise ContainerError(f"expert blob_length {index.blob_length}, but config and scheme give {expected_blob}")

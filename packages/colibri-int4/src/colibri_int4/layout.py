@@ -50,6 +50,11 @@ class ModelShape(BaseModel):
     qk_nope_head_dim: int = Field(0, ge=0, le=4096)
     qk_rope_head_dim: int = Field(0, ge=0, le=4096)
     v_head_dim: int = Field(0, ge=0, le=4096)
+    # config schema 1.2 (GPT-OSS); the defaults are what a 1.0/1.1 config means
+    o_bias: bool = False
+    attn_sinks: bool = False
+    router_bias: bool = False
+    expert_proj_bias: bool = False
     dense_ffn_dim: int = Field(ge=0, le=1 << 20)
     n_experts: int = Field(ge=0, le=4096)
     expert_dim: int = Field(ge=0, le=1 << 20)
@@ -80,10 +85,14 @@ class TensorSpec:
     encoding: Encoding
 
 
-def expert_tensor_names(layer: int) -> dict[str, str]:
-    """Checkpoint names of the stacked routed-expert tensors of one MoE layer."""
+def expert_tensor_names(layer: int, bias: bool = False) -> dict[str, str]:
+    """Checkpoint names of the stacked routed-expert tensors of one MoE layer: gate, up, down
+    and, with `bias` (config schema 1.2), gate_bias, up_bias, down_bias."""
     prefix = f"layers.{layer}.moe.experts."
-    return {part: prefix + f"{part}_proj" for part in ("gate", "up", "down")}
+    names = {part: prefix + f"{part}_proj" for part in ("gate", "up", "down")}
+    if bias:
+        names.update({f"{part}_bias": prefix + f"{part}_bias" for part in ("gate", "up", "down")})
+    return names
 
 
 def checkpoint_tensor_shapes(shape: ModelShape) -> dict[str, tuple[int, ...]]:
@@ -94,6 +103,8 @@ def checkpoint_tensor_shapes(shape: ModelShape) -> dict[str, tuple[int, ...]]:
     for i in range(shape.n_layers):
         p = f"layers.{i}."
         out[p + "attn_norm.weight"] = (d,)
+        if shape.attn_sinks:
+            out[p + "attn.sinks"] = (shape.n_heads,)
         if shape.attention_kind == "mla":
             out.update(_mla_tensor_shapes(shape, p + "attn."))
         else:
@@ -102,6 +113,8 @@ def checkpoint_tensor_shapes(shape: ModelShape) -> dict[str, tuple[int, ...]]:
                 if shape.qkv_bias:
                     out[p + f"attn.{proj}_proj.bias"] = (rows,)
             out[p + "attn.o_proj.weight"] = (d, q_dim)
+        if shape.o_bias:
+            out[p + "attn.o_proj.bias"] = (d,)
         if shape.qk_norm and shape.attention_kind == "gqa":
             projection = shape.qk_norm_scope == "projection"
             out[p + "attn.q_norm.weight"] = (q_dim if projection else shape.head_dim,)
@@ -113,6 +126,8 @@ def checkpoint_tensor_shapes(shape: ModelShape) -> dict[str, tuple[int, ...]]:
             out[p + "ffn.down_proj.weight"] = (d, shape.dense_ffn_dim)
             continue
         out[p + "moe.router.weight"] = (shape.n_experts, d)
+        if shape.router_bias:
+            out[p + "moe.router.bias"] = (shape.n_experts,)
         if shape.selection_bias:
             out[p + "moe.router.expert_bias"] = (shape.n_experts,)
         if shape.shared_expert_dim > 0:
@@ -125,6 +140,10 @@ def checkpoint_tensor_shapes(shape: ModelShape) -> dict[str, tuple[int, ...]]:
         out[names["gate"]] = (shape.n_experts, shape.expert_dim, d)
         out[names["up"]] = (shape.n_experts, shape.expert_dim, d)
         out[names["down"]] = (shape.n_experts, d, shape.expert_dim)
+        if shape.expert_proj_bias:
+            out[p + "moe.experts.gate_bias"] = (shape.n_experts, shape.expert_dim)
+            out[p + "moe.experts.up_bias"] = (shape.n_experts, shape.expert_dim)
+            out[p + "moe.experts.down_bias"] = (shape.n_experts, d)
     out["norm.weight"] = (d,)
     if not shape.tie_embeddings:
         out["lm_head.weight"] = (shape.vocab_size, d)
@@ -205,13 +224,13 @@ def check_groupable(encoding: Encoding, dims: tuple[int, ...], scheme: QuantSche
 @dataclass(frozen=True)
 class BlobSection:
     """One array inside an expert blob: `kind` is "packed" (q4 nibbles), "data" (q8 int8 or
-    bf16 bits), "scales" or "zeros"."""
+    bf16 bits), "scales", "zeros" or (format 1.2) "bias" (f32, shape `(rows,)`)."""
 
     part: str
     kind: str
     offset: int
     length: int
-    shape: tuple[int, int]
+    shape: tuple[int, ...]
 
 
 _EXPERT_ENCODING: dict[str, Encoding] = {"int4": "q4", "int8": "q8", "bf16": "bf16"}
@@ -231,6 +250,8 @@ class ExpertBlobLayout:
     scale_dtype: str
     weights_per_expert: int
     encoding: Encoding = "q4"
+    bias: bool = False  # format 1.2: f32 gate, up and down biases after the weights
+
 
     @classmethod
     def build(cls, shape: ModelShape, scheme: QuantScheme) -> ExpertBlobLayout:
@@ -263,9 +284,13 @@ class ExpertBlobLayout:
                 length = dims[0] * dims[1] * itemsize
                 sections.append(BlobSection(part, kind, cursor, length, dims))
                 cursor += length
+        if shape.expert_proj_bias:  # never quantized: a few KB next to the matrices
+            for part, (rows, _) in mats.items():
+                sections.append(BlobSection(part, "bias", cursor, 4 * rows, (rows,)))
+                cursor += 4 * rows
         weights = sum(r * c for r, c in mats.values())
         return cls(tuple(sections), cursor, align(cursor), groups, scheme.symmetric or encoding != "q4",
-                   scheme.scale_dtype, weights, encoding)
+                   scheme.scale_dtype, weights, encoding, shape.expert_proj_bias)
 
 
 @dataclass(frozen=True)

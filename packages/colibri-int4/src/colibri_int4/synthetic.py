@@ -71,6 +71,8 @@ def write_synthetic_container(
                     *(rng.standard_normal(s, dtype=np.float32) * std for s in ((h, d), (h, d), (d, h))),
                     plan.blob,
                     scheme,
+                    # format 1.2 expert biases (GPT-OSS shapes): zero, like the router's expert_bias
+                    tuple(np.zeros(n, np.float32) for n in (h, h, d)) if plan.blob.bias else None,
                 )
                 for _ in range(BASE_EXPERTS)
             ]

@@ -14,7 +14,7 @@ from .checkpoint import (
     save_checkpoint,
 )
 from .config import PRESETS, ColibriConfig, ConfigError, RopeScaling, count_params, get_preset
-from .experts import ExpertBackend, GroupedExperts
+from .experts import ExpertBackend, ExpertGlu, GroupedExperts
 from .layers import KVCache
 from .model import CausalLMOutput, ColibriForCausalLM
 from .moe import MoELayer
@@ -38,6 +38,7 @@ __all__ = [
     "ConfigError",
     "ExpertBackend",
     "ExpertBiasBalancer",
+    "ExpertGlu",
     "GroupedExperts",
     "KVCache",
     "MoELayer",

@@ -39,8 +39,10 @@ V1_1_DEFAULTS: dict = {
     "qkv_bias": False,
     "rope_scaling": None,
 }
-# Schema 1.2 added multi-head latent attention and group-limited routing (DeepSeek-V2/V3). The same
-# rule: at these defaults a config is written as 1.1 (or 1.0) wrote it.
+# Schema 1.2 added multi-head latent attention and group-limited routing (DeepSeek-V2/V3), and
+# biases on the routed experts and the router's logits, the clamped SwiGLU, o_proj's bias,
+# attention sinks and sliding-window layers (GPT-OSS), and the "yarn" RoPE kind. The same rule: at
+# these defaults a config is written as 1.1 (or 1.0) wrote it.
 V1_2_DEFAULTS: dict = {
     "attention_kind": "gqa",
     "q_lora_rank": None,
@@ -52,7 +54,18 @@ V1_2_DEFAULTS: dict = {
     "router_groups": 1,
     "router_topk_groups": 1,
     "router_group_score": "top2_sum",
+    "expert_proj_bias": False,
+    "expert_glu": "swiglu",
+    "glu_alpha": 1.702,
+    "glu_limit": 7.0,
+    "router_bias": False,
+    "o_bias": False,
+    "attn_sinks": False,
+    "sliding_window": None,
+    "sliding_layers": (),
 }
+
+
 class ConfigError(ValueError):
     """An invalid model configuration; the message names the offending field."""
 
@@ -70,7 +83,8 @@ class ColibriConfig(BaseModel):
     router without bias (Qwen-MoE, OLMoE, Mixtral), a sigmoid-gated shared expert (Qwen2-MoE),
     QK-norm over the whole projection (OLMoE), q/k/v biases (Qwen2-MoE), RoPE scaling, an
     all-dense model (`n_dense_layers == n_layers`, `n_experts = 0`: Llama, SmolLM2), and (schema
-    1.2) multi-head latent attention with group-limited routing (DeepSeek-V2/V3). Every KV cache is
+    1.2) multi-head latent attention with group-limited routing (DeepSeek-V2/V3), and biased,
+    clamped experts, a biased router, attention sinks and sliding-window layers (GPT-OSS). Every KV cache is
     sized by `kv_cache_heads`, `key_head_dim`, `value_head_dim` and `kv_bytes_per_position`.
     """
 
@@ -90,7 +104,15 @@ class ColibriConfig(BaseModel):
     # "head": RMSNorm over head_dim, one weight shared by every head (Qwen3, Colibri);
     # "projection": RMSNorm over the whole q (n_heads*head_dim) and k projection (OLMoE).
     qk_norm_scope: Literal["head", "projection"] = "head"
-    qkv_bias: bool = False  # biases on q_proj, k_proj, v_proj (Qwen2-MoE); o_proj never has one
+    qkv_bias: bool = False  # biases on q_proj, k_proj, v_proj (Qwen2-MoE, GPT-OSS)
+    o_bias: bool = False  # a bias on o_proj (GPT-OSS), schema 1.2
+    # One learned logit per query head that joins each softmax over the keys and carries no value
+    # (GPT-OSS "sinks"): a head can attend to nothing. Schema 1.2.
+    attn_sinks: bool = False
+    # Layers in `sliding_layers` attend only to the last `sliding_window` positions (the query's
+    # own included), the others to the whole causal prefix (GPT-OSS alternates). Schema 1.2.
+    sliding_window: int | None = Field(None, gt=0)
+    sliding_layers: tuple[int, ...] = ()
     rope_theta: float = Field(10000.0, gt=0)
     rope_scaling: RopeScaling | None = None
     # Schema 1.2. "mla": multi-head latent attention (DeepSeek-V2/V3, mla.py). Then head_dim is the
@@ -113,6 +135,13 @@ class ColibriConfig(BaseModel):
     top_k_infer: int = Field(1, gt=0)
     shared_expert_dim: int = Field(0, ge=0)
     shared_expert_gate: bool = False  # shared expert output scaled by sigmoid(x . w_gate) (Qwen2-MoE)
+    # Routed experts, schema 1.2 (GPT-OSS): biases on gate, up and down, and the activation.
+    # "swiglu": silu(gate) * up. "clamped_swiglu": gate clamped above at glu_limit, up to
+    # [-glu_limit, glu_limit], then gate * sigmoid(glu_alpha * gate) * (up + 1).
+    expert_proj_bias: bool = False
+    expert_glu: Literal["swiglu", "clamped_swiglu"] = "swiglu"
+    glu_alpha: float = Field(1.702, gt=0)
+    glu_limit: float = Field(7.0, gt=0)
 
     router_score: Literal["sigmoid", "softmax"] = "sigmoid"  # softmax: over all experts, fp32
     # The per-expert bias that only chooses the top-k (aux-loss-free balancing). Imported softmax
@@ -124,6 +153,9 @@ class ColibriConfig(BaseModel):
     router_groups: int = Field(1, gt=0)
     router_topk_groups: int = Field(1, gt=0)
     router_group_score: Literal["top2_sum", "max"] = "top2_sum"
+    # A trained bias added to the router logits before scoring (GPT-OSS), unlike the selection
+    # bias it changes the gate weights too. Schema 1.2.
+    router_bias: bool = False
     route_norm: bool = True
     route_scale: float = Field(1.0, gt=0)
     bias_update_gamma: float = Field(1e-3, ge=0)
@@ -155,10 +187,16 @@ class ColibriConfig(BaseModel):
             raise ValueError(
                 f"n_dense_layers: {self.n_dense_layers} dense layers exceed n_layers={self.n_layers}"
             )
+        if self.sliding_layers:
+            if self.sliding_window is None:
+                raise ValueError("sliding_layers: needs sliding_window")
+            if sorted(set(self.sliding_layers)) != list(self.sliding_layers) or self.sliding_layers[-1] >= self.n_layers:
+                raise ValueError(f"sliding_layers: {list(self.sliding_layers)} must be ascending layer indices < n_layers")
+        if self.expert_glu == "swiglu" and (self.glu_alpha, self.glu_limit) != (1.702, 7.0):
+            raise ValueError("glu_alpha, glu_limit: used by expert_glu='clamped_swiglu' only")
         # schema_version always names the lowest schema that describes this config (what
         # `to_dict` writes), so a config equals itself read back from its JSON.
-        schema = "1.2" if self._uses_1_2() else "1.1" if self._uses_1_1() else "1.0"
-        object.__setattr__(self, "schema_version", schema)
+        object.__setattr__(self, "schema_version", self._lowest_schema())
         if self.n_moe_layers == 0:
             return self  # all dense: the routing fields describe nothing
         for field in ("n_experts", "expert_dim"):
@@ -201,15 +239,17 @@ class ColibriConfig(BaseModel):
                 raise ValueError(f"{field}: top_k={getattr(self, field)} exceeds the {chosen * per_group} experts "
                                  f"of the router_topk_groups={chosen} chosen groups")
 
-    def _uses_1_1(self) -> bool:
-        if self.router_score != "sigmoid" or self.n_experts == 0:
-            return True
-        return any(getattr(self, key) != default for key, default in V1_1_DEFAULTS.items())
-
-    def _uses_1_2(self) -> bool:
+    def _lowest_schema(self) -> str:
         if self.rope_scaling is not None and self.rope_scaling.kind == "yarn":
-            return True
-        return any(getattr(self, key) != default for key, default in V1_2_DEFAULTS.items())
+            return "1.2"
+        if any(getattr(self, key) != default for key, default in V1_2_DEFAULTS.items()):
+            return "1.2"
+        if self.router_score != "sigmoid" or self.n_experts == 0:
+            return "1.1"
+        return "1.1" if any(getattr(self, key) != default for key, default in V1_1_DEFAULTS.items()) else "1.0"
+
+    def is_sliding_layer(self, layer: int) -> bool:
+        return layer in self.sliding_layers
 
     # --- derived shapes -------------------------------------------------------------------
     @property
@@ -330,11 +370,13 @@ def count_params(config: ColibriConfig) -> dict[str, int]:
         if config.qk_norm:
             attn += 2 * hd if config.qk_norm_scope == "head" else (config.n_heads + config.n_kv_heads) * hd
         attn += (config.n_heads + 2 * config.n_kv_heads) * hd if config.qkv_bias else 0
+    attn += d if config.o_bias else 0
+    attn += config.n_heads if config.attn_sinks else 0
     norms_per_layer = 2 * d
     dense_ffn = 3 * d * config.dense_ffn_dim
-    expert = 3 * d * config.expert_dim
+    expert = 3 * d * config.expert_dim + ((2 * config.expert_dim + d) if config.expert_proj_bias else 0)
     shared = 3 * d * config.shared_expert_dim + (d if config.shared_expert_gate else 0)
-    router = config.n_experts * d
+    router = config.n_experts * (d + (1 if config.router_bias else 0))
     head = config.vocab_size * d
 
     backbone = config.n_layers * (attn + norms_per_layer) + d  # + final norm

@@ -3,7 +3,8 @@ KV cache, and the SwiGLU feed-forward used by the dense layers and the shared ex
 
 Variants of imported checkpoints are configuration here (ColibriConfig): QK-norm per head or
 over the whole projection, q/k/v biases, RoPE scaling ("linear", "llama3", "yarn";
-`rope_inv_freq`) and the interleaved RoPE layout. Multi-head latent attention is in mla.py.
+`rope_inv_freq`), the interleaved RoPE layout, and GPT-OSS's o_proj bias, attention sinks and
+sliding-window layers. Multi-head latent attention is in mla.py.
 
 The math is specified in CHECKPOINT.md; colibri-stream runs these same modules (it only swaps
 the routed experts), so there is exactly one definition of attention and norms.
@@ -57,12 +58,14 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None, devi
 
 
 def _yarn_inv_freq(inv_freq: torch.Tensor, head_dim: int, theta: float, scaling: RopeScaling) -> torch.Tensor:
-    """YaRN: keep the frequencies that turn more than beta_fast times over the original context,
-    divide by `factor` those that turn fewer than beta_slow times, ramp linearly between."""
-    def dim_of(rotations: float) -> float:  # the rotary dim whose frequency turns `rotations` times
+    """YaRN (Peng et al. 2023): a frequency pair that turns more than `beta_fast` times over the
+    original context keeps its frequency (extrapolation), fewer than `beta_slow` times is divided
+    by `factor` (interpolation), with a linear ramp over the pair index between the two."""
+
+    def pair_index(rotations: float) -> float:  # the (fractional) pair that turns `rotations` times
         return head_dim * math.log(scaling.original_max_seq_len / (rotations * 2 * math.pi)) / (2 * math.log(theta))
 
-    low, high = dim_of(scaling.beta_fast), dim_of(scaling.beta_slow)
+    low, high = pair_index(scaling.beta_fast), pair_index(scaling.beta_slow)
     if scaling.truncate:
         low, high = math.floor(low), math.ceil(high)
     low, high = max(low, 0), min(high, head_dim - 1)
@@ -180,6 +183,12 @@ class Attention(nn.Module):
     With `attention_mask=None` the rule is causal alone: SDPA's fast `is_causal=True` kernel when
     past == 0, else a [T, S] prefix mask; outputs are bit-identical to a forward without the
     argument. The mask is checked against (B, S) from shapes alone (no host sync).
+
+    GPT-OSS's variants (config schema 1.2): an o_proj bias; on `sliding_layers` a window of
+    `sliding_window` positions (a mask in positions, not cache columns: a padded or packed row's
+    key positions come from its mask, `key_positions`; the KV cache keeps every position, which
+    costs memory but no bookkeeping); learned sinks (`sink_attention`, an explicit fp32 softmax, since SDPA has no
+    sink column). A layer with neither keeps the SDPA fast path, bit for bit as before.
     """
 
     def __init__(self, config: ColibriConfig, layer_index: int):
@@ -191,7 +200,11 @@ class Attention(nn.Module):
         self.q_proj = nn.Linear(d, self.n_heads * self.head_dim, bias=bias)
         self.k_proj = nn.Linear(d, self.n_kv_heads * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(d, self.n_kv_heads * self.head_dim, bias=bias)
-        self.o_proj = nn.Linear(self.n_heads * self.head_dim, d, bias=False)
+        self.o_proj = nn.Linear(self.n_heads * self.head_dim, d, bias=config.o_bias)
+        # GPT-OSS: one extra logit per head in every softmax, with no value (an "attend to
+        # nothing" slot); fp32 like the other 1-D tensors (tensor_names.held_dtype).
+        self.sinks = nn.Parameter(torch.zeros(self.n_heads)) if config.attn_sinks else None
+        self.window = config.sliding_window if config.is_sliding_layer(layer_index) else None
         # "projection" (OLMoE): one RMSNorm over all heads' q (and k) before the head split.
         self.norm_projection = config.qk_norm and config.qk_norm_scope == "projection"
         if config.qk_norm:
@@ -221,11 +234,17 @@ class Attention(nn.Module):
         if cache is not None:
             past = cache.length
             k, v = cache.update(self.layer_index, k, v)
-        if attention_mask is None and past == 0:
+        if attention_mask is None and past == 0 and self.window is None and self.sinks is None:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         else:
-            allowed = attention_allowed(B, T, past, k.shape[2], attention_mask, x.device)
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, enable_gqa=True)
+            S = k.shape[2]
+            allowed = attention_allowed(B, T, past, S, attention_mask, x.device)
+            if self.window is not None:  # a query's own key is always inside its window
+                allowed = allowed & window_allowed(positions, key_positions(S, attention_mask, x.device), self.window)
+            if self.sinks is None:
+                out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, enable_gqa=True)
+            else:
+                out = sink_attention(q, k, v, allowed, self.sinks)
         return self.o_proj(out.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
 
 
@@ -248,6 +267,46 @@ def attention_allowed(batch: int, queries: int, past: int, keys: int, attention_
     own_column = torch.arange(keys, device=device)[None, :] == query_columns[:, None]
     allowed = allowed | (own_column[None] & ~allowed.any(-1, keepdim=True))
     return allowed[:, None]  # broadcast over the heads
+
+
+def key_positions(keys: int, attention_mask: torch.Tensor | None, device: torch.device) -> torch.Tensor:
+    """The position of every key column: the column itself without a mask; with one, the count of
+    the allowed keys before it ([B, S] -> [B, S], [B, T, S] -> [B, T, S]), since a row's real keys
+    (a query's visible keys) hold its positions 0, 1, ... in column order while padding (or
+    another packed sequence) sits between them in the cache."""
+    if attention_mask is None:
+        return torch.arange(keys, device=device)
+    return (attention_mask != 0).cumsum(-1) - 1
+
+
+def window_allowed(query_positions: torch.Tensor, key_positions: torch.Tensor, window: int) -> torch.Tensor:
+    """bool: a query at position p sees keys at positions > p - window (its own and the window - 1
+    before it); ANDed with the causal mask on sliding layers (GPT-OSS). `query_positions` [T] or
+    [B, T]; `key_positions` [S], [B, S] or [B, T, S]. Returns [T, S], or [B, 1, T, S] (the heads
+    broadcast) when either is per row."""
+    keys = key_positions if key_positions.dim() == 3 else key_positions.unsqueeze(-2)
+    allowed = keys > (query_positions - window).unsqueeze(-1)
+    return allowed[:, None] if allowed.dim() == 3 else allowed
+
+
+def sink_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor,
+                   sinks: torch.Tensor) -> torch.Tensor:
+    """softmax([q k^T / sqrt(D), sink_h]) over the allowed keys plus one sink logit per head,
+    the sink's probability dropped (it has no value): GPT-OSS's attention. SDPA cannot take the
+    extra column, so this is explicit, in fp32 (scores, softmax) whatever the activations' dtype.
+
+    q [B, H, T, D]; k, v [B, Hkv, S, D]; allowed: bool broadcastable to [B, H, T, S]; sinks [H].
+    Every query must be allowed at least one key (its own, under the causal rule).
+    """
+    B, H, T, D = q.shape
+    groups = H // k.shape[1]
+    keys, values = k.repeat_interleave(groups, dim=1).float(), v.repeat_interleave(groups, dim=1).float()
+    scores = torch.matmul(q.float(), keys.transpose(-1, -2)) * D**-0.5
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    sink = sinks.float().view(1, H, 1, 1).expand(B, H, T, 1)
+    logits = torch.cat([scores, sink], dim=-1)
+    probs = torch.softmax(logits - logits.amax(-1, keepdim=True), dim=-1)[..., :-1]
+    return torch.matmul(probs, values).to(q.dtype)
 
 
 class SwiGLU(nn.Module):

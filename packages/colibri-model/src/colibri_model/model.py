@@ -130,6 +130,8 @@ class ColibriForCausalLM(nn.Module):
                 module.reset_parameters(std, out_std)
         for layer in self.moe_layers():
             nn.init.normal_(layer.router.weight, std=std)
+            if layer.router.bias is not None:
+                nn.init.zeros_(layer.router.bias)
             if layer.router.expert_bias is not None:
                 layer.router.expert_bias.zero_()
 

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from .config import ColibriConfig
-from .experts import ExpertBackend, GroupedExperts
+from .experts import ExpertBackend, ExpertGlu, GroupedExperts
 from .layers import SwiGLU
 from .router import Router, sequence_aux_loss
 
@@ -29,7 +29,7 @@ class MoELayer(nn.Module):
         gated = config.shared_expert_gate and self.shared is not None
         self.shared_gate = nn.Linear(config.d_model, 1, bias=False) if gated else None
         self.experts = experts if experts is not None else GroupedExperts(
-            config.n_experts, config.d_model, config.expert_dim
+            config.n_experts, config.d_model, config.expert_dim, ExpertGlu.from_config(config), config.expert_proj_bias
         )
         self.aux_loss: torch.Tensor | None = None
         self.last_expert_ids: torch.Tensor | None = None  # kept only when record_routing is on

@@ -9,7 +9,8 @@ Imported checkpoints configure the same router differently (ColibriConfig): `rou
 "softmax"` scores with a softmax over all experts (fp32, Qwen-MoE / OLMoE / Mixtral), and
 `selection_bias = False` removes the bias (those routers were trained without one). Mixtral's
 "softmax over the top-k logits" is the same as softmax over all, top-k, renormalised
-(route_norm): the softmax's denominator cancels.
+(route_norm): the softmax's denominator cancels. GPT-OSS's router adds a trained bias to its
+logits before that softmax (`router_bias`, a parameter `bias`, unlike the selection bias).
 
 DeepSeek's group-limited routing is configuration too (`router_groups > 1`, `limit_to_groups`):
 only experts of the best `router_topk_groups` groups may be chosen; the gates are unchanged.
@@ -51,6 +52,7 @@ class Router(nn.Module):
         self.groups, self.topk_groups, self.group_score = (
             config.router_groups, config.router_topk_groups, config.router_group_score)
         self.weight = nn.Parameter(torch.empty(config.n_experts, config.d_model))
+        self.bias = nn.Parameter(torch.zeros(config.n_experts)) if config.router_bias else None
         # Persistent: the bias is part of the trained model (it decides routing at inference).
         bias = torch.zeros(config.n_experts, dtype=torch.float32) if config.selection_bias else None
         self.register_buffer("expert_bias", bias)
@@ -63,7 +65,7 @@ class Router(nn.Module):
     def forward(self, x: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x: [N, d]. Returns (expert_ids [N, k] int64, gates [N, k] in x's dtype, scores [N, E] fp32)."""
         with torch.autocast(x.device.type, enabled=False):
-            logits = F.linear(x.float(), self.weight.float())
+            logits = F.linear(x.float(), self.weight.float(), None if self.bias is None else self.bias.float())
             scores = torch.sigmoid(logits) if self.score == "sigmoid" else torch.softmax(logits, dim=-1)
             choice = scores.detach() if self.expert_bias is None else scores.detach() + self.expert_bias.float()
             if self.groups > 1:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 
 import torch
 from colibri_int4 import Container
-from colibri_model import load_tokenizer
+from colibri_model import ExpertGlu, load_tokenizer
 from tokenizers import Tokenizer
 
 from .cache.expert_cache import ExpertCache
@@ -74,14 +74,15 @@ def assemble(container: Container, plan: Plan, opts: EngineOptions) -> Assembled
     cache = None
     try:
         entries = {(e.layer, e.expert): e for e in container.header.experts.entries}
+        glu = ExpertGlu.from_config(config)  # the model's activation, computed by the streamed experts too
         if f.compute == "int4":
 
             def prepare(blob):
-                return Int4Expert(blob, f.expert_dtype)
+                return Int4Expert(blob, f.expert_dtype, glu)
         else:
 
             def prepare(blob):
-                return DequantExpert(blob, f.expert_dtype, opts.device)
+                return DequantExpert(blob, f.expert_dtype, opts.device, glu)
 
         capacity = max(budget.slots, 1)
         # CPU int4 experts live in one slab allocated now (cache/slab.py); the dequantized

@@ -151,9 +151,12 @@ def workspace_bytes(config: ColibriConfig, prefill_chunk: int, max_context: int,
     t = prefill_chunk
     widest_ffn = max(config.dense_ffn_dim, config.shared_expert_dim, 2 * config.expert_dim)
     hidden = 6 * t * config.d_model * max(elem, 4)  # residual, normed, attn out, fp32 norm temporaries
-    # q, k and v of the chunk (MLA: its absorbed query and attention output, r + rope wide per head)
+    # SDPA's scores (the explicit softmax of sink layers, GPT-OSS, holds the scores, the scores with
+    # the sink column and the probabilities at once), and q, k and v of the chunk (MLA: its absorbed
+    # query and attention output, r + rope wide per head)
+    scores = 3 * config.n_heads * t * (max_context + 1) * 4 if config.attn_sinks else config.n_heads * t * max_context * 4
     heads_width = config.n_heads * (2 * config.key_head_dim + config.value_head_dim)
-    attention = config.n_heads * t * max_context * 4 + t * heads_width * elem
+    attention = scores + t * heads_width * elem
     ffn = 3 * t * widest_ffn * max(elem, 4)
     logits = 2 * t * config.vocab_size * 4  # logits, and their fp32 copy for sampling/softmax
     return hidden + attention + ffn + logits

@@ -74,7 +74,8 @@ class ConfigFields:
         raise HFImportError(f"{self.where}: {key}={value!r} is not supported ({why})")
 
     def finish(self) -> None:
-        if self.data.get("quantization_config") is not None:
+        # a family that reads a pre-quantized form takes the field and checks it (gpt_oss: mxfp4)
+        if self.data.get("quantization_config") is not None and "quantization_config" not in self.taken:
             method = (self.data["quantization_config"] or {}).get("quant_method", "?")
             self.refuse("quantization_config.quant_method", method,
                         "a pre-quantized checkpoint; import the bf16/fp16 original")
@@ -108,11 +109,11 @@ def silu_activation(fields: ConfigFields) -> None:
     fields.expect("hidden_act", ("silu",), "silu")
 
 
-def rope(fields: ConfigFields, max_seq_len: int, yarn: bool = False) -> tuple[float, dict | None]:
+def rope(fields: ConfigFields, max_seq_len: int) -> tuple[float, dict | None]:
     """(rope_theta, Colibri rope_scaling) from transformers 5's `rope_parameters` or the older
-    `rope_theta` + `rope_scaling` pair. Default, linear and llama3 RoPE are supported, and yarn
-    for the families that pass `yarn` (DeepSeek, whose parity test covers it); others (dynamic,
-    longrope) are refused by name."""
+    `rope_theta` + `rope_scaling` pair. Default, linear, llama3 and yarn RoPE are supported (yarn
+    with DeepSeek's mscale keys, as transformers reads them); others (dynamic, longrope) are
+    refused by name."""
     params = fields.get("rope_parameters", None)
     legacy = fields.get("rope_scaling", None)
     theta = fields.get("rope_theta", None)
@@ -141,13 +142,12 @@ def rope(fields: ConfigFields, max_seq_len: int, yarn: bool = False) -> tuple[fl
             "original_max_seq_len": int(params.get("original_max_position_embeddings", max_seq_len)),
         }
         known |= {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}
-    elif kind == "yarn" and yarn:
+    elif kind == "yarn":
         scaling = yarn_scaling(fields, where, params, max_seq_len)
         known |= {"factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale", "mscale_all_dim",
                   "truncate", "attention_factor"}
     else:
-        supported = "'default', 'linear', 'llama3'" + (", 'yarn'" if yarn else "")
-        fields.refuse(f"{where}.rope_type", kind, f"supported: {supported}")
+        fields.refuse(f"{where}.rope_type", kind, "supported: 'default', 'linear', 'llama3', 'yarn'")
     for key in params:
         if key not in known:
             fields.refuse(f"{where}.{key}", params[key], f"not used by {kind} RoPE here")
@@ -155,17 +155,20 @@ def rope(fields: ConfigFields, max_seq_len: int, yarn: bool = False) -> tuple[fl
 
 
 def yarn_scaling(fields: ConfigFields, where: str, params: dict, max_seq_len: int) -> dict:
-    """Colibri's yarn rope_scaling (every key, as colibri-model writes it), with transformers'
-    defaults: beta_fast 32, beta_slow 1, truncate true; no mscale means attention factor
-    0.1 ln(factor) + 1 on cos/sin."""
-    if params.get("factor") is None:
-        fields.refuse(f"{where}.factor", None, "yarn needs an explicit factor")
+    """Colibri's yarn rope_scaling (every key, as colibri-model writes it), read as transformers
+    reads it: the pre-training context is required, factor defaults to max_seq_len / that context,
+    beta_fast 32, beta_slow 1, truncate true; no mscale means attention factor 0.1 ln(factor) + 1
+    on cos/sin."""
+    original = params.get("original_max_position_embeddings")
+    if not isinstance(original, int) or isinstance(original, bool) or original < 1:
+        fields.refuse(f"{where}.original_max_position_embeddings", original, "yarn needs the pre-training context length")
     if params.get("attention_factor") is not None:
         fields.refuse(f"{where}.attention_factor", params["attention_factor"], "an explicit yarn attention factor")
+    factor = params.get("factor")
     mscale, mscale_all_dim = params.get("mscale"), params.get("mscale_all_dim")
     return {
-        "kind": "yarn", "factor": float(params["factor"]), "low_freq_factor": None, "high_freq_factor": None,
-        "original_max_seq_len": int(params.get("original_max_position_embeddings") or max_seq_len),
+        "kind": "yarn", "factor": float(factor if factor is not None else max_seq_len / original),
+        "low_freq_factor": None, "high_freq_factor": None, "original_max_seq_len": original,
         "beta_fast": float(params.get("beta_fast") or 32), "beta_slow": float(params.get("beta_slow") or 1),
         "mscale": None if mscale is None else float(mscale),
         "mscale_all_dim": None if mscale_all_dim is None else float(mscale_all_dim),
@@ -181,9 +184,19 @@ def leading_dense_layers(fields: ConfigFields, n_layers: int, dense: set[int]) -
     return k
 
 
+# Config schema 1.2 fields (DeepSeek's MLA and group-limited routing, GPT-OSS) at the values that
+# mean "not used": colibri-model's V1_2_DEFAULTS, which int4 may not import (a test holds them equal).
+SCHEMA_1_2_DEFAULTS = dict(
+    attention_kind="gqa", q_lora_rank=None, kv_lora_rank=0, qk_nope_head_dim=0, qk_rope_head_dim=0, v_head_dim=0,
+    rope_interleave=False, router_groups=1, router_topk_groups=1, router_group_score="top2_sum",
+    expert_proj_bias=False, expert_glu="swiglu", glu_alpha=1.702, glu_limit=7.0, router_bias=False, o_bias=False,
+    attn_sinks=False, sliding_window=None, sliding_layers=[])
+
+
 def colibri_config(**fields) -> dict:
-    """A complete Colibri config.json object (CHECKPOINT.md, config schema 1.1) with the routing
-    defaults of an imported softmax router: no selection bias, no balancing."""
+    """A complete Colibri config.json object (CHECKPOINT.md) with the routing defaults of an
+    imported softmax router: no selection bias, no balancing. Written at the lowest schema that
+    describes it, as colibri-model writes it: 1.2 when a GPT-OSS field or yarn RoPE is used, else 1.1."""
     defaults = dict(
         format_version="1.0", model_type="colibri", schema_version="1.1", qk_norm=False, qk_norm_scope="head",
         qkv_bias=False, rope_scaling=None, n_dense_layers=0, n_experts=0, expert_dim=0, top_k_train=1,
@@ -191,7 +204,13 @@ def colibri_config(**fields) -> dict:
         route_norm=True, route_scale=1.0, bias_update_gamma=0.0, aux_loss_alpha=0.0, tie_embeddings=False,
         init_std=0.02,
     )
-    return {**defaults, **fields}
+    config = {**defaults, **fields}
+    scaling = config["rope_scaling"]
+    uses_1_2 = any(config.get(k, v) != v for k, v in SCHEMA_1_2_DEFAULTS.items())
+    uses_1_2 |= scaling is not None and scaling["kind"] == "yarn"
+    if uses_1_2:
+        config = {**config, "schema_version": "1.2", **{k: config.get(k, v) for k, v in SCHEMA_1_2_DEFAULTS.items()}}
+    return config
 
 
 def qwen_dense_layers(fields: ConfigFields, n_layers: int) -> int:

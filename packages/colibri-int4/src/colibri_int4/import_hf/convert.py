@@ -28,6 +28,7 @@ from ..export import ContainerFileWriter, plan_with_header, write_body
 from ..header import model_shape
 from ..layout import checkpoint_tensor_shapes
 from ..scheme import QuantScheme
+from . import gpt_oss_experts
 from .config_fields import ConfigFields
 from .families import family_for
 from .hf_directory import HFDirectory
@@ -94,6 +95,8 @@ class HFTensors:
 
     def _check_experts(self, layer: int, stacked: tuple[int, ...]) -> set[str]:
         n_experts, expert_dim, d = stacked
+        if self.names.experts == "gpt_oss":
+            return gpt_oss_experts.check_layer(self.hf, layer, n_experts, expert_dim, d)
         first = self.names.expert(layer, 0)
         if first[0] not in self.hf.names and all(n in self.hf.names for n in self.names.fused(layer)):
             gate_up, down = self.names.fused(layer)
@@ -115,6 +118,8 @@ class HFTensors:
         return self.hf.rows(self.resident[name], start, stop)
 
     def read_expert(self, layer: int, expert: int) -> tuple[list[np.ndarray], int]:
+        if self.names.experts == "gpt_oss":  # with the biases: [gate, up, down, gate_b, up_b, down_b]
+            return gpt_oss_experts.read_expert(self.hf, layer, expert)
         if layer in self.fused:
             gate_up_name, down_name = self.names.fused(layer)
             gate_up, n1 = self.hf.tensor(gate_up_name, index=expert)

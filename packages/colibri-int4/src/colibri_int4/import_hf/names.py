@@ -28,6 +28,8 @@ class LlamaStyleNames:
     # DeepSeek-V3 checkpoints carry multi-token-prediction layers after the last decoder layer
     # (`model.layers.{num_hidden_layers}.*`): only speculative decoding reads them
     extra_layers_ignored: bool = False
+    router: str = "gate"  # the router's module under `moe` (GPT-OSS: "router")
+    experts: str = "llama"  # how routed experts are stored; "gpt_oss": gpt_oss_experts.py
 
     def resident(self, name: str) -> str:
         """The HF name of a non-expert Colibri tensor."""
@@ -44,7 +46,7 @@ class LlamaStyleNames:
             return base + f"{self.moe}.gate.{self.router_bias}"
         for colibri, hf in (
             ("attn_norm.", "input_layernorm."), ("ffn_norm.", "post_attention_layernorm."), ("attn.", "self_attn."),
-            ("ffn.", "mlp."), ("moe.router.", f"{self.moe}.gate."), ("moe.shared.", f"{self.moe}.{self.shared}."),
+            ("ffn.", "mlp."), ("moe.router.", f"{self.moe}.{self.router}."), ("moe.shared.", f"{self.moe}.{self.shared}."),
             ("moe.shared_gate.", f"{self.moe}.shared_expert_gate."),
         ):
             if rest.startswith(colibri):

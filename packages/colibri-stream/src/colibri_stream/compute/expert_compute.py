@@ -25,8 +25,11 @@ fp32 kernel is kept for exactness tests: it computes the same weights to fp32 ro
 `DequantExpert` holds fp32/bf16 matrices (4-8x the bytes) and runs plain matmuls: the
 readable reference the fast path is tested against, and the path used on CUDA.
 
-Both expose `forward(x) -> down(silu(gate x) * up x)` (without the gate weight) and `nbytes`,
-the RAM they hold, which the cache counts against the budget.
+Both expose `forward(x) -> down(act(gate x, up x))` (without the gate weight) and `nbytes`,
+the RAM they hold, which the cache counts against the budget. `act` is colibri-model's
+`ExpertGlu` of the model config (SwiGLU, or GPT-OSS's clamped SwiGLU), so the streamed experts
+compute the activation the model defines; when the blob carries biases (format 1.2) they are
+added after each projection (held in the compute dtype, a few KB per expert).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from colibri_int4 import ExpertBlob, ExpertBlobLayout
+from colibri_model import ExpertGlu
 
 from ..cache.slab import aligned, place
 from ..compute.int4_repack import pack_for_cpu_kernel
@@ -62,38 +66,63 @@ def _half_to_tensor(bits: np.ndarray, scale_dtype: str) -> torch.Tensor:
     return t.view(torch.bfloat16 if scale_dtype == "bf16" else torch.float16).float()
 
 
+def _biases(blob: ExpertBlob, dtype: torch.dtype, device="cpu") -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(gate|up bias [2 * expert_dim], down bias [d_model]) in `dtype`, or (None, None)."""
+    if blob.biases is None:
+        return None, None
+    gate_up = np.concatenate([blob.biases["gate"], blob.biases["up"]])
+    return (torch.from_numpy(gate_up).to(device=device, dtype=dtype),
+            torch.from_numpy(np.array(blob.biases["down"])).to(device=device, dtype=dtype))
+
+
+def _bias_nbytes(layout: ExpertBlobLayout, d_model: int, expert_dim: int, elem: int) -> tuple[int, int]:
+    return (2 * expert_dim * elem, d_model * elem) if layout.bias else (0, 0)
+
+
 _INT4_PARTS = ("gate_up", "gate_up_sz", "down", "down_sz")
+SWIGLU = ExpertGlu()
 
 
 class Int4Expert:
-    """Gate|up fused and down, in torch's CPU int4-pack layout."""
+    """Gate|up fused and down, in torch's CPU int4-pack layout (and their biases, if any)."""
 
     __slots__ = (
         "gate_up",
         "gate_up_sz",
         "down",
         "down_sz",
+        "gate_up_bias",
+        "down_bias",
         "group_gate_up",
         "group_down",
         "expert_dim",
+        "glu",
         "nbytes",
     )
 
-    def __init__(self, blob: ExpertBlob, dtype: torch.dtype = torch.bfloat16):
+    def __init__(self, blob: ExpertBlob, dtype: torch.dtype = torch.bfloat16, glu: ExpertGlu = SWIGLU):
         """`dtype`: the kernel's activation (and scales_and_zeros) dtype, bf16 or fp32."""
         self.expert_dim = blob.packed["gate"].shape[0]
         if blob.groups["gate"] != blob.groups["up"]:
             raise ValueError("gate and up projections must share a group size to be fused")
+        self.glu = glu
         self.group_gate_up, self.group_down = blob.groups["gate"], blob.groups["down"]
         self.gate_up, self.gate_up_sz = self._pack(blob, ("gate", "up"), dtype)
         self.down, self.down_sz = self._pack(blob, ("down",), dtype)
+        self.gate_up_bias, self.down_bias = _biases(blob, dtype)
         # what a slab slot holds: each part starts on a cache line (cache/slab.py, place)
-        self.nbytes = sum(aligned(t.nbytes) for t in (self.gate_up, self.gate_up_sz, self.down, self.down_sz))
+        self.nbytes = sum(aligned(t.nbytes) for t in self._parts().values())
+
+    def _parts(self) -> dict[str, torch.Tensor]:
+        parts = {name: getattr(self, name) for name in _INT4_PARTS}
+        if self.gate_up_bias is not None:
+            parts.update(gate_up_bias=self.gate_up_bias, down_bias=self.down_bias)
+        return parts
 
     def move_into(self, slot: torch.Tensor) -> None:
         """Copy the prepared tensors into `slot` (uint8, >= nbytes) and use them from there; the
         heap copies are freed (cache/slab.py says why)."""
-        parts = place({name: getattr(self, name) for name in _INT4_PARTS}, slot)
+        parts = place(self._parts(), slot)
         for name, view in parts.items():
             setattr(self, name, view)
 
@@ -117,27 +146,39 @@ class Int4Expert:
         gate_up = torch.ops.aten._weight_int4pack_mm_for_cpu(
             xs, self.gate_up, self.group_gate_up, self.gate_up_sz
         )
+        if self.gate_up_bias is not None:
+            gate_up = gate_up + self.gate_up_bias
         gate, up = gate_up.split(self.expert_dim, dim=-1)
-        hidden = (F.silu(gate) * up).contiguous()
-        return torch.ops.aten._weight_int4pack_mm_for_cpu(hidden, self.down, self.group_down, self.down_sz)
+        hidden = self.glu(gate, up).contiguous()
+        out = torch.ops.aten._weight_int4pack_mm_for_cpu(hidden, self.down, self.group_down, self.down_sz)
+        return out if self.down_bias is None else out + self.down_bias
 
 
 class DequantExpert:
     """Plain dequantized matrices: the reference path (and the CUDA path), and the only path
     for int8 and bf16 experts (format 1.1)."""
 
-    __slots__ = ("gate", "up", "down", "nbytes")
+    __slots__ = ("gate", "up", "down", "gate_bias", "up_bias", "down_bias", "glu", "nbytes")
 
-    def __init__(self, blob: ExpertBlob, dtype: torch.dtype, device: torch.device | str = "cpu"):
+    def __init__(self, blob: ExpertBlob, dtype: torch.dtype, device: torch.device | str = "cpu",
+                 glu: ExpertGlu = SWIGLU):
         weights = blob.dequantize()  # fp32 numpy, exactly (q - 8) * s (+ z)
         self.gate, self.up, self.down = (
             torch.from_numpy(weights[p]).to(device=device, dtype=dtype) for p in ("gate", "up", "down")
         )
-        self.nbytes = self.gate.nbytes + self.up.nbytes + self.down.nbytes
+        self.gate_bias = self.up_bias = self.down_bias = None
+        if blob.biases is not None:
+            self.gate_bias, self.up_bias, self.down_bias = (
+                torch.from_numpy(np.array(blob.biases[p])).to(device=device, dtype=dtype) for p in ("gate", "up", "down")
+            )
+        self.glu = glu
+        self.nbytes = sum(t.nbytes for t in (self.gate, self.up, self.down, self.gate_bias, self.up_bias, self.down_bias)
+                          if t is not None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         xs = x.to(self.gate.dtype)
-        return F.linear(F.silu(F.linear(xs, self.gate)) * F.linear(xs, self.up), self.down)
+        hidden = self.glu(F.linear(xs, self.gate, self.gate_bias), F.linear(xs, self.up, self.up_bias))
+        return F.linear(hidden, self.down, self.down_bias)
 
 
 def prepared_nbytes(
@@ -146,9 +187,11 @@ def prepared_nbytes(
     """RAM one prepared expert holds (what a cache slot costs), from shapes alone."""
     elem = torch.empty((), dtype=dtype).element_size()
     weights = 3 * d_model * expert_dim
+    biases = _bias_nbytes(layout, d_model, expert_dim, elem)
     if compute == "dequant":
-        return weights * elem
+        return weights * elem + sum(biases)
     groups_gate_up = 2 * expert_dim * (d_model // layout.groups["gate"])
     groups_down = d_model * (expert_dim // layout.groups["down"])
     parts = (d_model * expert_dim, 2 * elem * groups_gate_up, d_model * expert_dim // 2, 2 * elem * groups_down)
-    return sum(aligned(n) for n in parts)  # gate|up and down nibbles, their scales and zeros
+    # gate|up and down nibbles, their scales and zeros, and the biases when there are any
+    return sum(aligned(n) for n in parts) + sum(aligned(n) for n in biases if n)

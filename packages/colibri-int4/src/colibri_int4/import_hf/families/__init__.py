@@ -6,14 +6,15 @@ from __future__ import annotations
 from types import ModuleType
 
 from ...errors import HFImportError
-from . import deepseek_v2, deepseek_v3, llama, mixtral, olmoe, qwen2_moe, qwen3_moe
+from . import deepseek_v2, deepseek_v3, gpt_oss, llama, mixtral, olmoe, qwen2_moe, qwen3_moe
 
-_MODULES: tuple[ModuleType, ...] = (qwen3_moe, qwen2_moe, olmoe, mixtral, llama, deepseek_v3, deepseek_v2)
+_MODULES: tuple[ModuleType, ...] = (qwen3_moe, qwen2_moe, olmoe, mixtral, llama, deepseek_v3, deepseek_v2, gpt_oss)
 FAMILIES: dict[str, ModuleType] = {model_type: m for m in _MODULES for model_type in m.MODEL_TYPES}
 
 # What the families import-hf does not convert would need (the issue 17 note says more).
 _NOT_YET = {
-    "gpt_oss": "MXFP4 experts, attention sinks, sliding-window layers and clamped SwiGLU with biases",
+    "qwen3_next": "Gated DeltaNet linear-attention layers",
+    "deepseek_v32": "DeepSeek sparse attention (the lightning indexer)",
 }
 
 

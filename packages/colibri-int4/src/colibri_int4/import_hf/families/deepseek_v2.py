@@ -24,7 +24,7 @@ def map_config(fields: ConfigFields, name: str) -> dict:
     d, n_layers = fields.integer("hidden_size"), fields.integer("num_hidden_layers")
     n_heads = fields.integer("num_attention_heads")
     max_seq_len = fields.integer("max_position_embeddings")
-    theta, scaling = rope(fields, max_seq_len, yarn=True)
+    theta, scaling = rope(fields, max_seq_len)
     silu_activation(fields)
     fields.expect("mlp_bias", (False,), False)
     fields.expect("scoring_func", ("softmax",), "softmax")
