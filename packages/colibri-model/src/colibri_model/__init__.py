@@ -13,11 +13,13 @@ from .checkpoint import (
     read_config,
     save_checkpoint,
 )
-from .config import PRESETS, ColibriConfig, ConfigError, RopeScaling, count_params, get_preset
+from .config import ColibriConfig, ConfigError, RopeScaling
 from .experts import ExpertBackend, ExpertGlu, GroupedExperts
 from .layers import KVCache
 from .model import CausalLMOutput, ColibriForCausalLM
 from .moe import MoELayer
+from .param_count import count_params
+from .presets import PRESETS, get_preset
 from .router import RouterStats
 from .tensor_names import checkpoint_tensor_shapes, held_dtype
 from .tokenizer import load_tokenizer

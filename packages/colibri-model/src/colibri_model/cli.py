@@ -7,8 +7,9 @@ import json
 import click
 
 from . import __version__
-from .config import PRESETS, count_params, get_preset
+from .param_count import count_params
 from .plan_cli import plan_memory_command
+from .presets import PRESETS, get_preset
 from .training_cli import UserError, convert_checkpoint, prepare, sft, train
 
 

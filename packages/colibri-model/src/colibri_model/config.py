@@ -1,20 +1,10 @@
-"""ColibriConfig: the one description of a Colibri MoE model, its presets, and parameter counts.
+"""ColibriConfig: the one description of a Colibri model (its fields, their validation, the
+schema versions it is written at, the KV-cache shapes it implies).
 
 The config is a pydantic v2 model so that it round-trips through JSON (`config.json` of a
 checkpoint, see CHECKPOINT.md) and so that an invalid combination fails at construction with a
-message naming the field, long before a 2.7B-parameter allocation.
-
-`count_params` works from the config alone (no weights are allocated), so it can size a
-Grande model on a laptop. The accounting (documented in the README):
-
-- total: every stored parameter once (embedding, untied LM head if any, attention, norms,
-  dense FFNs, routers, shared experts, all routed experts). The expert bias is a buffer, not a
-  parameter, and is not counted.
-- active (per token, for a given top_k): the matmul weights a token passes through: attention,
-  the dense FFN, the router, the shared expert, top_k routed experts per MoE layer, the norms,
-  and ONE vocab x d matrix for the LM head. The input embedding is a lookup, not a matmul, so
-  it is not counted as active (with tied embeddings it is the same matrix as the head).
-  This is the convention that gives NanoColibri's published 341M active.
+message naming the field, long before a 2.7B-parameter allocation. The presets are in
+presets.py, parameter counts in param_count.py.
 """
 
 from __future__ import annotations
@@ -313,94 +303,3 @@ class ColibriConfig(BaseModel):
     def with_updates(self, **changes) -> ColibriConfig:
         """A validated copy with some fields changed (the config itself is frozen)."""
         return type(self).model_validate({**self.model_dump(), **changes})
-
-
-# --- presets ------------------------------------------------------------------------------
-# All presets share the design: 1 leading dense layer, 4x GQA with head_dim 64 (32 for tiny),
-# 64 routed experts (8 for tiny, 80 for grande), top-2 train / top-1 serve, one shared expert 4x the expert
-# width, and a dense FFN width equal to the MoE layer's active width (shared + 2 experts).
-PRESETS: dict[str, dict] = {
-    # Trains in seconds on a CPU; same design, small. Tied embeddings keep it small.
-    "tiny": dict(
-        d_model=128, n_layers=4, n_dense_layers=1, n_heads=4, n_kv_heads=1, head_dim=32,
-        dense_ffn_dim=384, n_experts=8, expert_dim=64, shared_expert_dim=256,
-        max_seq_len=512, tie_embeddings=True,
-    ),
-    # NanoColibri: 2.63B total / 0.341B active (top-2), 0.31B active (top-1).
-    "nano": dict(
-        d_model=1024, n_layers=24, n_dense_layers=1, n_heads=16, n_kv_heads=4, head_dim=64,
-        dense_ffn_dim=3072, n_experts=64, expert_dim=512, shared_expert_dim=2048,
-        max_seq_len=2048,
-    ),
-    # Colibri-Micro: about 7.0B total / 0.97B active (top-2). Its shared expert is wider
-    # (4096 = 5.3x the expert width) to reach 1B active at 28 layers.
-    "micro": dict(
-        d_model=1536, n_layers=28, n_dense_layers=1, n_heads=24, n_kv_heads=6, head_dim=64,
-        dense_ffn_dim=5632, n_experts=64, expert_dim=768, shared_expert_dim=4096,
-        max_seq_len=4096,
-    ),
-    # Colibri-Grande: about 27B total / 2.6B active (top-2), 2.3B (top-1). 80 experts: at 64
-    # the routed share of the total is too small for the 24-28B / 2.4B-active target.
-    "grande": dict(
-        d_model=2304, n_layers=40, n_dense_layers=1, n_heads=36, n_kv_heads=9, head_dim=64,
-        dense_ffn_dim=9216, n_experts=80, expert_dim=1152, shared_expert_dim=4608,
-        max_seq_len=4096,
-    ),
-}
-
-
-def get_preset(name: str, **overrides) -> ColibriConfig:
-    """The named preset as a config, with optional field overrides."""
-    if name not in PRESETS:
-        raise ConfigError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
-    return ColibriConfig(name=name, **{**PRESETS[name], **overrides})
-
-
-def count_params(config: ColibriConfig) -> dict[str, int]:
-    """Total and active parameter counts, from shapes alone (see the module docstring).
-
-    Returns `total_params`, `active_params_train` (top_k_train experts) and
-    `active_params_infer` (top_k_infer experts).
-    """
-    d, hd = config.d_model, config.head_dim
-    if config.attention_kind == "mla":
-        attn = mla_params(config)
-    else:
-        attn = d * config.n_heads * hd * 2 + d * config.n_kv_heads * hd * 2  # q, o + k, v
-        if config.qk_norm:
-            attn += 2 * hd if config.qk_norm_scope == "head" else (config.n_heads + config.n_kv_heads) * hd
-        attn += (config.n_heads + 2 * config.n_kv_heads) * hd if config.qkv_bias else 0
-    attn += d if config.o_bias else 0
-    attn += config.n_heads if config.attn_sinks else 0
-    norms_per_layer = 2 * d
-    dense_ffn = 3 * d * config.dense_ffn_dim
-    expert = 3 * d * config.expert_dim + ((2 * config.expert_dim + d) if config.expert_proj_bias else 0)
-    shared = 3 * d * config.shared_expert_dim + (d if config.shared_expert_gate else 0)
-    router = config.n_experts * (d + (1 if config.router_bias else 0))
-    head = config.vocab_size * d
-
-    backbone = config.n_layers * (attn + norms_per_layer) + d  # + final norm
-    backbone += config.n_dense_layers * dense_ffn
-    backbone += config.n_moe_layers * (router + shared)
-
-    total = backbone + config.n_moe_layers * config.n_experts * expert
-    total += head if config.tie_embeddings else 2 * head
-
-    def active(top_k: int) -> int:
-        return backbone + config.n_moe_layers * top_k * expert + head
-
-    return {
-        "total_params": total,
-        "active_params_train": active(config.top_k_train),
-        "active_params_infer": active(config.top_k_infer),
-    }
-
-
-def mla_params(config: ColibriConfig) -> int:
-    """Parameters of one multi-head latent attention layer (mla.py)."""
-    d, h, q_dim = config.d_model, config.n_heads, config.n_heads * config.head_dim
-    rank = config.q_lora_rank
-    q = d * q_dim if rank is None else d * rank + rank + rank * q_dim  # q_a, its norm, q_b
-    kv = d * (config.kv_lora_rank + config.qk_rope_head_dim) + config.kv_lora_rank  # kv_a, its norm
-    kv += config.kv_lora_rank * h * (config.qk_nope_head_dim + config.v_head_dim)  # kv_b
-    return q + kv + h * config.v_head_dim * d  # + o_proj

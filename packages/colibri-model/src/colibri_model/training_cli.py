@@ -21,11 +21,12 @@ from pydantic import ValidationError
 
 from .chat import ChatFormatError
 from .checkpoint import CheckpointFormatError
-from .config import ColibriConfig, ConfigError, get_preset
+from .config import ColibriConfig, ConfigError
 from .data.loader import LoaderError
 from .data.manifest import ManifestError
 from .data.shards import ShardFormatError
 from .data.sources import DataSourceError
+from .presets import get_preset
 from .tokenizer import TokenizerError
 
 USER_ERRORS = (ManifestError, ShardFormatError, DataSourceError, LoaderError, ConfigError, CheckpointFormatError,

@@ -31,7 +31,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..config import ColibriConfig, count_params, mla_params
+from ..config import ColibriConfig
+from ..param_count import count_params, mla_params
 from .activations import (
     BF16,
     FP32,

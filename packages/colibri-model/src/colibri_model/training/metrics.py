@@ -22,7 +22,8 @@ from pathlib import Path
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from ..config import ColibriConfig, count_params
+from ..config import ColibriConfig
+from ..param_count import count_params
 from ..router import RouterStats
 from .gpus import match_device_name
 
