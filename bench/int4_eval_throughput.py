@@ -1,5 +1,7 @@
-"""colibri-eval's int4 adapter before (row by row through engine.logits, no prefix sharing) vs after (sessions:
-padded batches, shared prefixes run once), interleaved, same engine, same items (bundled samples of all seven tasks, --limit each).
+"""colibri-eval's int4 adapter before (row by row through engine.logits, no prefix sharing) vs after (packed
+rows: each document's context once, its choices beside it, documents side by side under a tree mask), and
+the session path between them (padded batches, shared prefixes appended once), interleaved, same engine,
+same items (bundled samples of all seven tasks, --limit each). Wall and process CPU seconds (one thread).
 
     .venv/bin/python bench/int4_eval_throughput.py --limit 15 [--container model.coli] [--dtype bfloat16]
 
@@ -64,18 +66,24 @@ names = ["arc_easy", "arc_challenge", "hellaswag", "piqa", "winogrande", "openbo
 items = [encode_requests(loaded.tokenizer, doc.item.requests)
          for n in names for doc in load_documents(get_task(n), "bundled", limit=limit)]
 before = Before(loaded.model.engine, loaded.model.max_length)
-times: dict[str, list[float]] = {"before": [], "after": []}
+arms = (("before", before, {}), ("sessions", loaded.model, {"pack": False}), ("after", loaded.model, {}))
+times: dict[str, list[float]] = {name: [] for name, _, _ in arms}
+cpu: dict[str, list[float]] = {name: [] for name, _, _ in arms}
 worst = 0.0
 for _ in range(args.repeats):
-    for name, model in (("before", before), ("after", loaded.model)):
-        began = time.perf_counter()
-        scores = ScoringEngine(model).score(items)
+    for name, model, options in arms:
+        began, began_cpu = time.perf_counter(), time.process_time()
+        scores = ScoringEngine(model, **options).score(items)
         times[name].append(time.perf_counter() - began)
+        cpu[name].append(time.process_time() - began_cpu)
         if name == "before":
             ref = scores
         else:
             worst = max(worst, max(abs(a[0] - b[0]) for x, y in zip(ref, scores) for a, b in zip(x, y)))
 print("items", len(items), "requests", sum(len(i) for i in items), "max |dll|", worst)
-for key, values in times.items():
-    print(key, [round(x, 2) for x in values], "median", round(statistics.median(values), 2))
-print("speedup", round(statistics.median(times["before"]) / statistics.median(times["after"]), 2))
+for key in times:
+    print(key, "wall", [round(x, 2) for x in times[key]], "median", round(statistics.median(times[key]), 2),
+          "cpu median", round(statistics.median(cpu[key]), 2))
+for key in ("sessions", "after"):
+    print(f"speedup {key} vs before: wall", round(statistics.median(times["before"]) / statistics.median(times[key]), 2),
+          "cpu", round(statistics.median(cpu["before"]) / statistics.median(cpu[key]), 2))
