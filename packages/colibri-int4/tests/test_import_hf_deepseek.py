@@ -1,6 +1,6 @@
 """import-hf's DeepSeek-V3 mapping without transformers: every config field mapped or refused by
-name and value, FP8 checkpoints refused with the way out, the multi-token-prediction layers'
-tensors skipped, and the planner sizing the container the import writes. (Logits against
+name and value, DeepSeek's FP8 quantization_config taken (the weights: test_import_hf_fp8.py) and
+other pre-quantized configs refused, the multi-token-prediction layers' tensors skipped, and the planner sizing the container the import writes. (Logits against
 transformers' own DeepseekV3ForCausalLM: colibri-stream's test_hf_import.py.)"""
 
 from __future__ import annotations
@@ -30,6 +30,15 @@ CONFIG = {
 }
 
 
+# DeepSeek-V3's published quantization_config
+FP8 = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [128, 128]}
+
+
+def test_the_fp8_release_config_maps_as_its_bf16_conversion_does():
+    assert colibri_config_from_hf({**CONFIG, "quantization_config": FP8}) == colibri_config_from_hf(CONFIG)
+    assert colibri_config_from_hf({**V2, "quantization_config": FP8}) == colibri_config_from_hf(V2)
+
+
 def test_the_config_maps_to_mla_group_limited_sigmoid_routing():
     config = colibri_config_from_hf(CONFIG)
     assert config["schema_version"] == "1.2" and config["attention_kind"] == "mla" and config["q_lora_rank"] is None
@@ -44,8 +53,11 @@ def test_the_config_maps_to_mla_group_limited_sigmoid_routing():
 @pytest.mark.parametrize(
     "change, message",
     [
-        (dict(quantization_config={"quant_method": "fp8", "weight_block_size": [128, 128]}),
-         "quant_method='fp8' is not supported .*fp8_cast_bf16"),
+        (dict(quantization_config={**FP8, "fmt": "e5m2"}), "quantization_config.fmt='e5m2' is not supported"),
+        (dict(quantization_config={**FP8, "activation_scheme": "static"}),
+         "quantization_config.activation_scheme='static' is not supported"),
+        (dict(quantization_config={"quant_method": "compressed-tensors"}),  # Kimi-K2-Thinking's int4
+         "quantization_config.quant_method='compressed-tensors' is not supported"),
         (dict(num_key_value_heads=2), "num_key_value_heads=2 is not supported .*one key per head"),
         (dict(attention_bias=True), "attention_bias=True is not supported"),
         (dict(topk_method="greedy"), "topk_method='greedy' is not supported"),
@@ -138,7 +150,7 @@ def test_v2_maps_to_softmax_group_limited_routing_without_bias_or_renormalisatio
         (dict(topk_method="noaux_tc"), "topk_method='noaux_tc' is not supported"),
         (dict(scoring_func="sigmoid"), "scoring_func='sigmoid' is not supported"),
         (dict(mlp_bias=True), "mlp_bias=True is not supported"),
-        (dict(quantization_config={"quant_method": "fp8"}), "quant_method='fp8' is not supported"),
+        (dict(quantization_config={"quant_method": "fp8"}), "quantization_config.weight_block_size=None is not supported"),
         (dict(rope_interleave=False), "rope_interleave=False is not supported .*does not know"),
     ],
 )

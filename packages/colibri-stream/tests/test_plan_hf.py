@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
-from colibri_int4 import Container, ContainerError, HFImportError
+from colibri_int4 import Container, ContainerError
 from colibri_int4.import_hf import planned_container, sizes_by_quant
 from colibri_stream import Engine
 from colibri_stream.cli import main
@@ -153,16 +153,20 @@ DEEPSEEK_V3 = Path(__file__).parent / "fixtures" / "deepseek_v3"
 
 
 def test_deepseek_v3_plan_from_config_matches_a_hand_computation(tmp_path):
-    """DeepSeek-V3's published config: the FP8 release is refused with the way out; its bf16
-    conversion (the same config without quantization_config) plans 671B parameters, 37B active,
-    and a KV cache of the latent (mla.py: 512 + 64 numbers per layer and position, where
-    decompressed per-head keys and values would take 128 x (192 + 128), 71x more)."""
-    with pytest.raises(HFImportError, match="quant_method=.fp8. is not supported .*fp8_cast_bf16"):
-        planned_container(DEEPSEEK_V3, "int4")
+    """DeepSeek-V3's published config, the FP8 release's (import-hf dequantizes its block-scaled
+    weights and re-quantizes them, so it plans exactly as its bf16 conversion, the same config
+    without quantization_config): 671B parameters, 37B active, and a KV cache of the latent
+    (mla.py: 512 + 64 numbers per layer and position, where decompressed per-head keys and values
+    would take 128 x (192 + 128), 71x more)."""
+    container = planned_container(DEEPSEEK_V3, "int4")
     config = json.loads((DEEPSEEK_V3 / "config.json").read_text())
+    assert config["quantization_config"]["quant_method"] == "fp8"
     del config["quantization_config"]
     (tmp_path / "config.json").write_text(json.dumps(config))
-    container = planned_container(tmp_path, "int4")
+    bf16_conversion = planned_container(tmp_path, "int4")
+    assert container.file_size == bf16_conversion.file_size and container.blob_layout == bf16_conversion.blob_layout
+    assert {k: v for k, v in container.config.items() if k != "name"} == \
+           {k: v for k, v in bf16_conversion.config.items() if k != "name"}
     c = container.config
     assert (c["attention_kind"], c["router_groups"], c["router_topk_groups"], c["route_scale"]) == ("mla", 8, 4, 2.5)
     assert c["rope_scaling"]["kind"] == "yarn" and c["rope_scaling"]["factor"] == 40.0

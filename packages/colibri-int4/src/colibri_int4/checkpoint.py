@@ -22,13 +22,15 @@ from .positional_read import read_exact
 from .quantize import bf16_bits_to_f32, f32_to_bf16_bits
 
 CHECKPOINT_FORMAT_MAJOR = 1
-_ITEMSIZE = {"F32": 4, "BF16": 2, "F16": 2, "U8": 1}  # U8: packed MXFP4 blocks and scales (GPT-OSS)
+# U8: packed MXFP4 blocks and scales (GPT-OSS); F8_E4M3: block-scaled FP8 weights (DeepSeek's release)
+_ITEMSIZE = {"F32": 4, "BF16": 2, "F16": 2, "U8": 1, "F8_E4M3": 1}
 _MAX_ST_HEADER = 100 << 20
 
 
 class SafetensorsFile:
     """A validated read-only view of one .safetensors file; float tensors come back as fp32
-    numpy, U8 tensors (MXFP4 blocks and scales of GPT-OSS checkpoints) as uint8."""
+    numpy, U8 tensors (MXFP4 blocks and scales of GPT-OSS checkpoints) as uint8, and F8_E4M3
+    tensors as their uint8 codes (fp8.py decodes them with their block scales)."""
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
@@ -61,7 +63,7 @@ class SafetensorsFile:
             except (KeyError, TypeError, ValueError):
                 raise CheckpointError(f"{self.path}: malformed entry for tensor '{name}'") from None
             if dtype not in _ITEMSIZE:
-                raise CheckpointError(f"{self.path}: tensor '{name}' has dtype {dtype}; expected F32, BF16, F16 or U8")
+                raise CheckpointError(f"{self.path}: tensor '{name}' has dtype {dtype}; expected F32, BF16, F16, U8 or F8_E4M3")
             numel = int(np.prod(shape, dtype=np.int64)) if shape else 1
             if end - begin != numel * _ITEMSIZE[dtype] or begin < 0 or self._data_start + end > size:
                 raise CheckpointError(f"{self.path}: tensor '{name}' has a bad byte range [{begin}, {end})")
@@ -100,7 +102,7 @@ class SafetensorsFile:
             return bf16_bits_to_f32(np.frombuffer(raw, dtype="<u2")).reshape(shape)
         if dtype == "F16":
             return np.frombuffer(raw, dtype="<f2").astype(np.float32).reshape(shape)
-        if dtype == "U8":
+        if dtype in ("U8", "F8_E4M3"):
             return np.frombuffer(raw, dtype=np.uint8).reshape(shape)
         return np.frombuffer(raw, dtype="<f4").reshape(shape)
 
@@ -142,8 +144,9 @@ def check_tensors(st: SafetensorsFile, shape: ModelShape) -> dict[str, tuple[int
             raise CheckpointError(f"{st.path}: tensor '{name}' is missing")
         if st.entries[name][1] != dims:
             raise CheckpointError(f"{st.path}: tensor '{name}' has shape {list(st.entries[name][1])}, config says {list(dims)}")
-        if st.entries[name][0] == "U8":  # only import-hf's MXFP4 decoder reads packed bytes
-            raise CheckpointError(f"{st.path}: tensor '{name}' has dtype U8; a checkpoint holds F32, BF16 or F16")
+        if st.entries[name][0] in ("U8", "F8_E4M3"):  # only import-hf's MXFP4 and FP8 decoders read these
+            raise CheckpointError(f"{st.path}: tensor '{name}' has dtype {st.entries[name][0]}; "
+                                  "a checkpoint holds F32, BF16 or F16")
     extra = sorted(set(st.entries) - set(expected))
     if extra:
         raise CheckpointError(f"{st.path}: unexpected tensor '{extra[0]}' ({len(extra)} not in CHECKPOINT.md)")

@@ -156,9 +156,9 @@ def import_hf_command(hf_dir: Path, out: Path, quant: str, group_size: str, symm
     """Convert a Hugging Face checkpoint directory (config.json, safetensors shards, tokenizer.json,
     chat template) into the container OUT, one tensor at a time.
 
-    Families: qwen3_moe, qwen2_moe, olmoe, mixtral, llama (dense), deepseek_v3, deepseek_v2 (bf16
-    checkpoints; DeepSeek's FP8 release is refused), gpt_oss (bf16 or MXFP4 experts, decoded and
-    re-quantized to --quant). A config field whose value Colibri cannot represent is refused by
+    Families: qwen3_moe, qwen2_moe, olmoe, mixtral, llama (dense), deepseek_v3, deepseek_v2 (bf16,
+    or DeepSeek's own FP8 release: block-scaled E4M3 weights dequantized and re-quantized to
+    --quant), gpt_oss (bf16 or MXFP4 experts, decoded and re-quantized to --quant). A config field whose value Colibri cannot represent is refused by
     name and value (exit 2).
     """
     from .import_hf import import_hf, quant_scheme

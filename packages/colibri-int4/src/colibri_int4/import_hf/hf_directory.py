@@ -4,7 +4,9 @@ chat template.
 
 Opening reads only the shards' headers (a few KB each); a tensor is read with one `pread` when
 asked for, so converting a 60 GB checkpoint holds one tensor at a time, never a shard. Every
-shard stays open (one file descriptor each) until `close`.
+shard stays open (one file descriptor each) until `close`. Block-scaled FP8 weights (DeepSeek's
+own release: F8_E4M3 beside a `weight_scale_inv`) are paired at open and read back dequantized
+to fp32 (fp8_weights.py); their scale tensors are not among `names`.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import numpy as np
 from ..checkpoint import SafetensorsFile
 from ..errors import CheckpointError, HFImportError
 from ..header import TokenizerConfig
+from .fp8_weights import FP8Weights
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -35,7 +38,8 @@ def read_json(path: Path, required: bool = True):
 
 
 class HFDirectory:
-    """The files of one checkpoint directory. `tensor(name)` is fp32 numpy (BF16, F16, F32)."""
+    """The files of one checkpoint directory. `tensor(name)` is fp32 numpy (BF16, F16, F32, and
+    F8_E4M3 times its block scales)."""
 
     def __init__(self, directory: str | os.PathLike):
         self.path = Path(directory)
@@ -80,6 +84,7 @@ class HFDirectory:
             for name, file in weight_map.items():
                 if self._where.get(name) is not self._shards[file]:
                     raise HFImportError(f"{self.path / INDEX_FILE}: tensor '{name}' is not in {file}")
+        self.fp8 = FP8Weights(self._where, self.config, self.path / "config.json")
 
     def close(self) -> None:
         for shard in self._shards.values():
@@ -95,7 +100,8 @@ class HFDirectory:
     # --- tensors ---------------------------------------------------------------------------
     @property
     def names(self) -> set[str]:
-        return set(self._where)
+        """The checkpoint's tensors, FP8 block scales excluded (each belongs to its weight)."""
+        return set(self._where) - set(self.fp8.scales.values())
 
     @property
     def nbytes(self) -> int:
@@ -106,6 +112,11 @@ class HFDirectory:
 
     def tensor(self, name: str, index: int | None = None) -> tuple[np.ndarray, int]:
         """(fp32 array, bytes read) of tensor `name`, or of `tensor[index]` (one read)."""
+        if name in self.fp8.scales:  # 2-D: `index` is a row
+            if index is None:
+                return self.fp8.rows(name, 0, self.shape(name)[0])
+            rows, n = self.fp8.rows(name, index, index + 1)
+            return rows[0], n
         shard = self._where[name]
         array = shard.read(name, index)
         n = shard.nbytes(name)
@@ -113,6 +124,8 @@ class HFDirectory:
 
     def rows(self, name: str, start: int, stop: int) -> tuple[np.ndarray, int]:
         """(fp32 `tensor[start:stop]`, bytes read), in one read."""
+        if name in self.fp8.scales:
+            return self.fp8.rows(name, start, stop)
         shard = self._where[name]
         rows = shard.read_rows(name, start, stop)
         return rows, shard.nbytes(name) * rows.shape[0] // shard.entries[name][1][0]

@@ -8,7 +8,9 @@ and the sizes are the exporter's planner's, so they equal what `import-hf --quan
 present, as the import carries them; without a tokenizer.json the planned file is short by
 exactly its length, about 11 MB for Qwen3's). A GPT-OSS config that says its experts are MXFP4
 is planned at the sizes import-hf writes: the experts decoded and re-quantized to `--quant`
-(gpt-oss-20b: 13.16 GB at int4 g64, 22.72 GB at int8).
+(gpt-oss-20b: 13.16 GB at int4 g64, 22.72 GB at int8). So is DeepSeek-V3's published config,
+with its FP8 quantization_config: the block-scaled weights are dequantized and re-quantized, so
+it plans as its bf16 conversion does.
 """
 
 from __future__ import annotations

@@ -1,23 +1,26 @@
 """What DeepSeek-V2 and V3 share: multi-head latent attention (colibri-model's `attention_kind =
 "mla"`), the dense-then-MoE layer pattern with `n_shared_experts * moe_intermediate_size` ungated
-shared experts, group counts, the FP8 refusal, and the keys of the original (remote-code) release
+shared experts, group counts, DeepSeek's FP8 quantization_config, and the keys of the original (remote-code) release
 that do not change the forward."""
 
 from __future__ import annotations
 
+from ...fp8 import FP8ConfigError, parse_quantization_config
 from ..config_fields import ConfigFields
 
 # config.json keys of the original release that only matter to training or parallelism
 _NOT_THE_FORWARD = ("ep_size", "aux_loss_alpha", "seq_aux", "auto_map", "num_nextn_predict_layers", "num_mtp_layers")
 
 
-def refuse_fp8(fields: ConfigFields) -> None:
-    quant = fields.data.get("quantization_config")
+def fp8_weights(fields: ConfigFields) -> None:
+    """Take DeepSeek's own release's quantization_config (block-scaled FP8 E4M3 weights, which the
+    import dequantizes: colibri_int4/fp8.py) and refuse any other, by name and value."""
+    quant = fields.get("quantization_config", None)
     if quant is not None:
-        method = quant.get("quant_method", "?") if isinstance(quant, dict) else quant
-        fields.refuse("quantization_config.quant_method", method,
-                      "an FP8/pre-quantized DeepSeek checkpoint (block-scaled weight_scale_inv tensors) is not "
-                      "dequantized by import-hf; convert it to bf16 first (DeepSeek's fp8_cast_bf16.py)")
+        try:
+            parse_quantization_config(quant)
+        except FP8ConfigError as exc:
+            fields.refuse(exc.key, exc.value, exc.why)
 
 
 def mla_fields(fields: ConfigFields, n_heads: int) -> dict:

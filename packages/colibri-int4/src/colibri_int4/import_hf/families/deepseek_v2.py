@@ -5,6 +5,7 @@ a softmax router (over all experts, fp32) whose top-k probabilities are the gate
 "group_limited_greedy" (the best `topk_group` of `n_group` groups, each scored by its best
 expert); no score-correction bias.
 
+An FP8 block-scaled checkpoint in DeepSeek-V3's form (its quantization_config) is read as V3's is.
 Refused besides what V3 refuses: `norm_topk_prob` true (transformers' DeepseekV2 ignores it and
 DeepSeek's remote code renormalises: the two disagree, so neither is guessed), `mlp_bias`, and
 `topk_method` "noaux_tc" (V3's router: model_type deepseek_v3)."""
@@ -13,14 +14,14 @@ from __future__ import annotations
 
 from ..config_fields import ConfigFields, colibri_config, rope, silu_activation
 from ..names import LlamaStyleNames
-from .deepseek_mla import mla_fields, moe_fields, refuse_fp8, router_groups
+from .deepseek_mla import fp8_weights, mla_fields, moe_fields, router_groups
 
 MODEL_TYPES = ("deepseek_v2",)
 NAMES = LlamaStyleNames(shared="shared_experts")
 
 
 def map_config(fields: ConfigFields, name: str) -> dict:
-    refuse_fp8(fields)
+    fp8_weights(fields)
     d, n_layers = fields.integer("hidden_size"), fields.integer("num_hidden_layers")
     n_heads = fields.integer("num_attention_heads")
     max_seq_len = fields.integer("max_position_embeddings")

@@ -6,9 +6,12 @@ groups by the sum of their top-2 scores), `norm_topk_prob`, `routed_scaling_fact
 `first_k_dense_replace` layers dense (`intermediate_size`), then MoE layers with
 `n_shared_experts * moe_intermediate_size` ungated shared experts.
 
-Refused: FP8 checkpoints (`quantization_config`, DeepSeek's own release: block-scaled
-`weight_scale_inv` tensors are not dequantized here; convert to bf16 first, e.g. DeepSeek's
-`fp8_cast_bf16.py`), `attention_bias` (o_proj has no bias tensor in Colibri), grouped KV heads
+DeepSeek's own FP8 release is read as it is: its quantization_config (`quant_method` "fp8", `fmt`
+"e4m3", `activation_scheme` "dynamic", any `weight_block_size`) is taken and each F8_E4M3 weight
+is dequantized with its `weight_scale_inv` block scales (colibri_int4/fp8.py), then quantized to
+`--quant`; any other quantization_config is refused by name and value.
+
+Refused: `attention_bias` (o_proj has no bias tensor in Colibri), grouped KV heads
 (`num_key_value_heads != num_attention_heads`). The multi-token-prediction layers
 (`num_nextn_predict_layers`, tensors `model.layers.{num_hidden_layers}.*`) are skipped: they only
 serve speculative decoding. The original (remote-code) config's `topk_method`, `scoring_func`,
@@ -19,12 +22,12 @@ from __future__ import annotations
 
 from ..config_fields import ConfigFields, colibri_config, rope, silu_activation
 from ..names import LlamaStyleNames
-from .deepseek_mla import mla_fields, moe_fields, refuse_fp8, router_groups
+from .deepseek_mla import fp8_weights, mla_fields, moe_fields, router_groups
 
 MODEL_TYPES = ("deepseek_v3",)
 NAMES = LlamaStyleNames(shared="shared_experts", router_bias="e_score_correction_bias", extra_layers_ignored=True)
 def map_config(fields: ConfigFields, name: str) -> dict:
-    refuse_fp8(fields)
+    fp8_weights(fields)
     d, n_layers = fields.integer("hidden_size"), fields.integer("num_hidden_layers")
     n_heads = fields.integer("num_attention_heads")
     max_seq_len = fields.integer("max_position_embeddings")
