@@ -147,6 +147,32 @@ def kv_cache_bytes(config: ColibriConfig, max_context: int, elem: int) -> int:
     return config.kv_bytes_per_position(elem) * max_context  # key and value widths differ under MLA
 
 
+@dataclass(frozen=True)
+class SlidingKV:
+    """Sliding-window layers (GPT-OSS's `sliding_layers`) in the KV cache. Colibri's cache keeps
+    every position on them too (the window is a mask in colibri-model's layers.py, not a ring
+    buffer), so `kv_cache_bytes` sizes them as full layers. `windowed_saving` is what a cache that
+    kept only the window would save: a sliding layer then holds `window + prefill_chunk - 1`
+    positions at most (a chunk's first query still sees window - 1 earlier ones)."""
+
+    layers: int
+    total_layers: int
+    window: int
+    layer_bytes_per_position: int
+    prefill_chunk: int
+
+    @classmethod
+    def of(cls, config: ColibriConfig, elem: int, prefill_chunk: int) -> SlidingKV | None:
+        if not config.sliding_layers or config.sliding_window is None:
+            return None
+        per_layer = config.kv_bytes_per_position(elem) // config.n_layers  # every GPT-OSS layer alike
+        return cls(len(config.sliding_layers), config.n_layers, config.sliding_window, per_layer, prefill_chunk)
+
+    def windowed_saving(self, context: int) -> int:
+        kept = min(context, self.window + self.prefill_chunk - 1)
+        return self.layers * self.layer_bytes_per_position * (context - kept)
+
+
 def workspace_bytes(config: ColibriConfig, prefill_chunk: int, max_context: int, elem: int) -> int:
     """Upper estimate of one forward pass's live activations over `prefill_chunk` tokens."""
     t = prefill_chunk
