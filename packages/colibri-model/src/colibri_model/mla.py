@@ -122,7 +122,7 @@ class MultiHeadLatentAttention(nn.Module):
         k_nope, v = kv.split([self.nope, self.v_dim], dim=-1)
         q = torch.cat([q_nope, q_rope], dim=-1)
         k = torch.cat([k_nope, k_rope.expand(B, H, S, self.rope_dim)], dim=-1)
-        return self._attend(q, k, v, past, attention_mask, gqa=False)
+        return self._attend(q, k, v, past, attention_mask)
 
     def _absorbed(self, q_nope, q_rope, rows, past: int, attention_mask) -> torch.Tensor:
         """rows [B, 1, S, r + rope] -> [B, H, T, v], attending the latent rows themselves."""
@@ -130,14 +130,28 @@ class MultiHeadLatentAttention(nn.Module):
         w = self.kv_b_proj.weight.view(H, self.nope + self.v_dim, self.kv_rank)
         w_k, w_v = w[:, : self.nope], w[:, self.nope:]  # [H, nope, r], [H, v, r]
         q = torch.cat([torch.einsum("bhtn,hnr->bhtr", q_nope, w_k), q_rope], dim=-1)  # [B, H, T, r + rope]
-        out = self._attend(q, rows, rows[..., : self.kv_rank], past, attention_mask, gqa=True)  # [B, H, T, r]
+        out = self._attend_shared_key(q, rows, past, attention_mask)  # [B, H, T, r]
         return torch.einsum("bhtr,hvr->bhtv", out, w_v)
 
-    def _attend(self, q, k, v, past: int, attention_mask, gqa: bool) -> torch.Tensor:
+    def _attend(self, q, k, v, past: int, attention_mask) -> torch.Tensor:
         B, T, S = q.shape[0], q.shape[2], k.shape[2]
         if past == 0 and attention_mask is None:
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale, enable_gqa=gqa)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale)
         # the one masking rule of both attentions (layers.attention_allowed): causal on cache
         # columns, ANDed with a [B, S] key mask or a [B, T, S] per-query mask
         allowed = attention_allowed(B, T, past, S, attention_mask, q.device)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=self.scale, enable_gqa=gqa)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=self.scale)
+
+    def _attend_shared_key(self, q, rows, past: int, attention_mask) -> torch.Tensor:
+        """q [B, H, T, r + rope] over the one latent "head" rows [B, 1, S, r + rope] -> [B, H, T, r].
+        Every head reads the same keys, so the heads fold into the query axis (row h T + t): one
+        [H T, r + rope] x [r + rope, S] product per batch row instead of SDPA's enable_gqa, which
+        on CPU expands the keys to every head (measured at V2-Lite's shapes, S 1024, one thread:
+        a decode step 36 ms -> 0.7 ms, a 128-token chunk 90 -> 52 ms); the mask repeats per head."""
+        B, H, T, D = q.shape
+        S = rows.shape[2]
+        allowed = attention_allowed(B, T, past, S, attention_mask, q.device)  # [T, S] or [B, 1, T, S]
+        allowed = allowed.repeat(H, 1) if allowed.dim() == 2 else allowed.repeat(1, 1, H, 1)
+        out = F.scaled_dot_product_attention(q.reshape(B, 1, H * T, D), rows, rows[..., : self.kv_rank],
+                                             attn_mask=allowed, scale=self.scale)
+        return out.view(B, H, T, self.kv_rank)

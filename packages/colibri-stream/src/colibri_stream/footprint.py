@@ -184,6 +184,8 @@ def workspace_bytes(config: ColibriConfig, prefill_chunk: int, max_context: int,
     scores = 3 * config.n_heads * t * (max_context + 1) * 4 if config.attn_sinks else config.n_heads * t * max_context * 4
     heads_width = config.n_heads * (2 * config.key_head_dim + config.value_head_dim)
     attention = scores + t * heads_width * elem + mla_decompressed_bytes(config, t, max_context, elem)
+    if config.attention_kind == "mla":  # the absorbed form's boolean mask, repeated per head
+        attention += config.n_heads * t * max_context
     ffn = 3 * t * widest_ffn * max(elem, 4)
     logits = 2 * t * config.vocab_size * 4  # logits, and their fp32 copy for sampling/softmax
     return hidden + attention + ffn + logits
