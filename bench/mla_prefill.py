@@ -6,7 +6,8 @@ KVCache, as colibri-stream does (`prefill_chunk`). Absorbed, chosen (`form = "au
 reference, decompressed on every chunk run in one process, interleaved, fp32; the script prints
 JSON: the median seconds of each, absorbed_over_chosen (the speed-up of choosing), the forms
 chosen per chunk, and the ratios mla_cost.py's FLOP counts predict (with the projections both
-forms share, and over the differing steps alone).
+forms share, and over the differing steps alone); then one decode step over the prefilled context
+(best of the repeats) and its attention kernel with the heads folded (mla.py) vs SDPA enable_gqa.
 
 Usage: python bench/mla_prefill.py [--tokens 512] [--chunk 128] [--repeats 7] [--threads N]
 """
@@ -19,13 +20,14 @@ import statistics
 import time
 
 import torch
+import torch.nn.functional as F
 from colibri_model import ColibriConfig
 from colibri_model.layers import KVCache
 from colibri_model.mla import MultiHeadLatentAttention
 from colibri_model.mla_cost import mla_form_flops
 
 V2_LITE = dict(vocab_size=102400, d_model=2048, n_layers=1, n_dense_layers=1, n_heads=16, n_kv_heads=16,
-               head_dim=192, dense_ffn_dim=10944, n_experts=0, expert_dim=0, qk_norm=False, max_seq_len=4096,
+               head_dim=192, dense_ffn_dim=10944, n_experts=0, expert_dim=0, qk_norm=False, max_seq_len=16384,
                attention_kind="mla", q_lora_rank=None, kv_lora_rank=512, qk_nope_head_dim=128,
                qk_rope_head_dim=64, v_head_dim=128, rope_interleave=True)
 
@@ -38,6 +40,35 @@ def prefill(attn: MultiHeadLatentAttention, config: ColibriConfig, x: torch.Tens
         attn(x[:, s:s + t], torch.arange(s, s + t), cache)
         cache.length += t
     return time.perf_counter() - start
+
+
+def best_of(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def decode_figures(attn: MultiHeadLatentAttention, config: ColibriConfig, context: int, repeats: int) -> dict:
+    """One decode step over `context` cached positions (the absorbed form), and its attention
+    kernel both ways: the heads folded into the query axis (mla.py) vs SDPA's enable_gqa."""
+    cache = KVCache(config, 1, context + 1)
+    cache.keys[0].normal_()
+    x = torch.randn(1, 1, config.d_model)
+
+    def step():
+        cache.length = context
+        attn(x, torch.tensor([context]), cache)
+
+    attn.form = "auto"
+    q, rows = torch.randn(1, 16, 1, 576), cache.keys[0][:, :, : context + 1]
+    folded = best_of(lambda: F.scaled_dot_product_attention(q.reshape(1, 1, 16, 576), rows, rows[..., :512]), repeats)
+    gqa = best_of(lambda: F.scaled_dot_product_attention(q, rows, rows[..., :512], enable_gqa=True), repeats)
+    return {"decode_context": context, "decode_form": attn.form_for(1, context + 1),
+            "decode_step_ms": round(best_of(step, repeats) * 1e3, 2),
+            "decode_attention_ms": {"folded": round(folded * 1e3, 3), "enable_gqa": round(gqa * 1e3, 3)}}
 
 
 def main() -> None:
@@ -74,6 +105,7 @@ def main() -> None:
             for key, form in variants.items():
                 attn.form = form
                 times[key].append(prefill(attn, config, x, args.chunk))
+        decode = decode_figures(attn, config, args.tokens, args.repeats)
     median = {key: statistics.median(t) for key, t in times.items()}
     print(json.dumps({
         "tokens": args.tokens, "chunk": args.chunk, "threads": torch.get_num_threads(), "repeats": args.repeats,
@@ -85,6 +117,7 @@ def main() -> None:
         "predicted_absorbed_over_chosen": round(flops["absorbed"] / flops["chosen"], 3),
         "predicted_absorbed_over_chosen_differing_steps": round((flops["absorbed"] - shared) / (flops["chosen"] - shared), 3),
         "gflops": {k: round(v / 1e9, 2) for k, v in flops.items()},
+        **decode,
     }, indent=1))
 
 
