@@ -21,7 +21,7 @@ forces one), and either way the cache holds only the LATENT, one "head" of
 - absorbed: kv_b_proj is absorbed instead of applied to every cached position: with kv_b_proj =
   per head [W_k (nope x r); W_v (v x r)], `q_nope . kn = (q_nope W_k) . c`, so the query becomes
   `[q_nope W_k, rope(q_rope)]` (r + rope wide), one attention over the latent (multi-query: every
-  head reads the same cached row) gives `softmax(.) c` per head, and `W_v` maps it to the value
+  head reads the same cached row, so the heads fold into the query axis) gives `softmax(.) c` per head, and `W_v` maps it to the value
   width. The cheaper form when the past dominates: decode steps, late prefill chunks.
 At DeepSeek-V3's shapes the cache takes 576 numbers per layer and position instead of the
 128 x (192 + 128) = 40,960 of decompressed keys and values (71x less), and an absorbed decode step
