@@ -146,7 +146,8 @@ def test_v2_maps_to_softmax_group_limited_routing_without_bias_or_renormalisatio
 @pytest.mark.parametrize(
     "change, message",
     [
-        (dict(norm_topk_prob=True), "norm_topk_prob=True is not supported"),
+        (dict(norm_topk_prob=True), r"norm_topk_prob=True is not supported \(transformers' DeepseekV2 never "
+                                    "renormalises"),
         (dict(topk_method="noaux_tc"), "topk_method='noaux_tc' is not supported"),
         (dict(scoring_func="sigmoid"), "scoring_func='sigmoid' is not supported"),
         (dict(mlp_bias=True), "mlp_bias=True is not supported"),
@@ -157,3 +158,10 @@ def test_v2_maps_to_softmax_group_limited_routing_without_bias_or_renormalisatio
 def test_v2_refuses_by_name_and_value(change, message):
     with pytest.raises(HFImportError, match=message):
         colibri_config_from_hf({**V2, **change}, "ds2/config.json")
+
+
+def test_v2_norm_topk_prob_at_top_1_is_the_same_math_and_is_taken():
+    """At one expert per token neither forward renormalises (DeepSeek's code only does at top_k > 1)."""
+    top_1 = {**V2, "num_experts_per_tok": 1}
+    assert colibri_config_from_hf({**top_1, "norm_topk_prob": True}) == colibri_config_from_hf(top_1)
+    assert colibri_config_from_hf(top_1)["route_norm"] is False

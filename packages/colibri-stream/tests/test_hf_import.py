@@ -285,3 +285,31 @@ def test_gpt_oss_mxfp4_checkpoint_computes_transformers_logits_on_its_decoded_we
     with Engine.open(tmp_path / "mxfp4.coli", ram_budget="1GB", dtype="f32", max_context=CONTEXT) as eng:
         diff = float((eng.logits(ids) - ref_logits).abs().max())
     assert diff < 1e-4 * max(1.0, float(ref_logits.abs().max())), diff
+
+
+@torch.no_grad()
+def test_deepseek_v2_ignores_norm_topk_prob_so_import_refuses_it(tmp_path):
+    """transformers' DeepseekV2 router never renormalises, whatever norm_topk_prob says (its gates
+    are the top-k softmax probabilities times routed_scaling_factor), while DeepSeek's own code
+    renormalises at top_k > 1: import-hf refuses the flag there rather than pick one. If
+    transformers starts honouring the flag, the first assertion fails: then map it."""
+    import json
+
+    from colibri_int4 import HFImportError
+    from colibri_int4.import_hf import colibri_config_from_hf
+
+    config = FAMILIES["deepseek_v2"]()
+    config.norm_topk_prob = True
+    torch.manual_seed(5)
+    moe = transformers.AutoModelForCausalLM.from_config(config).model.layers[1].mlp
+    moe.gate.weight.normal_()
+    hidden = torch.randn(10, 64)
+    _, weights, indices = moe.gate(hidden)
+    probabilities = (hidden @ moe.gate.weight.T).softmax(-1)
+    torch.testing.assert_close(weights, probabilities.gather(1, indices) * 1.5)
+    assert not torch.allclose(weights.sum(-1), torch.full((10,), 1.5))  # not renormalised
+    config.save_pretrained(tmp_path)
+    data = json.loads((tmp_path / "config.json").read_text())
+    assert data["norm_topk_prob"] is True
+    with pytest.raises(HFImportError, match=r"norm_topk_prob=True is not supported \(transformers' DeepseekV2 never"):
+        colibri_config_from_hf(data, tmp_path / "config.json")

@@ -135,3 +135,23 @@ def test_forward_tokens_appends_to_the_context(tiny):
         torch.testing.assert_close(torch.stack(steps), whole[7:], rtol=0, atol=1e-5)
         with pytest.raises(ValueError, match="max_context"):
             eng.forward_tokens([1] * 256)
+
+
+def test_the_mla_workspace_counts_the_decompressed_keys_and_values():
+    """MLA decompresses a pass whose past is short against its chunk (colibri_model.mla_cost): the
+    workspace holds its per-head keys and values, n + v + n + rope + v numbers per head and key."""
+    from colibri_model import ColibriConfig
+    from colibri_stream.footprint import mla_decompressed_bytes
+
+    mla = dict(vocab_size=256, d_model=64, n_layers=2, n_dense_layers=1, n_heads=4, n_kv_heads=4, head_dim=24,
+               dense_ffn_dim=96, n_experts=8, expert_dim=32, qk_norm=False, max_seq_len=256, attention_kind="mla",
+               kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16)
+    config, per_key = ColibriConfig(**mla), 4 * (16 + 16 + 16 + 8 + 16) * 4
+    # r (n + v) = 1024 <= T (2r - n - v) = 32 T from T = 32: any pass of 32 or more columns
+    # decompresses, so a chunk of 64 as 2 rows of 32 holds 2 x 256 keys
+    assert mla_decompressed_bytes(config, 64, 256, 4) == 2 * 256 * per_key
+    # a chunk of 8 decompresses up to a past of 2 (2 x 768 < 64 x 32 <= 3 x 768); 2 rows of 4: 0
+    assert mla_decompressed_bytes(config, 8, 256, 4) == 10 * per_key
+    dense = {k: v for k, v in mla.items() if k not in ("attention_kind", "kv_lora_rank", "qk_nope_head_dim",
+                                                       "qk_rope_head_dim", "v_head_dim")}
+    assert mla_decompressed_bytes(ColibriConfig(**{**dense, "head_dim": 16, "n_kv_heads": 2}), 64, 256, 4) == 0

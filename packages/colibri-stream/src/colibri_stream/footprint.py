@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 import torch
 from colibri_int4 import Container
 from colibri_model import ColibriConfig, held_dtype
+from colibri_model.mla_cost import most_decompressed_keys
 
 from .compute.choice import time_compute
 from .compute.expert_compute import int4_supported, prepared_nbytes
@@ -146,6 +147,32 @@ def kv_cache_bytes(config: ColibriConfig, max_context: int, elem: int) -> int:
     return config.kv_bytes_per_position(elem) * max_context  # key and value widths differ under MLA
 
 
+@dataclass(frozen=True)
+class SlidingKV:
+    """Sliding-window layers (GPT-OSS's `sliding_layers`) in the KV cache. Colibri's cache keeps
+    every position on them too (the window is a mask in colibri-model's layers.py, not a ring
+    buffer), so `kv_cache_bytes` sizes them as full layers. `windowed_saving` is what a cache that
+    kept only the window would save: a sliding layer then holds `window + prefill_chunk - 1`
+    positions at most (a chunk's first query still sees window - 1 earlier ones)."""
+
+    layers: int
+    total_layers: int
+    window: int
+    layer_bytes_per_position: int
+    prefill_chunk: int
+
+    @classmethod
+    def of(cls, config: ColibriConfig, elem: int, prefill_chunk: int) -> SlidingKV | None:
+        if not config.sliding_layers or config.sliding_window is None:
+            return None
+        per_layer = config.kv_bytes_per_position(elem) // config.n_layers  # every GPT-OSS layer alike
+        return cls(len(config.sliding_layers), config.n_layers, config.sliding_window, per_layer, prefill_chunk)
+
+    def windowed_saving(self, context: int) -> int:
+        kept = min(context, self.window + self.prefill_chunk - 1)
+        return self.layers * self.layer_bytes_per_position * (context - kept)
+
+
 def workspace_bytes(config: ColibriConfig, prefill_chunk: int, max_context: int, elem: int) -> int:
     """Upper estimate of one forward pass's live activations over `prefill_chunk` tokens."""
     t = prefill_chunk
@@ -153,13 +180,29 @@ def workspace_bytes(config: ColibriConfig, prefill_chunk: int, max_context: int,
     hidden = 6 * t * config.d_model * max(elem, 4)  # residual, normed, attn out, fp32 norm temporaries
     # SDPA's scores (the explicit softmax of sink layers, GPT-OSS, holds the scores, the scores with
     # the sink column and the probabilities at once), and q, k and v of the chunk (MLA: its absorbed
-    # query and attention output, r + rope wide per head)
+    # query and attention output, r + rope wide per head, or the decompressed keys and values)
     scores = 3 * config.n_heads * t * (max_context + 1) * 4 if config.attn_sinks else config.n_heads * t * max_context * 4
     heads_width = config.n_heads * (2 * config.key_head_dim + config.value_head_dim)
-    attention = scores + t * heads_width * elem
+    attention = scores + t * heads_width * elem + mla_decompressed_bytes(config, t, max_context, elem)
+    if config.attention_kind == "mla":  # the absorbed form's boolean mask, repeated per head
+        attention += config.n_heads * t * max_context
     ffn = 3 * t * widest_ffn * max(elem, 4)
     logits = 2 * t * config.vocab_size * 4  # logits, and their fp32 copy for sampling/softmax
     return hidden + attention + ffn + logits
+
+
+def mla_decompressed_bytes(config: ColibriConfig, prefill_chunk: int, max_context: int, elem: int) -> int:
+    """MLA's decompressed form (mla_cost.py chooses it for a pass whose past is short against its
+    chunk) holds per-head keys and values of every position it attends: kv_b_proj's output
+    (n + v per head), the keys with the rope part (n + rope) and a contiguous copy of the values
+    (v). The most over the batch widths a pass may take (B rows of prefill_chunk // B columns)."""
+    if config.attention_kind != "mla":
+        return 0
+    n, v = config.qk_nope_head_dim, config.v_head_dim
+    per_key = config.n_heads * (2 * n + config.qk_rope_head_dim + 2 * v) * elem
+    most = max(rows * most_decompressed_keys(prefill_chunk // rows, max_context, config.kv_lora_rank, n, v)
+               for rows in range(1, prefill_chunk + 1))
+    return most * per_key
 
 
 class Sizing:

@@ -38,7 +38,7 @@ from colibri_int4 import Container
 from colibri_model import ColibriConfig
 
 from .errors import BudgetError
-from .footprint import Budget, Footprint, Sizing, dtype_name
+from .footprint import Budget, Footprint, Sizing, SlidingKV, dtype_name
 from .options import EngineOptions
 from .resident import model_config
 from .sizes import format_size
@@ -91,6 +91,7 @@ class Plan:
     smallest_choice: str = ""  # the configuration `smallest_budget` is for
     defaults: list[str] = field(default_factory=list)  # preferred values a size limit set (module doc)
     max_seq_len: int = 0  # the config's; `max_context` may be shorter
+    sliding_kv: SlidingKV | None = None  # sliding-window layers, sized as full ones (footprint.SlidingKV)
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -100,6 +101,13 @@ class Plan:
     def kv_cache_at(self, context: int) -> int:
         """KV cache bytes (in the plan's dtype) for a context of `context` tokens."""
         return self.kv_bytes_per_token * context
+
+    def windowed_kv_cache_at(self, context: int) -> int | None:
+        """What a KV cache keeping only the sliding layers' windows would take (None: no sliding
+        layers). Not what the engine holds: its cache keeps every position (footprint.SlidingKV)."""
+        if self.sliding_kv is None:
+            return None
+        return self.kv_cache_at(context) - self.sliding_kv.windowed_saving(context)
 
     @property
     def min_budget(self) -> int:
@@ -202,7 +210,9 @@ def make_plan(container: Container, opts: EngineOptions, ram_budget: int | None 
         budget = chosen.split(ram_budget)
     degraded = _degraded(candidates[0], chosen)
     return Plan(str(container.path), chosen, smallest, prefetch, container.expert_bytes, budget, degraded,
-                smallest_choice=least.describe(), defaults=defaults, max_seq_len=config.max_seq_len)
+                smallest_choice=least.describe(), defaults=defaults, max_seq_len=config.max_seq_len,
+                sliding_kv=SlidingKV.of(config, torch.empty((), dtype=chosen.dtype).element_size(),
+                                        chosen.prefill_chunk))
 
 
 def _candidate_knobs(opts: EngineOptions, config: ColibriConfig,

@@ -6,9 +6,12 @@ a softmax router (over all experts, fp32) whose top-k probabilities are the gate
 expert); no score-correction bias.
 
 An FP8 block-scaled checkpoint in DeepSeek-V3's form (its quantization_config) is read as V3's is.
-Refused besides what V3 refuses: `norm_topk_prob` true (transformers' DeepseekV2 ignores it and
-DeepSeek's remote code renormalises: the two disagree, so neither is guessed), `mlp_bias`, and
-`topk_method` "noaux_tc" (V3's router: model_type deepseek_v3)."""
+Refused besides what V3 refuses: `norm_topk_prob` true with more than one expert per token (read
+from transformers' code, checked at 5.24: `DeepseekV2TopkRouter` deletes the attribute it inherits
+from Qwen2-MoE's router and never renormalises, while DeepSeek's own modeling_deepseek.py
+renormalises the top-k gates to sum 1 when top_k > 1: the two disagree, so neither is guessed; at
+top_k 1 both give p x routed_scaling_factor and the flag is taken), `mlp_bias`, and `topk_method`
+"noaux_tc" (V3's router: model_type deepseek_v3)."""
 
 from __future__ import annotations
 
@@ -29,7 +32,7 @@ def map_config(fields: ConfigFields, name: str) -> dict:
     silu_activation(fields)
     fields.expect("mlp_bias", (False,), False)
     fields.expect("scoring_func", ("softmax",), "softmax")
-    fields.expect("norm_topk_prob", (False,), False)
+    refuse_renormalisation(fields)
     method = fields.expect("topk_method", ("greedy", "group_limited_greedy"), "greedy")
     if method == "greedy":
         fields.get("n_group", None)  # unused by plain top-k
@@ -45,3 +48,14 @@ def map_config(fields: ConfigFields, name: str) -> dict:
         tie_embeddings=bool(fields.get("tie_word_embeddings", False)),
         norm_eps=float(fields.get("rms_norm_eps", 1e-6)), init_std=float(fields.get("initializer_range", 0.02)),
     )
+
+
+def refuse_renormalisation(fields: ConfigFields) -> None:
+    """`norm_topk_prob` true is a disagreement between the two DeepSeek-V2 forwards (module docstring)."""
+    if fields.get("norm_topk_prob", False) and fields.integer("num_experts_per_tok") > 1:
+        fields.refuse("norm_topk_prob", True, (
+            "transformers' DeepseekV2 never renormalises the top-k gates (DeepseekV2TopkRouter ignores the flag: "
+            "gates are the softmax probabilities times routed_scaling_factor), while DeepSeek's own "
+            "modeling_deepseek.py renormalises them to sum 1 when num_experts_per_tok > 1, so the checkpoint's "
+            "intended math is ambiguous; DeepSeek-V2, V2-Chat and V2-Lite publish norm_topk_prob false: set it "
+            "false to import transformers' math"))
