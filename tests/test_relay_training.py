@@ -189,7 +189,7 @@ def test_cli_version_and_exit_status(tmp_path, monkeypatch):
     from types import SimpleNamespace
 
     import colibri
-    import colibri.cli
+    import colibri.relay_leg
 
     runner = CliRunner()
     result = runner.invoke(colibri_cli, ["--version"])
@@ -197,7 +197,7 @@ def test_cli_version_and_exit_status(tmp_path, monkeypatch):
     assert colibri.__version__ == version("colibri")
     assert "Exit status: 0 ok, 1 a check failed" in runner.invoke(colibri_cli, ["--help"]).output
     # a leg that stopped without pushing (the lease was lost) is a failed check: 1, no longer 3
-    monkeypatch.setattr(colibri.cli, "run_leg", lambda opts: SimpleNamespace(ok=False, reason="lease lost"))
+    monkeypatch.setattr(colibri.relay_leg, "run_leg", lambda opts: SimpleNamespace(ok=False, reason="lease lost"))
     result = runner.invoke(colibri_cli, ["train", "--relay", str(tmp_path / "r"), "--leg-steps", "1"])
     assert result.exit_code == 1 and "leg not pushed: lease lost" in result.output
     (tmp_path / "demo" / "relay").mkdir(parents=True)

@@ -16,7 +16,9 @@ from pathlib import Path
 import click
 
 from . import __version__
-from .relay_leg import LegError, LegOptions, run_leg
+
+# NOTE: relay_leg (torch, the trainer) is imported inside `train`, so that `colibri --help`,
+# `--version` and each command's --help start without torch (tests/test_cli_startup.py).
 
 EXIT_CHECK_FAILED, EXIT_BAD_INPUT = 1, 2
 
@@ -100,6 +102,10 @@ def train(relay_spec, preset, data_dir, sft, chat_files, leg_steps, leg_hours, d
     """
     if leg_steps is None and leg_hours is None:
         raise click.UsageError("give --leg-steps N or --leg-hours H")
+    from colibri_model.training import TrainingDivergedError
+
+    from .relay_leg import LegError, LegOptions, run_leg
+
     overrides = {k: v for k, v in dict(seq_len=seq_len, batch_size=batch_size, micro_batch=micro_batch, lr=lr,
                                        warmup_steps=warmup_steps, eval_every=eval_every).items() if v is not None}
     if "batch_size" in overrides and "micro_batch" not in overrides:
@@ -111,8 +117,6 @@ def train(relay_spec, preset, data_dir, sft, chat_files, leg_steps, leg_hours, d
                       train_overrides=overrides, progress=progress,
                       model_overrides={} if bias_gamma is None else {"bias_update_gamma": bias_gamma},
                       log=lambda msg: click.echo(msg, err=False))
-    from colibri_model.training import TrainingDivergedError
-
     try:
         outcome = run_leg(opts)
     except TrainingDivergedError as exc:

@@ -1,33 +1,64 @@
 """colibri-model: the Colibri fine-grained MoE in torch (config, layers, router, experts)."""
 
+from __future__ import annotations
+
+import importlib
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as _metadata_version
-
-from .balancing import ExpertBiasBalancer
-from .checkpoint import (
-    FORMAT_VERSION,
-    CheckpointFormatError,
-    checkpoint_config_dict,
-    load_checkpoint,
-    parse_checkpoint_config,
-    read_config,
-    save_checkpoint,
-)
-from .config import ColibriConfig, ConfigError, RopeScaling
-from .experts import ExpertBackend, ExpertGlu, GroupedExperts
-from .layers import KVCache
-from .model import CausalLMOutput, ColibriForCausalLM
-from .moe import MoELayer
-from .param_count import count_params
-from .presets import PRESETS, get_preset
-from .router import RouterStats
-from .tensor_names import checkpoint_tensor_shapes, held_dtype
-from .tokenizer import load_tokenizer
+from typing import TYPE_CHECKING
 
 try:  # the installed metadata is the one source of the version (pyproject.toml sets it)
     __version__ = _metadata_version("colibri-model")
 except PackageNotFoundError:  # imported from a source tree that was never installed
     __version__ = "0+unknown"
+
+# Public names are imported on first use (PEP 562 module __getattr__), not here: `colibri-model --help`
+# and `import colibri_model.config` then cost no torch import (about 2 s on a 2-vCPU box).
+_EXPORTS: dict[str, tuple[str, ...]] = {
+    "balancing": ("ExpertBiasBalancer",),
+    "checkpoint": (
+        "FORMAT_VERSION",
+        "CheckpointFormatError",
+        "checkpoint_config_dict",
+        "load_checkpoint",
+        "parse_checkpoint_config",
+        "read_config",
+        "save_checkpoint",
+    ),
+    "config": ("ColibriConfig", "ConfigError", "RopeScaling"),
+    "experts": ("ExpertBackend", "ExpertGlu", "GroupedExperts"),
+    "layers": ("KVCache",),
+    "model": ("CausalLMOutput", "ColibriForCausalLM"),
+    "moe": ("MoELayer",),
+    "param_count": ("count_params",),
+    "presets": ("PRESETS", "get_preset"),
+    "router": ("RouterStats",),
+    "tensor_names": ("checkpoint_tensor_shapes", "held_dtype"),
+    "tokenizer": ("load_tokenizer",),
+}
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+
+if TYPE_CHECKING:  # the same names, for type checkers and IDEs (tests hold the two lists equal)
+    from .balancing import ExpertBiasBalancer
+    from .checkpoint import (
+        FORMAT_VERSION,
+        CheckpointFormatError,
+        checkpoint_config_dict,
+        load_checkpoint,
+        parse_checkpoint_config,
+        read_config,
+        save_checkpoint,
+    )
+    from .config import ColibriConfig, ConfigError, RopeScaling
+    from .experts import ExpertBackend, ExpertGlu, GroupedExperts
+    from .layers import KVCache
+    from .model import CausalLMOutput, ColibriForCausalLM
+    from .moe import MoELayer
+    from .param_count import count_params
+    from .presets import PRESETS, get_preset
+    from .router import RouterStats
+    from .tensor_names import checkpoint_tensor_shapes, held_dtype
+    from .tokenizer import load_tokenizer
 
 __all__ = [
     "FORMAT_VERSION",
@@ -56,3 +87,16 @@ __all__ = [
     "read_config",
     "save_checkpoint",
 ]
+
+
+def __getattr__(name: str) -> object:
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value  # later look-ups are plain attribute reads
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

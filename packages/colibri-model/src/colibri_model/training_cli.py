@@ -19,18 +19,34 @@ from pathlib import Path
 import click
 from pydantic import ValidationError
 
-from .chat import ChatFormatError
-from .checkpoint import CheckpointFormatError
 from .config import ColibriConfig, ConfigError
-from .data.loader import LoaderError
-from .data.manifest import ManifestError
-from .data.shards import ShardFormatError
-from .data.sources import DataSourceError
 from .presets import get_preset
-from .tokenizer import TokenizerError
 
-USER_ERRORS = (ManifestError, ShardFormatError, DataSourceError, LoaderError, ConfigError, CheckpointFormatError,
-               ChatFormatError, TokenizerError)
+# NOTE: the modules that define the other error types import torch; they are imported only when a
+# command runs, so that `colibri-model --help` and every subcommand's --help start in a fraction of
+# a second (tests/test_cli_startup.py holds that).
+
+
+def user_error_types() -> tuple[type[Exception], ...]:
+    """The package's typed input errors: a user mistake, not a bug (one line, exit code 2)."""
+    from .chat import ChatFormatError
+    from .checkpoint import CheckpointFormatError
+    from .data.loader import LoaderError
+    from .data.manifest import ManifestError
+    from .data.shards import ShardFormatError
+    from .data.sources import DataSourceError
+    from .tokenizer import TokenizerError
+    from .training import (
+        CheckpointMismatchError,
+        OptimizerStateError,
+        ScheduleError,
+        TrainConfigError,
+        TrainingStateError,
+    )
+
+    return (ManifestError, ShardFormatError, DataSourceError, LoaderError, ConfigError, CheckpointFormatError,
+            ChatFormatError, TokenizerError, CheckpointMismatchError, OptimizerStateError, ScheduleError,
+            TrainConfigError, TrainingStateError)
 
 
 class UserError(click.ClickException):
@@ -56,21 +72,14 @@ def _first_validation_error(exc: ValidationError) -> str:
 
 def _user_errors(func):
     """Turn the package's typed input errors into one-line click errors."""
-    from .training import (
-        CheckpointMismatchError,
-        OptimizerStateError,
-        ScheduleError,
-        TrainConfigError,
-        TrainingDivergedError,
-        TrainingStateError,
-    )
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
+        from .training import TrainingDivergedError
+
         try:
             return func(*args, **kwargs)
-        except (*USER_ERRORS, CheckpointMismatchError, OptimizerStateError, ScheduleError, TrainConfigError,
-                TrainingStateError) as exc:
+        except user_error_types() as exc:
             raise UserError(str(exc)) from None
         except ValidationError as exc:
             raise UserError(_first_validation_error(exc)) from None
@@ -191,6 +200,8 @@ def _model_config(preset: str | None, config_path: str | None) -> ColibriConfig 
         return get_preset(preset)  # ConfigError names the preset and the choices
     if not config_path:
         return None
+    from .checkpoint import CheckpointFormatError
+
     try:
         return ColibriConfig.load(config_path)
     except ValidationError as exc:

@@ -6,45 +6,87 @@ RAM-budgeted cache with a pluggable eviction policy and run on torch's CPU int4 
 budgets work, without building anything); `colibri-stream` the CLI.
 """
 
+from __future__ import annotations
+
+import importlib
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as _metadata_version
-
-from .cache.expert_cache import ExpertCache
-from .cache.policies import (
-    POLICIES,
-    CachePolicy,
-    LayerLRUPolicy,
-    LFUPolicy,
-    LRUPolicy,
-    PinnedLRUPolicy,
-    PolicySpec,
-    make_policy,
-    serving_policy_names,
-)
-from .cache.replay import ReplayResult, access_sequence, belady, replay
-from .chat import ChatSession, ChatTemplate, ChatTemplateError, ContextOverflowError
-from .compute.expert_compute import DequantExpert, Int4Expert
-from .compute.streamed_experts import StreamedExperts
-from .engine import Engine
-from .errors import BudgetError, ContainerConfigError, ExpertCorruptError, SizeFormatError, StreamError
-from .footprint import Budget, Footprint
-from .generation import GenerationResult, StreamedToken
-from .hit_rate_target import HitRateTarget
-from .io.direct_io import AlignedBuffer, BlobReader, IOFallbackWarning
-from .io.memory_cap import MemoryCap, read_memory_cap
-from .plan import Plan
-from .report import GenerateReport, ReportVersionError, StatsReport, read_generate_report
-from .sampling import SamplingConfig, TokenSampler
-from .session import Session
-from .sizes import format_size, parse_size
-from .stats import LayerCounters, StreamStats
-from .traces.events import TraceEvent
-from .traces.routing_trace import RoutingTrace, TraceFormatError, TraceHeader, read_trace, write_trace
+from typing import TYPE_CHECKING
 
 try:  # the installed metadata is the one source of the version (pyproject.toml sets it)
     __version__ = _metadata_version("colibri-stream")
 except PackageNotFoundError:  # imported from a source tree that was never installed
     __version__ = "0+unknown"
+
+# Public names are imported on first use (PEP 562 module __getattr__), not here: `colibri-stream --help`
+# and the light modules (sizes, errors, the trace reader) then cost no torch import (about 2 s).
+_EXPORTS: dict[str, tuple[str, ...]] = {
+    "cache.expert_cache": ("ExpertCache",),
+    "cache.policies": (
+        "POLICIES",
+        "CachePolicy",
+        "LayerLRUPolicy",
+        "LFUPolicy",
+        "LRUPolicy",
+        "PinnedLRUPolicy",
+        "PolicySpec",
+        "make_policy",
+        "serving_policy_names",
+    ),
+    "cache.replay": ("ReplayResult", "access_sequence", "belady", "replay"),
+    "chat": ("ChatSession", "ChatTemplate", "ChatTemplateError", "ContextOverflowError"),
+    "compute.expert_compute": ("DequantExpert", "Int4Expert"),
+    "compute.streamed_experts": ("StreamedExperts",),
+    "engine": ("Engine",),
+    "errors": ("BudgetError", "ContainerConfigError", "ExpertCorruptError", "SizeFormatError", "StreamError"),
+    "footprint": ("Budget", "Footprint"),
+    "generation": ("GenerationResult", "StreamedToken"),
+    "hit_rate_target": ("HitRateTarget",),
+    "io.direct_io": ("AlignedBuffer", "BlobReader", "IOFallbackWarning"),
+    "io.memory_cap": ("MemoryCap", "read_memory_cap"),
+    "plan": ("Plan",),
+    "report": ("GenerateReport", "ReportVersionError", "StatsReport", "read_generate_report"),
+    "sampling": ("SamplingConfig", "TokenSampler"),
+    "session": ("Session",),
+    "sizes": ("format_size", "parse_size"),
+    "stats": ("LayerCounters", "StreamStats"),
+    "traces.events": ("TraceEvent",),
+    "traces.routing_trace": ("RoutingTrace", "TraceFormatError", "TraceHeader", "read_trace", "write_trace"),
+}
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+
+if TYPE_CHECKING:  # the same names, for type checkers and IDEs (tests hold the two lists equal)
+    from .cache.expert_cache import ExpertCache
+    from .cache.policies import (
+        POLICIES,
+        CachePolicy,
+        LayerLRUPolicy,
+        LFUPolicy,
+        LRUPolicy,
+        PinnedLRUPolicy,
+        PolicySpec,
+        make_policy,
+        serving_policy_names,
+    )
+    from .cache.replay import ReplayResult, access_sequence, belady, replay
+    from .chat import ChatSession, ChatTemplate, ChatTemplateError, ContextOverflowError
+    from .compute.expert_compute import DequantExpert, Int4Expert
+    from .compute.streamed_experts import StreamedExperts
+    from .engine import Engine
+    from .errors import BudgetError, ContainerConfigError, ExpertCorruptError, SizeFormatError, StreamError
+    from .footprint import Budget, Footprint
+    from .generation import GenerationResult, StreamedToken
+    from .hit_rate_target import HitRateTarget
+    from .io.direct_io import AlignedBuffer, BlobReader, IOFallbackWarning
+    from .io.memory_cap import MemoryCap, read_memory_cap
+    from .plan import Plan
+    from .report import GenerateReport, ReportVersionError, StatsReport, read_generate_report
+    from .sampling import SamplingConfig, TokenSampler
+    from .session import Session
+    from .sizes import format_size, parse_size
+    from .stats import LayerCounters, StreamStats
+    from .traces.events import TraceEvent
+    from .traces.routing_trace import RoutingTrace, TraceFormatError, TraceHeader, read_trace, write_trace
 
 __all__ = [
     "POLICIES",
@@ -103,3 +145,16 @@ __all__ = [
     "read_trace",
     "write_trace",
 ]
+
+
+def __getattr__(name: str) -> object:
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value  # later look-ups are plain attribute reads
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

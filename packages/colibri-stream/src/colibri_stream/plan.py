@@ -43,7 +43,9 @@ from .options import EngineOptions
 from .resident import model_config
 from .sizes import format_size
 
-__all__ = ["Budget", "Footprint", "Plan", "make_plan"]
+__all__ = ["PLAN_VERSION", "Budget", "Footprint", "Plan", "make_plan"]
+
+PLAN_VERSION = "1.0"  # of `plan --json` (PLAN.md): a new minor may add keys, a new major changes them
 
 PREFERRED_PREFILL_CHUNK = 128
 AUTO_PREFILL_CHUNKS = (128, 64, 32)
@@ -126,9 +128,10 @@ class Plan:
         return self.footprint.total_experts
 
     def to_dict(self) -> dict:
-        """JSON-ready: what `colibri-stream plan --json` prints."""
+        """JSON-ready: what `colibri-stream plan --json` prints (PLAN.md; the CLI adds a few keys)."""
         f = self.footprint
         out = {
+            "plan_version": PLAN_VERSION,
             "container": self.path,
             "dtype": dtype_name(f.dtype),
             "compute": f.compute,

@@ -2,7 +2,9 @@
 
 - config.py        TrainConfig (global batch, schedule, eval/save cadence, precision)
 - schedules.py     WSD (1-sqrt decay, on command) and cosine learning rates
-- trainer.py       the loop: accumulation, clipping, skip of non-finite steps, metrics, checkpoints
+- trainer.py       the Trainer: construction, validation, the loop (metrics, eval and save cadence)
+- optimizer_step.py  one step: accumulation, clipping, skip of non-finite steps (a Trainer base)
+- run_checkpoints.py the Trainer's resume checks and restore, save and export (a Trainer base)
 - state.py         training_state.json (step, loader, RNG, schedule, config hash, parent id,
                    compute environment)
 - optimizer_io.py  AdamW and its state in safetensors

@@ -10,7 +10,7 @@ NOTE: under FSDP2 a forward is a collective, so every rank must run the same num
 forwards. When the set does not divide by the world size, the ranks that are one sequence
 short score a filler sequence whose targets are all ignored (weight 0), and a batch without
 targets is still run, never skipped. The sums stay on the device: one host read per
-evaluation. Routers stop counting tokens meanwhile, so validation never leaks into the
+evaluation, whatever the number of batches (tests/test_train_validation.py). Routers stop counting tokens meanwhile, so validation never leaks into the
 balancer's load counts.
 """
 
@@ -59,5 +59,6 @@ def validation_loss(model, batches, device: torch.device, autocast: bool, ctx: D
             r.count_tokens = True
         model.set_top_k(None)
         model.train()
-    total = ctx.all_reduce_sum(total)
-    return (total[0] / total[1]).item() if total[1] > 0 else float("nan")
+    # one host read for the whole run: both sums at once (`if total[1] > 0` would be a second)
+    loss_sum, tokens = ctx.all_reduce_sum(total).tolist()
+    return loss_sum / tokens if tokens > 0 else float("nan")
