@@ -146,15 +146,20 @@ def batches(segments: list[Segment], row_tokens: int, batch_tokens: int) -> list
     """Rows of at most `row_tokens` columns, grouped `batch_tokens // row_tokens` per forward
     (rows of one forward have similar lengths: the packing returns them longest first)."""
     pieces = [piece for segment in segments for piece in split_segment(segment, row_tokens)]
-    rows = pack_rows(pieces, row_tokens)
-    out: list[list[list[Segment]]] = []
-    current: list[list[Segment]] = []
-    for row in rows:
-        width = max(sum(len(s) for s in r) for r in current + [row])
-        if current and (len(current) + 1) * width > batch_tokens:
+    return fill_batches(pack_rows(pieces, row_tokens), lambda row: sum(len(s) for s in row), batch_tokens)
+
+
+def fill_batches(ordered: list, length, batch_tokens: int) -> list[list]:
+    """Consecutive runs of `ordered` (longest first, by `length(item)`) whose count times their
+    first item's length (the padded width) stays within `batch_tokens`; a longer item is a batch
+    of its own. The scoring engine batches plain requests the same way."""
+    out: list[list] = []
+    current: list = []
+    for item in ordered:
+        if current and (len(current) + 1) * length(current[0]) > batch_tokens:
             out.append(current)
             current = []
-        current.append(row)
+        current.append(item)
     if current:
         out.append(current)
     return out

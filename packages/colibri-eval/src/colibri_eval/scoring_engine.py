@@ -36,7 +36,7 @@ from typing import Protocol
 import torch
 from tqdm.auto import tqdm
 
-from colibri_eval.packing import PackedBatch, Segment, batches, build_batch
+from colibri_eval.packing import PackedBatch, Segment, batches, build_batch, fill_batches
 from colibri_eval.request_encoding import TokenRequest
 
 # Shorter shared prefixes are not worth a separate forward.
@@ -202,17 +202,7 @@ class ScoringEngine:
 
     def _length_batches(self, works: list[_Work]) -> list[list[_Work]]:
         ordered = sorted(works, key=lambda w: -len(w.inp))
-        batches: list[list[_Work]] = []
-        current: list[_Work] = []
-        for work in ordered:
-            # ordered longest first, so current[0] sets the padded width
-            if current and (len(current) + 1) * len(current[0].inp) > self.batch_tokens:
-                batches.append(current)
-                current = []
-            current.append(work)
-        if current:
-            batches.append(current)
-        return batches
+        return fill_batches(ordered, lambda work: len(work.inp), self.batch_tokens)
 
     def _score_batch(self, batch: list[_Work]) -> list[tuple[float, bool]]:
         width = len(batch[0].inp)

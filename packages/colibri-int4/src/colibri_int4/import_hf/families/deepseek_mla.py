@@ -6,7 +6,7 @@ that do not change the forward."""
 from __future__ import annotations
 
 from ...fp8 import FP8ConfigError, parse_quantization_config
-from ..config_fields import ConfigFields
+from ..config_fields import ConfigFields, rope, silu_activation
 
 # config.json keys of the original release that only matter to training or parallelism
 _NOT_THE_FORWARD = ("ep_size", "aux_loss_alpha", "seq_aux", "auto_map", "num_nextn_predict_layers", "num_mtp_layers")
@@ -21,6 +21,18 @@ def fp8_weights(fields: ConfigFields) -> None:
             parse_quantization_config(quant)
         except FP8ConfigError as exc:
             fields.refuse(exc.key, exc.value, exc.why)
+
+
+def decoder_basics(fields: ConfigFields) -> tuple[int, int, int, int, float, dict | None]:
+    """What both DeepSeeks read alike before their routers differ: the FP8 form (if any), hidden
+    size, depth, heads, context, RoPE (yarn on interleaved pairs) and the SiLU activation:
+    (d_model, n_layers, n_heads, max_seq_len, rope_theta, rope_scaling)."""
+    fp8_weights(fields)
+    d, n_layers = fields.integer("hidden_size"), fields.integer("num_hidden_layers")
+    n_heads, max_seq_len = fields.integer("num_attention_heads"), fields.integer("max_position_embeddings")
+    theta, scaling = rope(fields, max_seq_len)
+    silu_activation(fields)
+    return d, n_layers, n_heads, max_seq_len, theta, scaling
 
 
 def mla_fields(fields: ConfigFields, n_heads: int) -> dict:

@@ -15,21 +15,16 @@ top_k 1 both give p x routed_scaling_factor and the flag is taken), `mlp_bias`, 
 
 from __future__ import annotations
 
-from ..config_fields import ConfigFields, colibri_config, rope, silu_activation
+from ..config_fields import ConfigFields, colibri_config
 from ..names import LlamaStyleNames
-from .deepseek_mla import fp8_weights, mla_fields, moe_fields, router_groups
+from .deepseek_mla import decoder_basics, mla_fields, moe_fields, router_groups
 
 MODEL_TYPES = ("deepseek_v2",)
 NAMES = LlamaStyleNames(shared="shared_experts")
 
 
 def map_config(fields: ConfigFields, name: str) -> dict:
-    fp8_weights(fields)
-    d, n_layers = fields.integer("hidden_size"), fields.integer("num_hidden_layers")
-    n_heads = fields.integer("num_attention_heads")
-    max_seq_len = fields.integer("max_position_embeddings")
-    theta, scaling = rope(fields, max_seq_len)
-    silu_activation(fields)
+    d, n_layers, n_heads, max_seq_len, theta, scaling = decoder_basics(fields)
     fields.expect("mlp_bias", (False,), False)
     fields.expect("scoring_func", ("softmax",), "softmax")
     refuse_renormalisation(fields)

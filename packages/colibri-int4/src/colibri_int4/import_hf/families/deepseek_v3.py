@@ -20,19 +20,16 @@ serve speculative decoding. The original (remote-code) config's `topk_method`, `
 
 from __future__ import annotations
 
-from ..config_fields import ConfigFields, colibri_config, rope, silu_activation
+from ..config_fields import ConfigFields, colibri_config
 from ..names import LlamaStyleNames
-from .deepseek_mla import fp8_weights, mla_fields, moe_fields, router_groups
+from .deepseek_mla import decoder_basics, mla_fields, moe_fields, router_groups
 
 MODEL_TYPES = ("deepseek_v3",)
 NAMES = LlamaStyleNames(shared="shared_experts", router_bias="e_score_correction_bias", extra_layers_ignored=True)
+
+
 def map_config(fields: ConfigFields, name: str) -> dict:
-    fp8_weights(fields)
-    d, n_layers = fields.integer("hidden_size"), fields.integer("num_hidden_layers")
-    n_heads = fields.integer("num_attention_heads")
-    max_seq_len = fields.integer("max_position_embeddings")
-    theta, scaling = rope(fields, max_seq_len)
-    silu_activation(fields)
+    d, n_layers, n_heads, max_seq_len, theta, scaling = decoder_basics(fields)
     fields.expect("topk_method", ("noaux_tc",), "noaux_tc")
     fields.expect("scoring_func", ("sigmoid",), "sigmoid")
     return colibri_config(
