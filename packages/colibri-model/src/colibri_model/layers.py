@@ -4,7 +4,8 @@ KV cache, and the SwiGLU feed-forward used by the dense layers and the shared ex
 Variants of imported checkpoints are configuration here (ColibriConfig): QK-norm per head or
 over the whole projection, q/k/v biases, RoPE scaling ("linear", "llama3", "yarn";
 `rope_inv_freq`), the interleaved RoPE layout, and GPT-OSS's o_proj bias, attention sinks and
-sliding-window layers. Multi-head latent attention is in mla.py.
+sliding-window layers. The masking rules (causal, padding, packed, window) and the sink
+softmax are in attention_rules.py; multi-head latent attention is in mla.py.
 
 The math is specified in CHECKPOINT.md; colibri-stream runs these same modules (it only swaps
 the routed experts), so there is exactly one definition of attention and norms.
@@ -19,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .attention_rules import attention_allowed, key_positions, sink_attention, window_allowed
 from .config import ColibriConfig, RopeScaling
 
 
@@ -246,67 +248,6 @@ class Attention(nn.Module):
             else:
                 out = sink_attention(q, k, v, allowed, self.sinks)
         return self.o_proj(out.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
-
-
-def attention_allowed(batch: int, queries: int, past: int, keys: int, attention_mask: torch.Tensor | None,
-                      device: torch.device) -> torch.Tensor:
-    """The boolean SDPA mask of `Attention`: [T, S] from the causal rule alone (query i at cache
-    column past + i sees key columns <= past + i), or [B, 1, T, S] with a [B, S] or [B, T, S]
-    `attention_mask` ANDed in (see Attention's docstring; a query left with no key sees its own column)."""
-    query_columns = past + torch.arange(queries, device=device)
-    causal = torch.arange(keys, device=device)[None, :] <= query_columns[:, None]  # [T, S]
-    if attention_mask is None:
-        return causal
-    if tuple(attention_mask.shape) == (batch, keys):
-        allowed = causal[None] & (attention_mask != 0)[:, None, :]  # [B, T, S]
-    elif tuple(attention_mask.shape) == (batch, queries, keys):
-        allowed = causal[None] & (attention_mask != 0)
-    else:
-        raise ValueError(f"attention_mask must be [batch, past + T] = [{batch}, {keys}] or [batch, T, past + T] = "
-                         f"[{batch}, {queries}, {keys}], got {list(attention_mask.shape)}")
-    own_column = torch.arange(keys, device=device)[None, :] == query_columns[:, None]
-    allowed = allowed | (own_column[None] & ~allowed.any(-1, keepdim=True))
-    return allowed[:, None]  # broadcast over the heads
-
-
-def key_positions(keys: int, attention_mask: torch.Tensor | None, device: torch.device) -> torch.Tensor:
-    """The position of every key column: the column itself without a mask; with one, the count of
-    the allowed keys before it ([B, S] -> [B, S], [B, T, S] -> [B, T, S]), since a row's real keys
-    (a query's visible keys) hold its positions 0, 1, ... in column order while padding (or
-    another packed sequence) sits between them in the cache."""
-    if attention_mask is None:
-        return torch.arange(keys, device=device)
-    return (attention_mask != 0).cumsum(-1) - 1
-
-
-def window_allowed(query_positions: torch.Tensor, key_positions: torch.Tensor, window: int) -> torch.Tensor:
-    """bool: a query at position p sees keys at positions > p - window (its own and the window - 1
-    before it); ANDed with the causal mask on sliding layers (GPT-OSS). `query_positions` [T] or
-    [B, T]; `key_positions` [S], [B, S] or [B, T, S]. Returns [T, S], or [B, 1, T, S] (the heads
-    broadcast) when either is per row."""
-    keys = key_positions if key_positions.dim() == 3 else key_positions.unsqueeze(-2)
-    allowed = keys > (query_positions - window).unsqueeze(-1)
-    return allowed[:, None] if allowed.dim() == 3 else allowed
-
-
-def sink_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor,
-                   sinks: torch.Tensor) -> torch.Tensor:
-    """softmax([q k^T / sqrt(D), sink_h]) over the allowed keys plus one sink logit per head,
-    the sink's probability dropped (it has no value): GPT-OSS's attention. SDPA cannot take the
-    extra column, so this is explicit, in fp32 (scores, softmax) whatever the activations' dtype.
-
-    q [B, H, T, D]; k, v [B, Hkv, S, D]; allowed: bool broadcastable to [B, H, T, S]; sinks [H].
-    Every query must be allowed at least one key (its own, under the causal rule).
-    """
-    B, H, T, D = q.shape
-    groups = H // k.shape[1]
-    keys, values = k.repeat_interleave(groups, dim=1).float(), v.repeat_interleave(groups, dim=1).float()
-    scores = torch.matmul(q.float(), keys.transpose(-1, -2)) * D**-0.5
-    scores = scores.masked_fill(~allowed, float("-inf"))
-    sink = sinks.float().view(1, H, 1, 1).expand(B, H, T, 1)
-    logits = torch.cat([scores, sink], dim=-1)
-    probs = torch.softmax(logits - logits.amax(-1, keepdim=True), dim=-1)[..., :-1]
-    return torch.matmul(probs, values).to(q.dtype)
 
 
 class SwiGLU(nn.Module):

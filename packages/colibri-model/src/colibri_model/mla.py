@@ -39,8 +39,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .attention_rules import attention_allowed
 from .config import ColibriConfig
-from .layers import KVCache, RMSNorm, RotaryEmbedding, attention_allowed
+from .layers import KVCache, RMSNorm, RotaryEmbedding
 from .mla_cost import MLA_FORMS, cheaper_mla_form
 
 LATENT_NORM_EPS = 1e-6
@@ -137,7 +138,7 @@ class MultiHeadLatentAttention(nn.Module):
         B, T, S = q.shape[0], q.shape[2], k.shape[2]
         if past == 0 and attention_mask is None:
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale)
-        # the one masking rule of both attentions (layers.attention_allowed): causal on cache
+        # the one masking rule of both attentions (attention_rules.attention_allowed): causal on cache
         # columns, ANDed with a [B, S] key mask or a [B, T, S] per-query mask
         allowed = attention_allowed(B, T, past, S, attention_mask, q.device)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=self.scale)
