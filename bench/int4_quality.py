@@ -33,7 +33,7 @@ import numpy as np
 from colibri_int4 import QuantScheme, dequantize_container, estimate_container_size, export_checkpoint
 from colibri_int4.checkpoint import SafetensorsWriter
 from colibri_int4.error_report import tensor_error_summary
-from colibri_int4.layout import ModelShape, checkpoint_tensor_shapes
+from colibri_int4.model_shape import ModelShape, checkpoint_tensor_shapes
 
 SCHEMES = [(g, sym) for g in (32, 64, 128) for sym in (True, False)]
 

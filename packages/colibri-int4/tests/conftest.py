@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from colibri_int4.layout import ModelShape, checkpoint_tensor_shapes
+from colibri_int4.model_shape import ModelShape, checkpoint_tensor_shapes
 from safetensors.numpy import save_file
 
 

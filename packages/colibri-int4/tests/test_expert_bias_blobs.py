@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from colibri_int4 import Container, ContainerError, QuantScheme, dequantize_container, export_checkpoint
-from colibri_int4.layout import ExpertBlobLayout, ModelShape
+from colibri_int4.layout import ExpertBlobLayout
+from colibri_int4.model_shape import ModelShape
 
 GPT_OSS_LIKE = dict(schema_version="1.2", n_dense_layers=0, shared_expert_dim=0, qk_norm=False, qkv_bias=True,
                     o_bias=True, attn_sinks=True, router_bias=True, expert_proj_bias=True, selection_bias=False,

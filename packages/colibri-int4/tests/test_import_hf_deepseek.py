@@ -13,7 +13,7 @@ from colibri_int4 import Container, HFImportError
 from colibri_int4.header import model_shape
 from colibri_int4.import_hf import colibri_config_from_hf, import_hf, planned_container, quant_scheme
 from colibri_int4.import_hf.families import deepseek_v3
-from colibri_int4.layout import checkpoint_tensor_shapes
+from colibri_int4.model_shape import checkpoint_tensor_shapes
 from safetensors.numpy import save_file
 
 CONFIG = {

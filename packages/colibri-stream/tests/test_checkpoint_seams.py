@@ -9,7 +9,7 @@ import shutil
 import pytest
 import torch
 from colibri_int4 import Container, ModelShape, QuantScheme, export_checkpoint
-from colibri_int4.layout import checkpoint_tensor_shapes as container_tensor_shapes
+from colibri_int4.model_shape import checkpoint_tensor_shapes as container_tensor_shapes
 from colibri_model import PRESETS, checkpoint_tensor_shapes, get_preset, held_dtype, load_checkpoint
 from colibri_stream import ContainerConfigError, Engine
 

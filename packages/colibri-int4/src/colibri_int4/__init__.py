@@ -25,7 +25,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "expert_blob": ("ExpertBlob", "decode_expert_blob", "encode_expert_blob"),
     "export": ("ContainerFileWriter", "ExportReport", "export_checkpoint"),
     "header": ("ContainerHeader", "ExpertEntry", "TensorEntry"),
-    "layout": ("ExpertBlobLayout", "ModelShape"),
+    "layout": ("ExpertBlobLayout",),
+    "model_shape": ("ModelShape",),
     "positional_read": ("read_exact", "read_into"),
     "quantize": ("dequantize_q4", "quantize_q4", "unpack_nibbles"),
     "scheme": ("QuantScheme",),
@@ -42,7 +43,8 @@ if TYPE_CHECKING:  # the same names, for type checkers and IDEs (tests hold the 
     from .expert_blob import ExpertBlob, decode_expert_blob, encode_expert_blob
     from .export import ContainerFileWriter, ExportReport, export_checkpoint
     from .header import ContainerHeader, ExpertEntry, TensorEntry
-    from .layout import ExpertBlobLayout, ModelShape
+    from .layout import ExpertBlobLayout
+    from .model_shape import ModelShape
     from .positional_read import read_exact, read_into
     from .quantize import dequantize_q4, quantize_q4, unpack_nibbles
     from .scheme import QuantScheme

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import CheckpointError
-from .layout import ModelShape, checkpoint_tensor_shapes
+from .model_shape import ModelShape, checkpoint_tensor_shapes
 from .positional_read import read_exact
 from .quantize import bf16_bits_to_f32, f32_to_bf16_bits
 

@@ -34,7 +34,8 @@ from .header import (
     read_preamble,
     validate_ranges,
 )
-from .layout import ExpertBlobLayout, ModelShape, checkpoint_tensor_shapes
+from .layout import ExpertBlobLayout
+from .model_shape import ModelShape, checkpoint_tensor_shapes
 from .positional_read import read_exact, read_into
 from .tensor_codec import RawTensor, decode_tensor
 

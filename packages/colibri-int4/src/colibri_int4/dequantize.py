@@ -17,7 +17,7 @@ from tqdm import tqdm
 
 from .checkpoint import SafetensorsWriter
 from .container import Container
-from .layout import checkpoint_tensor_shapes, expert_tensor_names
+from .model_shape import checkpoint_tensor_shapes, expert_tensor_names
 
 CHECKPOINT_METADATA = {"format": "pt", "format_version": "1.0"}
 

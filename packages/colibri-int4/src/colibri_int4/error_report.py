@@ -17,7 +17,7 @@ import numpy as np
 
 from .checkpoint import SafetensorsFile
 from .container import Container
-from .layout import expert_tensor_names
+from .model_shape import expert_tensor_names
 
 _LAYER = re.compile(r"^layers\.\d+\.")
 

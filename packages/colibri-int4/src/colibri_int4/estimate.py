@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from .header import PREAMBLE_SIZE, model_shape
-from .layout import checkpoint_tensor_shapes
+from .model_shape import checkpoint_tensor_shapes
 from .scheme import QuantScheme
 
 

@@ -39,7 +39,8 @@ from .header import (
     TokenizerConfig,
     pack_preamble,
 )
-from .layout import PAGE, ContainerPlan, align, expert_tensor_names, plan_container
+from .layout import PAGE, ContainerPlan, align, plan_container
+from .model_shape import expert_tensor_names
 from .scheme import QuantScheme
 from .tensor_codec import encode_tensor
 

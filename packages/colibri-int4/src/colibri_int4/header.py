@@ -17,16 +17,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .errors import ChecksumError, ContainerError
-from .layout import (
-    PAGE,
-    TENSOR_ALIGN,
-    Encoding,
-    ExpertBlobLayout,
-    ModelShape,
-    TensorSpec,
-    encoded_length,
-    resident_specs,
-)
+from .layout import PAGE, TENSOR_ALIGN, Encoding, ExpertBlobLayout, TensorSpec, encoded_length, resident_specs
+from .model_shape import ModelShape
 from .scheme import QuantScheme
 
 MAGIC = b"\x89COLI4\r\n"

@@ -26,7 +26,7 @@ from tqdm import tqdm
 from ..errors import HFImportError
 from ..export import ContainerFileWriter, plan_with_header, write_body
 from ..header import model_shape
-from ..layout import checkpoint_tensor_shapes
+from ..model_shape import checkpoint_tensor_shapes
 from ..scheme import QuantScheme
 from . import gpt_oss_experts
 from .config_fields import ConfigFields
