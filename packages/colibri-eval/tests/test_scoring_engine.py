@@ -67,6 +67,23 @@ def test_prefix_sharing_is_used_for_multiple_choice(tiny_hf_model, groups):
     assert len(prefixes) < sum(prefixes)  # several documents per call
 
 
+@pytest.mark.parametrize("attention", ["eager", "sdpa"])
+def test_packed_rows_are_exact_under_every_attention_kernel_that_packs(tiny_hf_dir, tiny_hf_model, groups, attention):
+    """transformers' eager kernel ADDS the custom 4-D mask it is given (a boolean one would shift
+    the scores by 0/1, silently): the adapter passes an additive one, right on both kernels."""
+    import transformers
+    from colibri_eval.adapters.hf_causal_lm import HFCausalLM
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny_hf_dir, attn_implementation=attention)
+    adapter = HFCausalLM(model, tiny_hf_model.model.max_length)
+    assert adapter.supports_packing
+    got = ScoringEngine(adapter, row_tokens=64).score(groups)
+    for group, got_group in zip(groups, got, strict=True):
+        for request, (ll, greedy) in zip(group, got_group, strict=True):
+            want_ll, want_greedy = naive_score(model, request, adapter.max_length)
+            assert ll == pytest.approx(want_ll, rel=1e-5, abs=1e-3) and greedy == want_greedy
+
+
 def test_packing_computes_each_shared_context_once(tiny_hf_model, groups):
     """Packed rows hold every document's trunk once and its branches: fewer tokens than the
     requests' inputs laid end to end, and no more columns than that plus a row tail each."""

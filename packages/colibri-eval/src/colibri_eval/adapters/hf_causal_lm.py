@@ -5,7 +5,7 @@ weights + tokenizer), a Hub id when online, or a ``.gguf`` file (loaded with
 ``gguf_file=``; needs the ``gguf`` package).
 
 Speed: ``packed_logits`` (the scoring engine's packed rows: documents side by side, each context
-once, under a tree mask passed as transformers' custom 4-D ``attention_mask`` with explicit
+once, under a tree mask passed as transformers' custom 4-D ``attention_mask`` (additive, 0 or the dtype's minimum) with explicit
 ``position_ids``) and ``logits_at`` run the decoder body and apply the LM head only at the scored
 positions; ``shared_prefix_logits`` runs several documents' shared prefixes once (left-padded, masked,
 explicit position ids) and their suffixes on the repeated KV cache. Models whose head is not a plain linear map (final logit
@@ -65,7 +65,11 @@ class HFCausalLM:
         plain_head = not getattr(config, "final_logit_softcapping", None) and not getattr(config, "logit_scale", None)
         self.headless = self.decoder is not None and isinstance(self.head, torch.nn.Linear) and plain_head
         self.supports_prefix_cache = self.headless
-        self.supports_packing = _full_attention_only(config)
+        # a custom 4-D mask is honoured by the sdpa and eager kernels (as an additive float mask:
+        # eager ADDS whatever it is given, so a boolean one would silently shift the scores by 0/1);
+        # flash-attention kernels ignore it
+        self.supports_packing = _full_attention_only(config) and getattr(config, "_attn_implementation", "sdpa") in (
+            "sdpa", "eager")
         # transformers 5.2x renamed ``past_key_values`` to ``cache`` (argument and output)
         params = inspect.signature(self.decoder.forward).parameters if self.decoder is not None else {}
         self.cache_arg = "cache" if "cache" in params else "past_key_values"
@@ -78,7 +82,9 @@ class HFCausalLM:
 
     def packed_logits(self, input_ids: torch.Tensor, positions: torch.Tensor, allowed: torch.Tensor,
                       rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-        kwargs = {"input_ids": input_ids, "attention_mask": allowed[:, None], "position_ids": positions,
+        dtype = self.head.weight.dtype if self.head is not None else torch.float32
+        additive = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
+        kwargs = {"input_ids": input_ids, "attention_mask": additive[:, None], "position_ids": positions,
                   "use_cache": False}
         if self.headless:
             return self.head(self.decoder(**kwargs).last_hidden_state[rows, cols])
