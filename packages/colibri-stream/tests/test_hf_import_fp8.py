@@ -1,4 +1,4 @@
-"""DeepSeek-V3 as DeepSeek publishes it: every linear weight of attention, the dense MLP, the shared
+"""DeepSeek-V3 as DeepSeek publishes it (and Qwen3-MoE as Qwen's -FP8 releases do, the same form): every linear weight of attention, the dense MLP, the shared
 and the routed experts stored as float8_e4m3fn with a float32 `weight_scale_inv` per block
 (embeddings, norms, the router and lm_head in bf16), and config.json's fp8 quantization_config.
 The tiny model of test_hf_import.py is written in that form here, in blocks of [16, 24] so its
@@ -51,9 +51,9 @@ def _quantize(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return fp8, scale
 
 
-def _fp8_release(tmp_path) -> tuple:
+def _fp8_release(tmp_path, family: str = "deepseek_v3") -> tuple:
     """(FP8 checkpoint directory, transformers on its dequantized weights, FP8 tensor names)."""
-    _checkpoint("deepseek_v3", tmp_path / "hf")
+    _checkpoint(family, tmp_path / "hf")
     tensors = load_file(str(tmp_path / "hf" / "model.safetensors"))
     fp8_dir, dequantized_dir = tmp_path / "fp8", tmp_path / "dequantized"
     fp8_dir.mkdir(), dequantized_dir.mkdir()
@@ -87,6 +87,21 @@ def test_deepseek_v3_fp8_release_computes_transformers_logits_on_its_dequantized
         assert shard.get_slice("model.layers.1.mlp.gate.weight").get_dtype() == "BF16"
         assert "lm_head.weight_scale_inv" not in shard.keys()
     assert len(names) == 3 * 5 + 3 + 2 * (8 + 1) * 3  # attention, the dense MLP, routed + shared experts
+    _assert_transformers_parity(directory, reference, tmp_path)
+
+
+def test_qwen3_moe_fp8_release_computes_transformers_logits_on_its_dequantized_weights(tmp_path):
+    """Qwen's -FP8 releases (Qwen3-30B-A3B-FP8) use DeepSeek's form: block-scaled E4M3 projections
+    beside their weight_scale_inv, the router and embeddings in bf16; the same reader takes them."""
+    directory, reference, names = _fp8_release(tmp_path / "release", "qwen3_moe")
+    assert any(".self_attn.q_proj." in n for n in names) and any(".mlp.experts." in n for n in names)
+    assert not any(n.endswith("mlp.gate.weight") for n in names)
+    _assert_transformers_parity(directory, reference, tmp_path)
+
+
+def _assert_transformers_parity(directory, reference, tmp_path) -> None:
+    """`import-hf --quant bf16` of the FP8 directory: transformers' logits on the dequantized
+    weights (test_hf_import's bound) and its greedy tokens, at 1 GB and at the minimum budget."""
     import_hf(directory, tmp_path / "fp8.coli", quant_scheme("bf16"))
     prompt = _prompt()
     expected = _hf_greedy(reference, prompt, STEPS)

@@ -156,10 +156,10 @@ def import_hf_command(hf_dir: Path, out: Path, quant: str, group_size: str, symm
     """Convert a Hugging Face checkpoint directory (config.json, safetensors shards, tokenizer.json,
     chat template) into the container OUT, one tensor at a time.
 
-    Families: qwen3_moe, qwen2_moe, olmoe, mixtral, llama (dense), deepseek_v3, deepseek_v2 (bf16,
-    or DeepSeek's own FP8 release: block-scaled E4M3 weights dequantized and re-quantized to
-    --quant), gpt_oss (bf16 or MXFP4 experts, decoded and re-quantized to --quant). A config field whose value Colibri cannot represent is refused by
-    name and value (exit 2).
+    Families: qwen3_moe, qwen2_moe, olmoe, mixtral, llama (dense), deepseek_v3, deepseek_v2,
+    gpt_oss. Weights in bf16/fp16/fp32, or block-scaled FP8 E4M3 (DeepSeek's own release, Qwen3's
+    -FP8 releases), or GPT-OSS's MXFP4 experts: decoded, then re-quantized to --quant. A config
+    field whose value Colibri cannot represent is refused by name and value (exit 2).
     """
     from .import_hf import import_hf, quant_scheme
 

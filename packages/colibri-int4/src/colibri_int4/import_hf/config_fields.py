@@ -16,6 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import HFImportError
+from ..fp8 import FP8ConfigError, parse_quantization_config
 
 _MISSING = object()
 
@@ -96,13 +97,28 @@ def head_dim(fields: ConfigFields, d_model: int, n_heads: int) -> int:
 
 def decoder_basics(fields: ConfigFields) -> tuple[int, int, int, int, float, dict | None]:
     """What every supported family reads alike: (hidden size, layers, query heads, context,
-    rope theta, rope scaling), with the SiLU activation checked."""
+    rope theta, rope scaling), with the SiLU activation checked and a block-scaled FP8 release
+    taken (`fp8_quantization`)."""
+    fp8_quantization(fields)
     d, n_layers = fields.integer("hidden_size"), fields.integer("num_hidden_layers")
     n_heads = fields.integer("num_attention_heads")
     max_seq_len = fields.integer("max_position_embeddings")
     theta, scaling = rope(fields, max_seq_len)
     silu_activation(fields)
     return d, n_layers, n_heads, max_seq_len, theta, scaling
+
+
+def fp8_quantization(fields: ConfigFields) -> None:
+    """Take a block-scaled FP8 E4M3 release's quantization_config (DeepSeek-V3's own release,
+    Qwen3's -FP8 releases: `quant_method` "fp8"; the import dequantizes, colibri_int4/fp8.py) and
+    refuse its variants by name and value. Another quant_method is left to the family (GPT-OSS
+    takes mxfp4) or refused when the fields are finished."""
+    quant = fields.data.get("quantization_config")
+    if isinstance(quant, dict) and quant.get("quant_method") == "fp8":
+        try:
+            parse_quantization_config(fields.get("quantization_config"))
+        except FP8ConfigError as exc:
+            fields.refuse(exc.key, exc.value, exc.why)
 
 
 def silu_activation(fields: ConfigFields) -> None:

@@ -1,38 +1,14 @@
 """What DeepSeek-V2 and V3 share: multi-head latent attention (colibri-model's `attention_kind =
 "mla"`), the dense-then-MoE layer pattern with `n_shared_experts * moe_intermediate_size` ungated
-shared experts, group counts, DeepSeek's FP8 quantization_config, and the keys of the original (remote-code) release
+shared experts, group counts, and the keys of the original (remote-code) release
 that do not change the forward."""
 
 from __future__ import annotations
 
-from ...fp8 import FP8ConfigError, parse_quantization_config
-from ..config_fields import ConfigFields, rope, silu_activation
+from ..config_fields import ConfigFields
 
 # config.json keys of the original release that only matter to training or parallelism
 _NOT_THE_FORWARD = ("ep_size", "aux_loss_alpha", "seq_aux", "auto_map", "num_nextn_predict_layers", "num_mtp_layers")
-
-
-def fp8_weights(fields: ConfigFields) -> None:
-    """Take DeepSeek's own release's quantization_config (block-scaled FP8 E4M3 weights, which the
-    import dequantizes: colibri_int4/fp8.py) and refuse any other, by name and value."""
-    quant = fields.get("quantization_config", None)
-    if quant is not None:
-        try:
-            parse_quantization_config(quant)
-        except FP8ConfigError as exc:
-            fields.refuse(exc.key, exc.value, exc.why)
-
-
-def decoder_basics(fields: ConfigFields) -> tuple[int, int, int, int, float, dict | None]:
-    """What both DeepSeeks read alike before their routers differ: the FP8 form (if any), hidden
-    size, depth, heads, context, RoPE (yarn on interleaved pairs) and the SiLU activation:
-    (d_model, n_layers, n_heads, max_seq_len, rope_theta, rope_scaling)."""
-    fp8_weights(fields)
-    d, n_layers = fields.integer("hidden_size"), fields.integer("num_hidden_layers")
-    n_heads, max_seq_len = fields.integer("num_attention_heads"), fields.integer("max_position_embeddings")
-    theta, scaling = rope(fields, max_seq_len)
-    silu_activation(fields)
-    return d, n_layers, n_heads, max_seq_len, theta, scaling
 
 
 def mla_fields(fields: ConfigFields, n_heads: int) -> dict:

@@ -15,9 +15,9 @@ top_k 1 both give p x routed_scaling_factor and the flag is taken), `mlp_bias`, 
 
 from __future__ import annotations
 
-from ..config_fields import ConfigFields, colibri_config
+from ..config_fields import ConfigFields, colibri_config, decoder_basics
 from ..names import LlamaStyleNames
-from .deepseek_mla import decoder_basics, mla_fields, moe_fields, router_groups
+from .deepseek_mla import mla_fields, moe_fields, router_groups
 
 MODEL_TYPES = ("deepseek_v2",)
 NAMES = LlamaStyleNames(shared="shared_experts")

@@ -20,9 +20,9 @@ serve speculative decoding. The original (remote-code) config's `topk_method`, `
 
 from __future__ import annotations
 
-from ..config_fields import ConfigFields, colibri_config
+from ..config_fields import ConfigFields, colibri_config, decoder_basics
 from ..names import LlamaStyleNames
-from .deepseek_mla import decoder_basics, mla_fields, moe_fields, router_groups
+from .deepseek_mla import mla_fields, moe_fields, router_groups
 
 MODEL_TYPES = ("deepseek_v3",)
 NAMES = LlamaStyleNames(shared="shared_experts", router_bias="e_score_correction_bias", extra_layers_ignored=True)
