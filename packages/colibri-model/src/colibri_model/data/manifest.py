@@ -8,11 +8,12 @@ the last finished shard, which is what makes `prepare` resumable.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict
+
+from ..versioned_json import read_versioned_json
 
 MANIFEST_FILE = "manifest.json"
 MANIFEST_VERSION = "1.0"
@@ -68,25 +69,9 @@ class DataManifest(BaseModel):
 
 
 def read_manifest(directory: str | os.PathLike) -> DataManifest:
-    path = Path(directory) / MANIFEST_FILE
-    if not path.is_file():
-        raise ManifestError(f"{path}: missing (not a data directory made by `colibri-model prepare`)")
-    try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ManifestError(f"{path}: not valid JSON ({exc})") from None
-    if not isinstance(data, dict):
-        raise ManifestError(f"{path}: expected a JSON object")
-    version = str(data.get("manifest_version", ""))
-    if version.split(".")[0] != MANIFEST_VERSION.split(".")[0]:
-        raise ManifestError(
-            f"{path}: manifest_version {version or '(missing)'} is not supported "
-            f"(this colibri-model reads {MANIFEST_VERSION})"
-        )
-    try:
-        return DataManifest.model_validate(data)
-    except ValidationError as exc:
-        raise ManifestError(f"{path}: invalid manifest: {' '.join(str(exc).splitlines()[:3])}") from None
+    return read_versioned_json(Path(directory) / MANIFEST_FILE, DataManifest, version_key="manifest_version",
+                               version=MANIFEST_VERSION, error=ManifestError, what="manifest",
+                               missing="not a data directory made by `colibri-model prepare`")
 
 
 def write_manifest(directory: str | os.PathLike, manifest: DataManifest) -> None:

@@ -28,7 +28,6 @@ one it came from (tests/test_train_fsdp.py).
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import warnings
@@ -37,13 +36,14 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict
 from safetensors import SafetensorError, safe_open
 from torch.distributed.checkpoint import HuggingFaceStorageReader, HuggingFaceStorageWriter, load, save
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 from torch.distributed.tensor import DTensor
 
 from ..checkpoint import CONFIG_FILE, TOKENIZER_FILE, CheckpointFormatError, config_to_checkpoint_json
+from ..versioned_json import read_versioned_json
 from .checkpointing import (
     CHECKPOINTS_DIR,
     DCP_FILE,
@@ -79,21 +79,9 @@ class DcpManifest(BaseModel):
 
 
 def read_dcp_manifest(directory: str | os.PathLike) -> DcpManifest:
-    path = Path(directory) / DCP_FILE
-    if not path.is_file():
-        raise CheckpointFormatError(f"{path}: missing (not a DCP checkpoint directory)")
-    try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CheckpointFormatError(f"{path}: not valid JSON ({exc})") from None
-    version = str(data.get("dcp_checkpoint_version", "")) if isinstance(data, dict) else ""
-    if version.split(".")[0] != DCP_CHECKPOINT_VERSION.split(".")[0]:
-        raise CheckpointFormatError(f"{path}: dcp_checkpoint_version {version or '(missing)'} is not supported "
-                                    f"(this colibri-model reads {DCP_CHECKPOINT_VERSION})")
-    try:
-        return DcpManifest.model_validate(data)
-    except ValidationError as exc:
-        raise CheckpointFormatError(f"{path}: invalid manifest: {' '.join(str(exc).splitlines()[:3])}") from None
+    return read_versioned_json(Path(directory) / DCP_FILE, DcpManifest, version_key="dcp_checkpoint_version",
+                               version=DCP_CHECKPOINT_VERSION, error=CheckpointFormatError, what="manifest",
+                               missing="not a DCP checkpoint directory")
 
 
 def dcp_save(state: dict, directory: Path, *, one_process: bool = False) -> None:

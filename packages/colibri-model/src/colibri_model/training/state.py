@@ -20,10 +20,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict
 
 from ..config import ColibriConfig
 from ..data.loader import LoaderPosition
+from ..versioned_json import read_versioned_json
 from .schedules import ScheduleState
 
 TRAINING_STATE_FILE = "training_state.json"
@@ -148,23 +149,10 @@ def restore_rng(rng: RngState) -> None:
 
 
 def read_training_state(directory: str | os.PathLike) -> TrainingState:
-    path = Path(directory) / TRAINING_STATE_FILE
-    if not path.is_file():
-        raise TrainingStateError(f"{path}: missing (a model checkpoint, but not a resumable training checkpoint)")
-    try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise TrainingStateError(f"{path}: not valid JSON ({exc})") from None
-    version = str(data.get("training_state_version", "")) if isinstance(data, dict) else ""
-    if version.split(".")[0] != TRAINING_STATE_VERSION.split(".")[0]:
-        raise TrainingStateError(
-            f"{path}: training_state_version {version or '(missing)'} is not supported "
-            f"(this colibri-model reads {TRAINING_STATE_VERSION})"
-        )
-    try:
-        return TrainingState.model_validate(data)
-    except ValidationError as exc:
-        raise TrainingStateError(f"{path}: invalid training state: {' '.join(str(exc).splitlines()[:3])}") from None
+    return read_versioned_json(Path(directory) / TRAINING_STATE_FILE, TrainingState,
+                               version_key="training_state_version", version=TRAINING_STATE_VERSION,
+                               error=TrainingStateError, what="training state",
+                               missing="a model checkpoint, but not a resumable training checkpoint")
 
 
 def write_training_state(directory: str | os.PathLike, state: TrainingState) -> None:
