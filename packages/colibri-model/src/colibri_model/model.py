@@ -114,6 +114,9 @@ class ColibriForCausalLM(nn.Module):
 
     # --- init ---------------------------------------------------------------------------------
     def reset_parameters(self) -> None:
+        """Write every parameter and buffer the model holds: after `to_empty` (the trainer's meta-device
+        build) storage is uninitialised, and a tensor this misses trains from garbage, at times NaN.
+        tests/test_model_init.py fills storage with NaN first and checks each config variant."""
         std = self.config.init_std
         out_std = std / math.sqrt(2 * self.config.n_layers)
         for name, module in self.named_modules():
@@ -128,12 +131,15 @@ class ColibriForCausalLM(nn.Module):
                 nn.init.ones_(module.weight)
             elif isinstance(module, GroupedExperts):
                 module.reset_parameters(std, out_std)
+            elif isinstance(module, Attention) and module.sinks is not None:
+                nn.init.zeros_(module.sinks)  # as transformers' GPT-OSS starts: no mass on the sink
         for layer in self.moe_layers():
             nn.init.normal_(layer.router.weight, std=std)
             if layer.router.bias is not None:
                 nn.init.zeros_(layer.router.bias)
             if layer.router.expert_bias is not None:
                 layer.router.expert_bias.zero_()
+            layer.router.tokens_per_expert.zero_()  # a running count since the last balancer step
 
     # --- structure ----------------------------------------------------------------------------
     def moe_layers(self) -> list[MoELayer]:
