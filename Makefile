@@ -36,6 +36,8 @@ demo: setup
 # Tests whose result depends on which CPU kernels torch dispatches to (int4 pack layout and
 # kernels, grouped experts vs the reference loop): `make test` runs them again under every other
 # ATEN_CPU_CAPABILITY this CPU can execute, so one machine proves the AVX2 and default paths too.
+# oneDNN (torch's bf16 matmuls) dispatches on the CPU by itself, so ONEDNN_MAX_CPU_ISA holds it to
+# the same level: an AVX2-only EPYC runs neither ATen's nor oneDNN's AVX-512 code.
 CPU_KERNEL_TESTS := \
 	packages/colibri-int4/tests/test_quantize.py \
 	packages/colibri-model/tests/test_model_architecture.py \
@@ -55,8 +57,9 @@ test: setup
 test-cpu-capabilities: setup
 	@caps=$$($(PY) -m colibri_stream.compute.cpu_capability --besides-native) || exit 1; \
 	for cap in $$caps; do \
-		echo "== CPU-kernel tests with ATEN_CPU_CAPABILITY=$$cap"; \
-		ATEN_CPU_CAPABILITY=$$cap $(PY) -m pytest -q $(CPU_KERNEL_TESTS) || exit 1; \
+		case $$cap in avx2) isa=AVX2;; default) isa=SSE41;; *) isa=DEFAULT;; esac; \
+		echo "== CPU-kernel tests with ATEN_CPU_CAPABILITY=$$cap ONEDNN_MAX_CPU_ISA=$$isa"; \
+		ATEN_CPU_CAPABILITY=$$cap ONEDNN_MAX_CPU_ISA=$$isa $(PY) -m pytest -q $(CPU_KERNEL_TESTS) || exit 1; \
 	done
 
 # Each package as PyPI users get it: wheel + sdist, a fresh venv each, siblings from the built wheels,
