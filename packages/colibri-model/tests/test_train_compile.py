@@ -72,6 +72,22 @@ def test_each_block_is_one_graph_forward_and_backward():
     assert counter.frame_count == 2
 
 
+def test_compiled_training_after_a_forward_under_inference_mode():
+    """The RoPE tables are cached per rope and shared by every model in the process
+    (layers._rope_tables). One first built under inference_mode (an eval or a generation, as
+    colibri-stream's engine runs) was an inference tensor, and a compiled block saves the table
+    for backward: the next compiled training step of the same rope failed."""
+    from colibri_model.layers import _rope_tables
+
+    _rope_tables.cache_clear()
+    with torch.inference_mode():
+        _model(3).eval()(torch.randint(0, 512, (1, 8)))
+    model = _model(3)
+    model.compile_blocks(backend="aot_eager")
+    loss, grads = _step(model, torch.randint(0, 512, (2, 17)))
+    assert torch.isfinite(loss) and len(grads) == len(list(model.parameters()))
+
+
 @pytest.mark.parametrize("autocast, tolerance", [(False, 1e-5), (True, 2e-2)], ids=["fp32", "bf16"])
 def test_compiled_blocks_equal_eager(autocast, tolerance):
     eager, compiled = _model(1), _model(1)

@@ -82,12 +82,16 @@ def _rope_tables(head_dim: int, theta: float, scaling: RopeScaling | None, size:
                  device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """fp32 cos/sin tables [size, head_dim], built once and shared by every layer (and model) of the
     same rope: an imported model with a 40,960-token max_seq_len would otherwise hold one 42 MB pair
-    per layer."""
-    inv_freq = rope_inv_freq(head_dim, theta, scaling, device)
-    angles = torch.outer(torch.arange(size, device=device, dtype=torch.float64), inv_freq)
-    angles = torch.cat([angles, angles], dim=-1)
-    factor = 1.0 if scaling is None else scaling.attention_factor  # yarn scales cos and sin
-    return (angles.cos() * factor).float(), (angles.sin() * factor).float()
+    per layer. Built outside inference mode whatever the caller's: a table cached by a first
+    forward under `torch.inference_mode()` (an eval, a generation) would otherwise be an inference
+    tensor, and every later training forward of the same rope in the process would fail ("Inference
+    tensors cannot be saved for backward")."""
+    with torch.inference_mode(False):
+        inv_freq = rope_inv_freq(head_dim, theta, scaling, device)
+        angles = torch.outer(torch.arange(size, device=device, dtype=torch.float64), inv_freq)
+        angles = torch.cat([angles, angles], dim=-1)
+        factor = 1.0 if scaling is None else scaling.attention_factor  # yarn scales cos and sin
+        return (angles.cos() * factor).float(), (angles.sin() * factor).float()
 
 
 class RotaryEmbedding(nn.Module):
