@@ -233,3 +233,36 @@ def test_padded_and_packed_rows_see_their_own_window_and_sinks(case):
         masks.test_a_padded_batch_gives_each_row_its_own_logits_in_prefill_and_decode(model)
     else:
         masks.test_a_per_query_mask_packs_two_sequences_in_one_row(model)
+
+
+@torch.no_grad()
+def test_a_cache_that_dropped_the_columns_before_the_window_gives_the_full_caches_logits():
+    """`KVCache.first`: a sliding layer's storage may start after column 0 (colibri-stream's
+    sessions drop what the window can no longer see). Attention still counts columns from 0, so
+    decoding over the shortened storage gives the full cache's logits, with the padded batch's
+    [B, S] mask too (test_model_mla.py: an MLA layer refuses a shortened cache)."""
+    torch.manual_seed(0)
+    model = ColibriForCausalLM(_config(rope_scaling=None)).eval()
+    for name, parameter in model.named_parameters():
+        if name.endswith("sinks"):
+            parameter.normal_(std=0.5)
+    ids = torch.randint(0, 256, (2, 24))
+    mask = torch.ones(2, 24, dtype=torch.bool)
+    mask[1, 14:20] = False  # row 1: padding columns in the middle, as a padded batch decodes
+    full, short = model.new_kv_cache(2, 32), model.new_kv_cache(2, 32)
+    model(ids[:, :20], cache=full, attention_mask=mask[:, :20])
+    # window 4 on layers 0 and 2: row 1's first decode query (position 14) sees positions 11-14,
+    # its keys 11-13 at columns 11-13 (its padding sits after them): the most that may go is 11
+    dropped = 11
+    for layer in (0, 2):
+        short.keys[layer][:, :, : 20 - dropped] = full.keys[layer][:, :, dropped:20]
+        short.values[layer][:, :, : 20 - dropped] = full.values[layer][:, :, dropped:20]
+        short.first[layer] = dropped
+    short.keys[1][:, :, :20], short.values[1][:, :, :20] = full.keys[1][:, :, :20], full.values[1][:, :, :20]
+    short.length = 20
+    for step in range(20, 24):
+        positions = torch.stack([torch.tensor([step]), torch.tensor([step - 6])])
+        expected = model(ids[:, step : step + 1], cache=full, positions=positions, attention_mask=mask[:, : step + 1])
+        got = model(ids[:, step : step + 1], cache=short, positions=positions, attention_mask=mask[:, : step + 1])
+        torch.testing.assert_close(got.logits, expected.logits, atol=1e-5, rtol=1e-5)
+    assert short.keys[0][:, :, : 24 - dropped].abs().sum() > 0 and short.first == [dropped, 0, dropped]

@@ -50,6 +50,9 @@ def test_mla_decoding_with_the_cache_is_the_full_forward():
     parts = [model(tokens[:, :7], cache=cache).logits] + [model(tokens[:, t:t + 1], cache=cache).logits
                                                           for t in range(7, 12)]
     torch.testing.assert_close(torch.cat(parts, 1), full, atol=1e-5, rtol=1e-5)
+    cache.first[1] = 2  # only a sliding-window layer may drop columns (KVCache.first)
+    with pytest.raises(ValueError, match="layer 1: an MLA layer needs every cached column"):
+        model(tokens[:, :1], cache=cache)
 
 
 def test_mla_attention_by_hand():

@@ -180,26 +180,26 @@ def test_deepseek_v3_plan_from_config_matches_a_hand_computation(tmp_path):
 GPT_OSS_20B = Path(__file__).parent / "fixtures" / "gpt_oss_20b"
 
 
-def test_gpt_oss_20b_plan_sizes_the_sliding_layers_as_full_and_states_the_windowed_figure():
+def test_gpt_oss_20b_plan_sizes_the_sliding_layers_at_their_window():
     """gpt-oss-20b's published config: 24 layers of 8 KV heads x 64, every other one (12) sliding
-    over 128 positions. The cache keeps every position on all 24 (the window is a mask), so the
-    plan sizes them as full, says so, and gives what a windowed cache would take: a sliding layer
-    holding window + prefill_chunk - 1 = 255 positions."""
+    over 128 positions. A session's cache keeps at most window - 1 + 2 x prefill_chunk = 383
+    positions on a sliding layer (session_kv.py), so the plan sizes those at that, and states
+    what layers keeping every position would take."""
     plan = Engine.plan(planned_container(GPT_OSS_20B, "int4"), compute="int4")
     layer_position = 2 * 8 * 64 * 2  # K and V, bf16
     assert plan.kv_bytes_per_token == 24 * layer_position == 49_152
     s = plan.sliding_kv
-    assert (s.layers, s.total_layers, s.window, s.prefill_chunk) == (12, 24, 128, 128)
-    for context, full, windowed in ((4096, 201_326_592, 106_930_176), (32768, 1_610_612_736, 811_573_248)):
-        assert plan.kv_cache_at(context) == full == 24 * layer_position * context
-        assert plan.windowed_kv_cache_at(context) == windowed == 12 * layer_position * (context + 255)
-    assert plan.footprint.kv_cache_bytes == plan.kv_cache_at(4096)  # what the engine holds: every position
-    assert plan.windowed_kv_cache_at(100) == plan.kv_cache_at(100)  # shorter than the window: nothing to save
+    assert (s.layers, s.total_layers, s.window, s.prefill_chunk, s.positions) == (12, 24, 128, 128, 383)
+    for context, held, full in ((4096, 110_075_904, 201_326_592), (32768, 814_718_976, 1_610_612_736)):
+        assert plan.kv_cache_at(context) == held == 12 * layer_position * (context + 383)
+        assert plan.full_kv_cache_at(context) == full == 24 * layer_position * context
+    assert plan.footprint.kv_cache_bytes == plan.kv_cache_at(plan.footprint.max_context)  # what the budget holds
+    assert plan.kv_cache_at(300) == plan.full_kv_cache_at(300)  # shorter than what a sliding layer keeps
     out = CliRunner().invoke(main, ["plan", str(GPT_OSS_20B / "config.json")])
     assert out.exit_code == 0, out.output
-    assert ("the 12 sliding-window layers of 24 (window 128) keep every position, so they are sized as full; "
-            "a windowed cache would take") in out.output and "4096 tokens 106.9 MB" in out.output
+    assert ("the 12 sliding-window layers of 24 (window 128) keep at most 383 positions each (window - 1 + 2 x "
+            "prefill chunk 128); keeping every position they would take") in out.output
+    assert "4096 tokens 110.1 MB" in out.output and "4096 tokens 201.3 MB" in out.output
     data = json.loads(CliRunner().invoke(main, ["plan", str(GPT_OSS_20B), "--json"]).output)
-    assert data["kv_cache_windowed_by_context"]["32768"] == 811_573_248
-    assert data["kv_cache_by_context"]["32768"] == 1_610_612_736
+    assert data["kv_cache_by_context"]["32768"] == 814_718_976 == data["kv_cache_windowed_by_context"]["32768"]
     assert Engine.plan(planned_container(QWEN3_30B, "int4"), compute="int4").sliding_kv is None

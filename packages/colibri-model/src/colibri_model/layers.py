@@ -140,6 +140,10 @@ class KVCache:
     """Keys and values of past positions for incremental decoding, one slot per layer.
 
     Preallocated to `max_len` so a decode step is an in-place write, not a concatenation.
+    `first[layer]` counts the key columns no longer stored at the front of that layer (0: none):
+    its storage column j holds cache column first + j. colibri-stream's sessions drop what a
+    sliding-window layer can no longer see (its session_kv.py), and a batch copied from such a
+    session carries the offsets; attention reads them through `first_column`.
     """
 
     def __init__(self, config: ColibriConfig, batch_size: int, max_len: int, device=None, dtype=torch.float32):
@@ -149,14 +153,22 @@ class KVCache:
         self.values = [torch.zeros(values, device=device, dtype=dtype) for _ in range(config.n_layers)]
         self.length = 0  # positions filled, shared by all layers
         self.max_len = max_len
+        self.first = [0] * config.n_layers
+
+    def first_column(self, layer: int) -> int:
+        """The cache column `update`'s returned keys start at for `layer`."""
+        return self.first[layer]
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store the T new columns after `length`; the layer's keys and values from column
+        `first_column(layer)` through the new ones."""
         start, end = self.length, self.length + k.shape[2]
         if end > self.max_len:
             raise ValueError(f"KV cache full: {end} positions exceed max_len={self.max_len}")
-        self.keys[layer][:, :, start:end] = k
-        self.values[layer][:, :, start:end] = v
-        return self.keys[layer][:, :, :end], self.values[layer][:, :, :end]
+        offset = self.first[layer]
+        self.keys[layer][:, :, start - offset : end - offset] = k
+        self.values[layer][:, :, start - offset : end - offset] = v
+        return self.keys[layer][:, :, : end - offset], self.values[layer][:, :, : end - offset]
 
     def select_rows(self, rows: torch.Tensor) -> None:
         """Keep only batch rows `rows` (a 1-D index, in the order given): a batch whose finished
@@ -173,9 +185,11 @@ class Attention(nn.Module):
 
     - `positions`: absolute positions for RoPE, [T] (every row alike: training, plain prefill and
       decode) or [B, T] (per row: a padded batch whose rows stand at different positions).
-    - `cache`: a KV cache (`KVCache`, or anything with `length` and `update(layer, k, v)`); its
-      `length` (`past`) is the cache column the first of the T tokens is written to, shared by the
-      batch. Without one, past = 0.
+    - `cache`: a KV cache (`KVCache`, or anything with `length`, `update(layer, k, v)` and
+      `first_column(layer)`); its `length` (`past`) is the cache column the first of the T tokens
+      is written to, shared by the batch. Without one, past = 0. `update` returns the keys from
+      column `first_column(layer)` on: a cache may drop columns no query can see any more (a
+      sliding-window layer's, GPT-OSS), and the rules below still count every column from 0.
     - `attention_mask`: None, or [B, S] over every key column the pass attends, S = past + T (the
       cache's columns and the T new ones), bool or 0/1, True/1 = a real key. It is ANDed with the
       causal rule on cache columns: the query at column past + i sees key columns <= past + i. So
@@ -192,8 +206,8 @@ class Attention(nn.Module):
 
     GPT-OSS's variants (config schema 1.2): an o_proj bias; on `sliding_layers` a window of
     `sliding_window` positions (a mask in positions, not cache columns: a padded or packed row's
-    key positions come from its mask, `key_positions`; the KV cache keeps every position, which
-    costs memory but no bookkeeping); learned sinks (`sink_attention`, an explicit fp32 softmax, since SDPA has no
+    key positions come from its mask, `key_positions`; a cache may drop the columns before the
+    window, see `cache`); learned sinks (`sink_attention`, an explicit fp32 softmax, since SDPA has no
     sink column). A layer with neither keeps the SDPA fast path, bit for bit as before.
     """
 
@@ -236,17 +250,20 @@ class Attention(nn.Module):
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H, T, D]
         q, k = self.rope(q, positions), self.rope(k, positions)
 
-        past = 0
+        past = first = 0
         if cache is not None:
             past = cache.length
             k, v = cache.update(self.layer_index, k, v)
+            first = cache.first_column(self.layer_index)
         if attention_mask is None and past == 0 and self.window is None and self.sinks is None:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         else:
-            S = k.shape[2]
+            S = past + T  # every cache column, the dropped ones included: the rules count from 0
             allowed = attention_allowed(B, T, past, S, attention_mask, x.device)
             if self.window is not None:  # a query's own key is always inside its window
                 allowed = allowed & window_allowed(positions, key_positions(S, attention_mask, x.device), self.window)
+            if first:  # the columns the cache no longer holds (none of them inside a window)
+                allowed = allowed[..., first:]
             if self.sinks is None:
                 out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, enable_gqa=True)
             else:

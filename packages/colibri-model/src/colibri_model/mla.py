@@ -100,6 +100,8 @@ class MultiHeadLatentAttention(nn.Module):
         if cache is not None:  # only the latent is cached, whichever form computes this pass
             past = cache.length
             rows, _ = cache.update(self.layer_index, rows, rows[..., :0])  # [B, 1, S, r + rope]; no values
+            if cache.first_column(self.layer_index):  # only sliding-window layers drop columns
+                raise ValueError(f"layer {self.layer_index}: an MLA layer needs every cached column")
         if self.form_for(T, past + T) == "decompressed":
             out = self._decompressed(q_nope, q_rope, rows, past, attention_mask)
         else:

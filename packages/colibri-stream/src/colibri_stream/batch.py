@@ -47,9 +47,11 @@ def branch_logits(session: Session, continuations: list[list[int]], skip: int = 
     ids = torch.tensor([c + [c[-1]] * (longest - len(c)) for c in continuations], dtype=torch.long,
                        device=engine.device)
     kv = engine.model.new_kv_cache(rows, past + longest)
-    for layer in range(len(kv.keys) if past else 0):
-        kv.keys[layer][:, :, :past] = session.kv.keys[layer][:, :, :past]
-        kv.values[layer][:, :, :past] = session.kv.values[layer][:, :, :past]
+    for layer in range(len(kv.keys) if past else 0):  # what the session holds: a sliding layer's window
+        stored = past - session.kv.first_column(layer)
+        kv.keys[layer][:, :, :stored] = session.kv.keys[layer][:, :, :stored]
+        kv.values[layer][:, :, :stored] = session.kv.values[layer][:, :, :stored]
+        kv.first[layer] = session.kv.first_column(layer)
     kv.length = past
     width = max(1, engine.prefill_chunk // rows)
     pieces = []

@@ -26,7 +26,9 @@ one per pass. `stream_batch` yields each row's tokens as they come (the server's
 prompts); `generate_batch` (`Engine.generate` with a list) runs it to the end.
 
 Memory: the batch KV cache holds B x (longest + the most tokens a row can still run) positions,
-beyond the budget's one `max_context` (as extra sessions are). A batch of more prompts than
+beyond the budget's one `max_context` (as extra sessions are), on every layer: a sliding-window
+layer keeps all its columns here (a short row's window reaches back past the padding after its
+prompt), unlike a session's cache (session_kv.py). A batch of more prompts than
 `prefill_chunk` runs as several batches of at most `prefill_chunk` rows, so a decode step holds
 no more tokens than the budget's workspace.
 """

@@ -170,7 +170,8 @@ class Engine:
         return Session(self)
 
     def new_session_kv(self) -> SessionKV:
-        return SessionKV.for_model(self.config, self.max_context, self.device, self.model.embed.weight.dtype)
+        return SessionKV.for_model(self.config, self.max_context, self.device, self.model.embed.weight.dtype,
+                                   prefill_chunk=self.prefill_chunk)
 
     @property
     def kv_bytes_per_token(self) -> int:

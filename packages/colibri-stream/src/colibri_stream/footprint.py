@@ -28,6 +28,7 @@ from .compute.expert_compute import int4_supported, prepared_nbytes
 from .errors import BudgetError
 from .io.heap import slack_bytes as heap_slack_bytes
 from .options import EngineOptions
+from .session_kv import sliding_windows, windowed_positions
 from .sizes import format_size
 
 # NOTE: a loaded byte-level BPE tokenizer holds its vocabulary and merges in Rust structures that
@@ -143,17 +144,19 @@ class Footprint:
         )
 
 
-def kv_cache_bytes(config: ColibriConfig, max_context: int, elem: int) -> int:
-    return config.kv_bytes_per_position(elem) * max_context  # key and value widths differ under MLA
+def kv_cache_bytes(config: ColibriConfig, max_context: int, elem: int, prefill_chunk: int) -> int:
+    """One session at `max_context` positions: every layer's keys and values (their widths differ
+    under MLA), a sliding-window layer's only up to what it keeps (`SlidingKV`)."""
+    sliding = SlidingKV.of(config, elem, prefill_chunk)
+    return config.kv_bytes_per_position(elem) * max_context - (sliding.saving(max_context) if sliding else 0)
 
 
 @dataclass(frozen=True)
 class SlidingKV:
-    """Sliding-window layers (GPT-OSS's `sliding_layers`) in the KV cache. Colibri's cache keeps
-    every position on them too (the window is a mask in colibri-model's layers.py, not a ring
-    buffer), so `kv_cache_bytes` sizes them as full layers. `windowed_saving` is what a cache that
-    kept only the window would save: a sliding layer then holds `window + prefill_chunk - 1`
-    positions at most (a chunk's first query still sees window - 1 earlier ones)."""
+    """Sliding-window layers (GPT-OSS's `sliding_layers`) in a session's KV cache: each holds at
+    most `positions` = `window - 1 + 2 x prefill_chunk` columns whatever the context (the window
+    before a pass, a chunk of slack for truncates, the pass itself: session_kv.py), so `saving`
+    is what they take less than layers keeping every position."""
 
     layers: int
     total_layers: int
@@ -163,14 +166,18 @@ class SlidingKV:
 
     @classmethod
     def of(cls, config: ColibriConfig, elem: int, prefill_chunk: int) -> SlidingKV | None:
-        if not config.sliding_layers or config.sliding_window is None:
+        windows = [w for w in sliding_windows(config) if w is not None]
+        if not windows:
             return None
         per_layer = config.kv_bytes_per_position(elem) // config.n_layers  # every GPT-OSS layer alike
-        return cls(len(config.sliding_layers), config.n_layers, config.sliding_window, per_layer, prefill_chunk)
+        return cls(len(windows), config.n_layers, windows[0], per_layer, prefill_chunk)
 
-    def windowed_saving(self, context: int) -> int:
-        kept = min(context, self.window + self.prefill_chunk - 1)
-        return self.layers * self.layer_bytes_per_position * (context - kept)
+    @property
+    def positions(self) -> int:
+        return windowed_positions(self.window, self.prefill_chunk)
+
+    def saving(self, context: int) -> int:
+        return self.layers * self.layer_bytes_per_position * (context - min(context, self.positions))
 
 
 def workspace_bytes(config: ColibriConfig, prefill_chunk: int, max_context: int, elem: int) -> int:
@@ -228,7 +235,7 @@ class Sizing:
         blob = layout.blob_length if layout else 0
         f = Footprint(
             dtype, compute, expert_dtype, max_context, min(chunk, max_context), self.top_k, threads, by_dtype,
-            kv_cache_bytes(config, max_context, elem),
+            kv_cache_bytes(config, max_context, elem, min(chunk, max_context)),
             workspace_bytes(config, min(chunk, max_context), max_context, elem),
             0, TOKENIZER_BYTES_PER_TOKEN * config.vocab_size, heap_slack_bytes(blob),
             slot, config.n_experts, config.n_moe_layers * config.n_experts,

@@ -93,23 +93,26 @@ class Plan:
     smallest_choice: str = ""  # the configuration `smallest_budget` is for
     defaults: list[str] = field(default_factory=list)  # preferred values a size limit set (module doc)
     max_seq_len: int = 0  # the config's; `max_context` may be shorter
-    sliding_kv: SlidingKV | None = None  # sliding-window layers, sized as full ones (footprint.SlidingKV)
+    sliding_kv: SlidingKV | None = None  # sliding-window layers, which keep only their window (footprint.SlidingKV)
 
     @property
     def kv_bytes_per_token(self) -> int:
+        """KV cache per position over all layers (a context shorter than the sliding windows)."""
         f = self.footprint
-        return f.kv_cache_bytes // f.max_context if f.max_context else 0
+        if not f.max_context:
+            return 0
+        saved = self.sliding_kv.saving(f.max_context) if self.sliding_kv else 0
+        return (f.kv_cache_bytes + saved) // f.max_context
 
     def kv_cache_at(self, context: int) -> int:
-        """KV cache bytes (in the plan's dtype) for a context of `context` tokens."""
-        return self.kv_bytes_per_token * context
+        """KV cache bytes (in the plan's dtype) for one session of `context` tokens, the sliding
+        layers at what they keep (footprint.SlidingKV)."""
+        saved = self.sliding_kv.saving(context) if self.sliding_kv else 0
+        return self.kv_bytes_per_token * context - saved
 
-    def windowed_kv_cache_at(self, context: int) -> int | None:
-        """What a KV cache keeping only the sliding layers' windows would take (None: no sliding
-        layers). Not what the engine holds: its cache keeps every position (footprint.SlidingKV)."""
-        if self.sliding_kv is None:
-            return None
-        return self.kv_cache_at(context) - self.sliding_kv.windowed_saving(context)
+    def full_kv_cache_at(self, context: int) -> int:
+        """What the KV cache would take if every layer kept every position (the sliding ones too)."""
+        return self.kv_bytes_per_token * context
 
     @property
     def min_budget(self) -> int:

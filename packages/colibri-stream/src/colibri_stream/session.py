@@ -14,9 +14,11 @@ while each session's KV cache and token list are its own. So any number of sessi
 from any number of threads, one thread per session at a time (a Session itself is not
 synchronised: do not drive one session from two threads at once).
 
-Memory: a session's KV cache grows with its context (session_kv.py); the engine's budget holds
-one full `max_context` of it, so sessions beyond the first, together longer than that, cost
-`kv_bytes_per_token` per token on top of the budget.
+Memory: a session's KV cache grows with its context (session_kv.py; a sliding-window layer's
+stops at its window plus two prefill chunks); the engine's budget holds one full `max_context`
+of it, so sessions beyond the first, together longer than that, cost up to `kv_bytes_per_token`
+per token on top of the budget. A truncate further back than a sliding layer still holds keys
+for (more than a prefill chunk, once its window is full) costs a re-run of the kept tokens.
 """
 
 from __future__ import annotations
@@ -108,7 +110,12 @@ class Session:
             raise ValueError(f"truncate({length}): the session holds {len(self)} tokens")
         if length == len(self):
             return
-        if length <= self.kv.length:
+        if length <= self.kv.length and not self.kv.can_truncate(length):
+            # a sliding-window layer has dropped keys the next position would see (session_kv.py):
+            # the kept tokens run again, on a fresh cache, when the context is next used
+            self._pending = self._tokens[:length]
+            self.kv = self.engine.new_session_kv()
+        elif length <= self.kv.length:
             self.kv.length = length
             self._pending = []
         else:

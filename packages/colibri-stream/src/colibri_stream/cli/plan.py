@@ -59,8 +59,8 @@ def plan(container, quant, group, trace_path, hit_rate, as_json, **options):
     if as_json:
         out = result.to_dict()
         out["kv_cache_by_context"] = {str(n): result.kv_cache_at(n) for n in _kv_contexts(result)}
-        if result.sliding_kv is not None:  # what the cache does not do (yet): keep only the window
-            out["kv_cache_windowed_by_context"] = {str(n): result.windowed_kv_cache_at(n) for n in _kv_contexts(result)}
+        if result.sliding_kv is not None:  # plan 1.0's windowed figure: what the cache now holds (PLAN.md)
+            out["kv_cache_windowed_by_context"] = dict(out["kv_cache_by_context"])
         if sizes is not None:
             out["hf_config"], out["quant"], out["group"] = str(result.path), quant, group
             out["container_size_by_quant"] = {q: e.file_size for q, e in sizes.items()}
@@ -100,9 +100,10 @@ def describe_plan(p, process_bytes: int, runtime_file_bytes: int) -> list[str]:
     lines.append(f"KV cache ({dtype_name(f.dtype)}, {size(p.kv_bytes_per_token)} per token): "
                  + ", ".join(f"{n} tokens {size(p.kv_cache_at(n))}" for n in _kv_contexts(p)))
     if (s := p.sliding_kv) is not None:
-        lines.append(f"  the {s.layers} sliding-window layers of {s.total_layers} (window {s.window}) keep every "
-                     "position, so they are sized as full; a windowed cache would take "
-                     + ", ".join(f"{n} tokens {size(p.windowed_kv_cache_at(n))}" for n in _kv_contexts(p)))
+        lines.append(f"  the {s.layers} sliding-window layers of {s.total_layers} (window {s.window}) keep at most "
+                     f"{s.positions} positions each (window - 1 + 2 x prefill chunk {s.prefill_chunk}); keeping every "
+                     "position they would take "
+                     + ", ".join(f"{n} tokens {size(p.full_kv_cache_at(n))}" for n in _kv_contexts(p)))
     if p.defaults:
         lines.append("defaults for a model this size: " + "; ".join(p.defaults))
     if p.smallest_budget < p.min_budget:
