@@ -21,14 +21,13 @@ import argparse
 import json
 import tempfile
 import time
-from pathlib import Path
 
 import torch
-from colibri_int4 import QuantScheme, export_checkpoint
-from colibri_model import ColibriConfig, ColibriForCausalLM
+from colibri_model import ColibriConfig
 from colibri_stream import Engine
 from colibri_stream.session import Session
 from colibri_stream.session_kv import SessionKV
+from colibri_stream.studies.synthetic_container import export_random_model
 
 
 def gpt_oss_shaped(context: int, window: int) -> ColibriConfig:
@@ -38,18 +37,6 @@ def gpt_oss_shaped(context: int, window: int) -> ColibriConfig:
         max_seq_len=context + 256, qk_norm=False, qkv_bias=True, o_bias=True, attn_sinks=True, sliding_window=window,
         sliding_layers=(0, 2, 4, 6), router_score="softmax", selection_bias=False, router_bias=True,
         expert_proj_bias=True, expert_glu="clamped_swiglu", glu_limit=7.0, shared_expert_dim=0)
-
-
-def write_container(directory: Path, config: ColibriConfig) -> Path:
-    torch.manual_seed(0)
-    model = ColibriForCausalLM(config)
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if name.endswith(("bias", "sinks")):
-                parameter.normal_(std=0.3)
-    model.save_pretrained(directory / "ckpt")
-    export_checkpoint(directory / "ckpt", directory / "gpt_oss_shaped.coli", QuantScheme(group_size=32))
-    return directory / "gpt_oss_shaped.coli"
 
 
 def run_arm(engine: Engine, session: Session, context: list[int], new_tokens: int) -> tuple[dict, list[torch.Tensor]]:
@@ -80,7 +67,7 @@ def main() -> None:
                  "context": args.context, "new_tokens": args.new_tokens, "prefill_chunk": args.prefill_chunk,
                  "threads": torch.get_num_threads()}
     with tempfile.TemporaryDirectory() as tmp:
-        path = write_container(Path(tmp), config)
+        path = export_random_model(tmp, config, bias_std=0.3)
         with Engine.open(path, ram_budget="2GB", dtype="f32", prefill_chunk=args.prefill_chunk,
                          max_context=args.context + args.new_tokens + 1) as eng:
             windowed, windowed_steps = run_arm(eng, eng.session(), context, args.new_tokens)

@@ -95,23 +95,16 @@ def test_exported_1_2_gpt_oss_variant_streams_like_its_checkpoint(tmp_path):
     int4 expert kernels with biases and the clamped SwiGLU against load_checkpoint of the
     dequantized container (the same weights)."""
     from colibri_int4 import dequantize_container
-    from colibri_model import ColibriForCausalLM
+    from colibri_stream.studies.synthetic_container import export_random_model
 
-    torch.manual_seed(0)
     config = get_preset(**GPT_OSS, vocab_size=512, max_seq_len=64, init_std=0.05)
-    model = ColibriForCausalLM(config)
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if name.endswith(("bias", "sinks")):
-                parameter.normal_(std=0.3)
-    model.save_pretrained(tmp_path / "ckpt")
-    export_checkpoint(tmp_path / "ckpt", tmp_path / "v.coli", QuantScheme(group_size=32))
-    reference = load_checkpoint(dequantize_container(tmp_path / "v.coli", tmp_path / "deq")).eval()
+    container = export_random_model(tmp_path, config, bias_std=0.3)
+    reference = load_checkpoint(dequantize_container(container, tmp_path / "deq")).eval()
     ids = torch.randint(0, 512, (1, 20), generator=torch.Generator().manual_seed(1))
     with torch.inference_mode():
         expected = reference(ids).logits[0]
     for compute in ("dequant", "int4"):
-        with Engine.open(tmp_path / "v.coli", ram_budget="200MB", dtype="f32", compute=compute,
+        with Engine.open(container, ram_budget="200MB", dtype="f32", compute=compute,
                          kernel_dtype="f32") as eng:
             assert eng.stats.compute_mode == ("dequant" if compute == "dequant" else "int4-f32")
             torch.testing.assert_close(eng.logits(ids[0]), expected, atol=1e-4, rtol=1e-4)

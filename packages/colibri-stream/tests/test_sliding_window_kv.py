@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from colibri_int4 import QuantScheme, dequantize_container, export_checkpoint
-from colibri_model import ColibriConfig, ColibriForCausalLM, load_checkpoint
+from colibri_int4 import dequantize_container
+from colibri_model import ColibriConfig, load_checkpoint
 from colibri_stream import Engine
 from colibri_stream.session_kv import windowed_positions
+from colibri_stream.studies.synthetic_container import export_random_model
 
 WINDOW, CHUNK = 6, 4
 GPT_OSS = dict(name="gpt-oss-window", d_model=64, n_layers=4, n_dense_layers=1, n_heads=2, n_kv_heads=1, head_dim=32,
@@ -28,16 +29,8 @@ TOKENS = torch.randint(0, 256, (60,), generator=IDS).tolist()
 def gpt_oss(tmp_path_factory):
     """(container, full-forward reference model) with random biases and sinks."""
     directory = tmp_path_factory.mktemp("gpt_oss_window")
-    torch.manual_seed(0)
-    model = ColibriForCausalLM(ColibriConfig(**GPT_OSS))
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if name.endswith(("bias", "sinks")):
-                parameter.normal_(std=0.5)
-    model.save_pretrained(directory / "ckpt")
-    export_checkpoint(directory / "ckpt", directory / "gpt_oss.coli", QuantScheme(group_size=32))
-    reference = load_checkpoint(dequantize_container(directory / "gpt_oss.coli", directory / "dequantized")).eval()
-    return directory / "gpt_oss.coli", reference
+    container = export_random_model(directory, ColibriConfig(**GPT_OSS), bias_std=0.5)
+    return container, load_checkpoint(dequantize_container(container, directory / "dequantized")).eval()
 
 
 @pytest.fixture()
