@@ -7,6 +7,7 @@ over the same `--context` random tokens and `--new-tokens` greedy decode steps:
 - "windowed": `engine.session()`, whose sliding layers drop what the window no longer sees
   (session_kv.py);
 - "every_position": a session over a `SessionKV` without windows (what sessions held before).
+The arms alternate `--repeats` times (medians reported: the machine is shared and noisy).
 Prints one JSON object: per arm the KV bytes held at the end, prefill seconds, decode tokens/s,
 and the largest |logit difference| between the arms over the decode steps (the same model and
 kernels, so only the summation order of the shorter softmax may differ), plus the ratios.
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import tempfile
 import time
 
@@ -53,12 +55,17 @@ def run_arm(engine: Engine, session: Session, context: list[int], new_tokens: in
             "decode_tokens_per_s": round(new_tokens / decode, 2)}, steps
 
 
+def median_of(records: list[dict]) -> dict:
+    return {key: statistics.median(r[key] for r in records) for key in records[0]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--context", type=int, default=4096)
     parser.add_argument("--window", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--prefill-chunk", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     config = gpt_oss_shaped(args.context, args.window)
     context = torch.randint(0, config.vocab_size, (args.context,), generator=torch.Generator().manual_seed(1)).tolist()
@@ -70,10 +77,14 @@ def main() -> None:
         path = export_random_model(tmp, config, bias_std=0.3)
         with Engine.open(path, ram_budget="2GB", dtype="f32", prefill_chunk=args.prefill_chunk,
                          max_context=args.context + args.new_tokens + 1) as eng:
-            windowed, windowed_steps = run_arm(eng, eng.session(), context, args.new_tokens)
             every = SessionKV(config.n_layers, config.kv_cache_heads, config.key_head_dim, eng.max_context, eng.device,
                               eng.model.embed.weight.dtype, value_head_dim=config.value_head_dim)
-            full, full_steps = run_arm(eng, Session(eng, kv=every), context, args.new_tokens)
+            runs = {"windowed": [], "every_position": []}
+            for _ in range(args.repeats):  # interleaved, so a load spike hits both arms alike
+                runs["windowed"].append(run_arm(eng, eng.session(), context, args.new_tokens))
+                runs["every_position"].append(run_arm(eng, Session(eng, kv=every.copy()), context, args.new_tokens))
+    windowed, full = (median_of([r[0] for r in runs[arm]]) for arm in ("windowed", "every_position"))
+    windowed_steps, full_steps = runs["windowed"][0][1], runs["every_position"][0][1]
     out["windowed"], out["every_position"] = windowed, full
     out["max_abs_logit_difference"] = max(float((a - b).abs().max()) for a, b in zip(windowed_steps, full_steps))
     out["kv_bytes_ratio_every_over_windowed"] = round(full["kv_bytes"] / windowed["kv_bytes"], 3)

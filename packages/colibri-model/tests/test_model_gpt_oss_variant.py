@@ -266,3 +266,28 @@ def test_a_cache_that_dropped_the_columns_before_the_window_gives_the_full_cache
         got = model(ids[:, step : step + 1], cache=short, positions=positions, attention_mask=mask[:, : step + 1])
         torch.testing.assert_close(got.logits, expected.logits, atol=1e-5, rtol=1e-5)
     assert short.keys[0][:, :, : 24 - dropped].abs().sum() > 0 and short.first == [dropped, 0, dropped]
+
+
+@pytest.mark.parametrize("mask_shape", ["[T, S]", "[B, 1, T, S]", "[B, H, T, S]"])
+def test_sink_attention_groups_the_query_heads_of_a_kv_head(mask_shape):
+    """`sink_attention` computes each query head against its KV head (h // groups) without
+    repeating the keys: the same numbers as a loop over query heads, for every mask shape the
+    docstring allows."""
+    from colibri_model.attention_rules import sink_attention
+
+    torch.manual_seed(4)
+    B, H, kv_heads, T, S, D = 2, 8, 2, 5, 11, 16
+    q, k, v = torch.randn(B, H, T, D), torch.randn(B, kv_heads, S, D), torch.randn(B, kv_heads, S, D)
+    sinks = torch.randn(H)
+    shape = {"[T, S]": (T, S), "[B, 1, T, S]": (B, 1, T, S), "[B, H, T, S]": (B, H, T, S)}[mask_shape]
+    allowed = torch.rand(shape) > 0.4
+    allowed[..., 0] = True
+    full = allowed.expand(B, H, T, S)
+    expected = torch.empty(B, H, T, D)
+    for h in range(H):
+        kv = h // (H // kv_heads)
+        scores = (q[:, h] @ k[:, kv].transpose(-1, -2)) / math.sqrt(D)
+        scores = scores.masked_fill(~full[:, h], float("-inf"))
+        weights = torch.softmax(torch.cat([scores, sinks[h].expand(B, T, 1)], -1), -1)[..., :-1]
+        expected[:, h] = weights @ v[:, kv]
+    torch.testing.assert_close(sink_attention(q, k, v, allowed, sinks), expected, atol=1e-5, rtol=1e-5)

@@ -59,13 +59,21 @@ def sink_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: t
 
     q [B, H, T, D]; k, v [B, Hkv, S, D]; allowed: bool broadcastable to [B, H, T, S]; sinks [H].
     Every query must be allowed at least one key (its own, under the causal rule).
+
+    The query heads that share a KV head are folded into the query axis ([B, Hkv, groups x T, D]
+    against [B, Hkv, S, D]) instead of repeating the keys and values per query head: at GPT-OSS's
+    8 query heads per KV head that copy was 8x the cache, in fp32, every layer of every step.
     """
     B, H, T, D = q.shape
-    groups = H // k.shape[1]
-    keys, values = k.repeat_interleave(groups, dim=1).float(), v.repeat_interleave(groups, dim=1).float()
-    scores = torch.matmul(q.float(), keys.transpose(-1, -2)) * D**-0.5
+    kv_heads = k.shape[1]
+    groups = H // kv_heads
+    queries = q.float().reshape(B, kv_heads, groups * T, D)
+    scores = torch.matmul(queries, k.float().transpose(-1, -2)).view(B, kv_heads, groups, T, -1) * D**-0.5
+    if allowed.dim() == 4:  # [B, 1 or H, T, S] -> the grouped head axes
+        allowed = allowed.unsqueeze(2) if allowed.shape[1] == 1 else allowed.reshape(B, kv_heads, groups, T, -1)
     scores = scores.masked_fill(~allowed, float("-inf"))
-    sink = sinks.float().view(1, H, 1, 1).expand(B, H, T, 1)
+    sink = sinks.float().view(1, kv_heads, groups, 1, 1).expand(B, kv_heads, groups, T, 1)
     logits = torch.cat([scores, sink], dim=-1)
     probs = torch.softmax(logits - logits.amax(-1, keepdim=True), dim=-1)[..., :-1]
-    return torch.matmul(probs, values).to(q.dtype)
+    out = torch.matmul(probs.reshape(B, kv_heads, groups * T, -1), v.float())  # [B, Hkv, groups x T, Dv]
+    return out.view(B, H, T, v.shape[-1]).to(q.dtype)
