@@ -190,24 +190,10 @@ def test_yarn_inverse_frequencies_and_attention_factor():
     assert scaling.attention_factor == pytest.approx(0.1 * math.log(32) + 1)
 
 
-def test_trainer_trains_the_gpt_oss_variant(tmp_path):
+def test_trainer_trains_the_gpt_oss_variant(train_three_steps):
     """The trainer trains these shapes too: the biases, sinks and router bias all receive updates."""
-    from colibri_model.corpus import prose_files
-    from colibri_model.data import prepare
-    from colibri_model.training import TrainConfig, Trainer, read_metrics
-
-    (tmp_path / "prose.txt").write_text(prose_files()[0].read_text(encoding="utf-8-sig")[:60_000])
-    prepare([str(tmp_path / "prose.txt")], tmp_path / "data", shard_tokens=100_000, val_fraction=0.05, progress=False)
-    config = _config(vocab_size=49152, rope_scaling=None)
-    cfg = TrainConfig(steps=3, seq_len=32, batch_size=4, micro_batch=4, lr=3e-3, warmup_steps=1, eval_every=0,
-                      eval_batches=1, save_every=0, progress=False)
-    trainer = Trainer.for_pretraining(tmp_path / "run", tmp_path / "data", config, cfg)
-    start = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
-    trainer.train()
-    trainer.close()
-    records = read_metrics(tmp_path / "run")
+    records, moved = train_three_steps(_config(vocab_size=49152, rope_scaling=None))
     assert records[-1].step == 3 and all(math.isfinite(r.loss) for r in records[1:])
-    moved = {n for n, p in trainer.model.named_parameters() if not torch.equal(p.detach(), start[n])}
     assert {"layers.0.attn.sinks", "layers.0.attn.o_proj.bias", "layers.1.moe.router.bias",
             "layers.1.moe.experts.gate_bias", "layers.1.moe.experts.down_bias"} <= moved
 

@@ -20,10 +20,7 @@ from colibri_model import (
 from colibri_model.balancing import ExpertBiasBalancer
 from colibri_model.checkpoint import config_to_checkpoint_json, read_config
 from colibri_model.config import RopeScaling
-from colibri_model.corpus import prose_files
-from colibri_model.data import prepare
 from colibri_model.layers import rope_inv_freq
-from colibri_model.training import TrainConfig, Trainer, read_metrics
 from colibri_model.training.state import config_hash
 from pydantic import ValidationError
 
@@ -162,22 +159,11 @@ def test_invalid_variants_name_the_field(change, field):
     assert field in str(err.value)
 
 
-def test_trainer_trains_a_softmax_router_variant(tmp_path):
-    text = prose_files()[0].read_text(encoding="utf-8-sig")[:60_000]
-    (tmp_path / "prose.txt").write_text(text)
-    prepare([str(tmp_path / "prose.txt")], tmp_path / "data", shard_tokens=100_000, val_fraction=0.05,
-            progress=False)
+def test_trainer_trains_a_softmax_router_variant(train_three_steps):
     config = ColibriConfig(name="qwen2-moe-like", **{**SMALL, **VARIANTS["qwen2-moe"], "vocab_size": 49152,
                                                     "aux_loss_alpha": 0.01})
-    cfg = TrainConfig(steps=3, seq_len=32, batch_size=4, micro_batch=4, lr=3e-3, warmup_steps=1, eval_every=0,
-                      eval_batches=1, save_every=0, progress=False)
-    trainer = Trainer.for_pretraining(tmp_path / "run", tmp_path / "data", config, cfg)
-    start = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
-    trainer.train()
-    trainer.close()
-    records = read_metrics(tmp_path / "run")
+    records, moved = train_three_steps(config)
     assert records[-1].step == 3 and all(math.isfinite(r.loss) for r in records[1:])
-    moved = {n for n, p in trainer.model.named_parameters() if not torch.equal(p.detach(), start[n])}
     # the softmax router learns at top-2, and so do the shared gate and the q/k/v biases
     assert {"layers.1.moe.router.weight", "layers.1.moe.shared_gate.weight", "layers.0.attn.q_proj.bias"} <= moved
     assert len(records[-1].router) == 3
