@@ -117,7 +117,17 @@ def test_session_kv_grows_with_the_context(engine):
     assert s.kv.capacity >= 110 and len(s) == 110
 
 
-def test_a_padded_batch_gives_each_prompt_its_own_result(engine):
+@pytest.fixture(scope="module")
+def engine_f32(tiny):
+    """f32 expert kernels, for tests that hold a padded batch equal to each row alone: torch's
+    bf16 int4 kernel takes another route for a many-row batch than for one row where the CPU
+    has AMX, and the two round ~5e-4 apart in the logits; in f32 they agree to ~1e-6."""
+    with Engine.open(tiny[0], ram_budget="200MB", kernel_dtype="f32") as eng:
+        yield eng
+
+
+def test_a_padded_batch_gives_each_prompt_its_own_result(engine_f32):
+    engine = engine_f32
     prompts = ["Once upon a time", "Hi", "The little bird sang a song today"]
     single = [engine.generate(p, 10, stop_token_ids=[]) for p in prompts]
     before = engine.stats.prefill_tokens
@@ -134,6 +144,16 @@ def test_a_padded_batch_gives_each_prompt_its_own_result(engine):
         assert session.tokens == row and len(session) == len(row)
     with pytest.raises(ValueError, match="at least one token"):
         engine.generate([[], [1, 2]], 2)
+
+
+def test_a_padded_batch_under_bf16_kernels_agrees_to_bf16_rounding(engine):
+    """The serving default (bf16 expert kernels): each padded row within bf16's rounding of the
+    prompt alone (a leak of padding or of another row moves logits by far more)."""
+    from colibri_stream.batch import prefill_batch
+
+    ids = [engine.encode(p) for p in ["Once upon a time", "Hi", "The little bird sang a song today"]]
+    for session, row in zip(prefill_batch(engine, ids), ids):
+        torch.testing.assert_close(session.last_logits().cpu(), engine.logits(row)[-1], atol=1e-2, rtol=1e-2)
 
 
 def test_a_batch_prefill_is_chunked_by_the_workspace(tiny, engine):
