@@ -30,17 +30,25 @@ def test_layer_lru_evicts_from_the_fullest_layer():
 
 def test_lfu_keeps_frequent_experts_and_ages_counts():
     policy = LFUPolicy(half_life=2)
+    cached = set()
     for key in [(1, 0), (1, 0), (1, 0), (1, 1)]:
-        (policy.on_hit if key in policy._recency else policy.on_insert)(key)
+        (policy.on_hit if key in cached else policy.on_insert)(key)
+        cached.add(key)
     policy.on_insert((1, 2))
     assert policy.victim() == (1, 1)  # count 1, older than (1, 2)
     policy.on_remove((1, 1))
     policy.on_insert((1, 1))  # comes back: its count survived eviction -> 2
+    assert policy.count((1, 1)) == 2.0
     assert policy.victim() == (1, 2)
-    before = policy._count[(1, 0)]
+    assert policy.count((1, 0)) == 3.0
     policy.begin_step(1)
     policy.begin_step(2)
-    assert policy._count[(1, 0)] == before / 2
+    assert policy.count((1, 0)) == 1.5  # halved once per half_life passes
+    policy.on_hit((1, 2))  # 1/2 + 1: now above (1, 1)'s 2/2
+    assert policy.victim() == (1, 1)
+    assert policy.victim(pinned={(1, 1)}) == (1, 0)  # 1.5 each: the one used longer ago
+    with pytest.raises(LookupError):
+        policy.victim(pinned={(1, 0), (1, 1), (1, 2)})
     with pytest.raises(ValueError):
         LFUPolicy(half_life=0)
 

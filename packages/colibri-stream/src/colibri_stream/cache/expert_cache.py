@@ -23,7 +23,7 @@ from collections.abc import Callable, Collection, Iterable
 
 from colibri_int4 import ContainerError, ExpertBlob, ExpertBlobLayout, ExpertEntry
 
-from ..cache.policies import CachePolicy, ExpertKey
+from ..cache.policy import CachePolicy, ExpertKey
 from ..cache.slab import ExpertSlab
 from ..errors import ExpertCorruptError
 from ..io.direct_io import AlignedBuffer, BlobReader
@@ -89,6 +89,7 @@ class ExpertCache:
         self._staging = AlignedBuffer(layout.blob_length if layout is not None else 1)
         self.bytes_held = 0
         self.prefetcher = None  # set by prefetch.Prefetcher
+        policy.bind(capacity, sorted({key[0] for key in entries}))
 
     # --- queries ---------------------------------------------------------------------------
     def __contains__(self, key: ExpertKey) -> bool:
@@ -190,8 +191,10 @@ class ExpertCache:
         return entry
 
     def _make_room(self, key: ExpertKey, pinned: Collection[ExpertKey]) -> None:
-        while len(self._slots) >= self.capacity:
-            victim = self.policy.victim(pinned=set(pinned) | {key})
+        # `key` is not cached yet, so the policy cannot choose it; `pinned` is passed as given
+        # (no copy: this runs on every miss)
+        while self.policy.needs_room(key, len(self._slots), self.capacity):
+            victim = self.policy.victim_for(key, pinned)
             self._remove(victim)
             self.stats.evictions += 1
 

@@ -18,7 +18,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from ..cache.policies import CachePolicy, ExpertKey
+from ..cache.policy import CachePolicy, ExpertKey
 from ..traces.events import TraceEvent
 
 _NEVER = float("inf")
@@ -45,6 +45,7 @@ def replay(policy: CachePolicy, trace: Sequence[TraceEvent], capacity: int) -> R
     if capacity < 1:
         raise ValueError("capacity must be >= 1")
     cached: set[ExpertKey] = set()
+    policy.bind(capacity, sorted({event.layer for event in trace}))
     hits = misses = 0
     step = None
     for event in trace:
@@ -58,8 +59,8 @@ def replay(policy: CachePolicy, trace: Sequence[TraceEvent], capacity: int) -> R
                 policy.on_hit(key)
                 continue
             misses += 1
-            if len(cached) >= capacity:
-                victim = policy.victim(pinned={key})
+            while policy.needs_room(key, len(cached), capacity):
+                victim = policy.victim_for(key)
                 cached.discard(victim)
                 policy.on_remove(victim)
             cached.add(key)

@@ -1,0 +1,199 @@
+"""The O(log n) policies against readable references that scan every cached expert.
+
+Each reference is the obvious definition (a full scan per eviction); the registry's policies
+must choose the same victim at every eviction of long random event sequences with pinned sets,
+and a partitioned cache must keep every layer inside its share."""
+
+from __future__ import annotations
+
+import random
+from collections import OrderedDict
+
+import pytest
+from colibri_stream import LayerPartitionedPolicy, replay
+from colibri_stream.cache.layer_partition import layer_shares
+from colibri_stream.cache.policies import POLICIES, LayerLRUPolicy, LFUPolicy, LRUPolicy, PinnedLRUPolicy
+from colibri_stream.traces.events import TraceEvent
+
+
+class ScanLFU:
+    """LFU by definition: halve every count each half_life passes, evict the lowest count
+    (ties: least recently used), scanning every cached key."""
+
+    def __init__(self, half_life=64):
+        self.half_life, self.count, self.recency, self.steps = half_life, {}, OrderedDict(), 0
+
+    def begin_step(self, step):
+        self.steps += 1
+        if self.steps % self.half_life == 0:
+            self.count = {k: c / 2 for k, c in self.count.items() if c >= 1 / 64 or k in self.recency}
+
+    def touch(self, key):
+        self.count[key] = self.count.get(key, 0.0) + 1.0
+        self.recency[key] = None
+        self.recency.move_to_end(key)
+
+    on_insert = on_hit = touch
+
+    def on_remove(self, key):
+        self.recency.pop(key, None)
+
+    def victim(self, pinned=()):
+        candidates = [k for k in self.recency if k not in pinned]  # oldest first
+        if not candidates:
+            raise LookupError
+        return min(candidates, key=lambda k: self.count.get(k, 0.0))  # min keeps the first on ties
+
+
+class ScanLayerLRU:
+    def __init__(self):
+        self.order = OrderedDict()
+
+    def begin_step(self, step):
+        pass
+
+    def on_insert(self, key):
+        self.order[key] = None
+        self.order.move_to_end(key)
+
+    on_hit = on_insert
+
+    def on_remove(self, key):
+        self.order.pop(key, None)
+
+    def victim(self, pinned=()):
+        sizes = {}
+        for layer, _ in self.order:
+            sizes[layer] = sizes.get(layer, 0) + 1
+        for layer in sorted(sizes, key=lambda i: (-sizes[i], i)):
+            for key in self.order:
+                if key[0] == layer and key not in pinned:
+                    return key
+        raise LookupError
+
+
+class ScanPinnedLRU(ScanLayerLRU):
+    def __init__(self, hot):
+        super().__init__()
+        self.hot = set(hot)
+
+    def victim(self, pinned=()):
+        for want_hot in (False, True):
+            for key in self.order:
+                if key not in pinned and (key in self.hot) == want_hot:
+                    return key
+        raise LookupError
+
+
+def drive(fast, slow, seed, layers=5, experts=12, capacity=17, passes=400):
+    """Random routing through a cache of `capacity` slots; at each eviction both policies must
+    agree, with the running layer's experts sometimes pinned (as a prefetched arrival does)."""
+    rng = random.Random(seed)
+    cached: set = set()
+    evictions = 0
+    for step in range(passes):
+        fast.begin_step(step)
+        slow.begin_step(step)
+        for layer in range(layers):
+            hot = [rng.randrange(3) for _ in range(2)]  # a skewed layer: three popular experts
+            wanted = {rng.choice(hot) if rng.random() < 0.6 else rng.randrange(experts) for _ in range(3)}
+            pinned = {(layer, e) for e in wanted} if rng.random() < 0.5 else set()
+            for expert in sorted(wanted):
+                key = (layer, expert)
+                if key in cached:
+                    fast.on_hit(key)
+                    slow.on_hit(key)
+                    continue
+                while len(cached) >= capacity:
+                    try:
+                        want = slow.victim(pinned)
+                    except LookupError:
+                        with pytest.raises(LookupError):
+                            fast.victim(pinned)
+                        pinned = set()
+                        continue
+                    assert fast.victim(pinned) == want, (step, layer, evictions)
+                    cached.discard(want)
+                    fast.on_remove(want)
+                    slow.on_remove(want)
+                    evictions += 1
+                cached.add(key)
+                fast.on_insert(key)
+                slow.on_insert(key)
+    assert evictions > passes  # the sequence really exercised eviction
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_lfu_chooses_the_victims_of_a_full_scan(seed):
+    drive(LFUPolicy(half_life=8), ScanLFU(half_life=8), seed)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_lfu_rescales_its_weights_and_still_agrees(seed):
+    import colibri_stream.cache.frequency_policy as frequency
+
+    original = frequency._RESCALE_AT
+    frequency._RESCALE_AT = 2.0**6  # rescale every few epochs instead of every 256
+    try:
+        drive(LFUPolicy(half_life=3), ScanLFU(half_life=3), seed)
+    finally:
+        frequency._RESCALE_AT = original
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_layer_lru_chooses_the_victims_of_a_full_scan(seed):
+    drive(LayerLRUPolicy(), ScanLayerLRU(), seed)
+
+
+def test_pinned_lru_chooses_the_victims_of_a_full_scan():
+    hot = [(layer, e) for layer in range(5) for e in (0, 1)]
+    drive(PinnedLRUPolicy(hot), ScanPinnedLRU(hot), seed=4)
+
+
+def test_layer_shares_spread_the_remainder_and_sum_to_capacity():
+    shares = layer_shares(70, list(range(1, 33)))
+    assert sum(shares.values()) == 70 and set(shares.values()) == {2, 3}
+    assert layer_shares(64, list(range(32))) == dict.fromkeys(range(32), 2)
+    ones = [layer for layer, n in layer_shares(40, list(range(32))).items() if n == 2]
+    assert len(ones) == 8 and max(b - a for a, b in zip(ones, ones[1:])) == 4  # spread, not bunched
+
+
+def test_a_partitioned_cache_evicts_inside_the_incoming_layer():
+    policy = LayerPartitionedPolicy(LRUPolicy)
+    policy.bind(5, [1, 2])
+    assert policy.shares == {1: 2, 2: 3} and policy.name == "lru-per-layer"
+    for key in [(1, 0), (1, 1), (2, 0)]:
+        policy.on_insert(key)
+    assert not policy.needs_room((2, 1), cached=3, capacity=5)  # layer 2 has room
+    assert policy.needs_room((1, 2), cached=3, capacity=5)  # layer 1 holds its 2
+    assert policy.victim_for((1, 2)) == (1, 0)
+    assert policy.victim_for((1, 2), pinned={(1, 0)}) == (1, 1)
+    with pytest.raises(LookupError):
+        policy.victim_for((1, 2), pinned={(1, 0), (1, 1)})
+    with pytest.raises(KeyError, match="layers 1..2"):
+        policy.needs_room((7, 0), 3, 5)
+    with pytest.raises(ValueError, match="one slot per MoE layer"):
+        LayerPartitionedPolicy(LRUPolicy).bind(3, [1, 2, 3, 4])
+
+
+@pytest.mark.parametrize("name", ["lru-per-layer", "lfu-per-layer"])
+def test_a_partitioned_replay_never_lets_a_layer_exceed_its_share(name):
+    rng = random.Random(5)
+    trace = [TraceEvent(s, layer, tuple(sorted(rng.sample(range(16), 2)))) for s in range(200) for layer in (1, 2, 3)]
+    policy = POLICIES[name].factory((), 10)
+    held: dict[int, int] = {}
+    original_insert, original_remove = policy.on_insert, policy.on_remove
+
+    def on_insert(key):
+        held[key[0]] = held.get(key[0], 0) + 1
+        assert held[key[0]] <= policy.shares[key[0]]
+        original_insert(key)
+
+    def on_remove(key):
+        held[key[0]] -= 1
+        original_remove(key)
+
+    policy.on_insert, policy.on_remove = on_insert, on_remove
+    result = replay(policy, trace, 10)
+    assert policy.shares == {1: 3, 2: 3, 3: 4} and sum(held.values()) == 10
+    assert 0 < result.hits < result.hits + result.misses
