@@ -64,7 +64,7 @@ def test_report_reader_refuses_unknown_major_version(tiny):
     )
     out = json.loads(result.output)
     out["report_version"] = "2.0"
-    with pytest.raises(ReportVersionError, match="2.0.*1.0"):
+    with pytest.raises(ReportVersionError, match="2.0.*1.1"):
         read_generate_report(json.dumps(out))
 
 
@@ -163,3 +163,27 @@ def test_bench_exits_1_when_the_disk_honesty_check_fails(tiny, monkeypatch):
     monkeypatch.setattr(bench, "run_bench", lambda *a, **k: {"points": [{"contaminated": True}]})
     result = CliRunner().invoke(main, ["bench", str(tiny[0]), "--budgets", "50%", "--json"])
     assert result.exit_code == 1 and "page cache" in result.output and "Traceback" not in result.output
+
+
+def test_top_k_is_sampling_and_the_expert_count_has_its_own_name(tiny):
+    """`--top-k 40` means what it means in every other tool: sample from the 40 likeliest tokens.
+    It used to run 40 experts per token; the expert count is --experts-per-token, and a count
+    above the trained top-k (2 here) is refused unless asked for."""
+    sampled = run("generate", tiny[0], "--prompt", "Hello there", "--ram-budget", "200MB", "--max-new-tokens", "6",
+                  "--temperature", "0.8", "--top-k", "40", "--seed", "3", "--json")
+    assert sampled.exit_code == 0, sampled.output
+    out = json.loads(sampled.output)
+    assert out["budget"]["experts_per_token"] == 1  # the config's top_k_infer: one expert per token
+    alias = run("generate", tiny[0], "--prompt", "Hello there", "--ram-budget", "200MB", "--max-new-tokens", "6",
+                "--temperature", "0.8", "--sample-top-k", "40", "--seed", "3", "--json")
+    assert json.loads(alias.output)["token_ids"] == out["token_ids"]
+    two = run("generate", tiny[0], "--prompt", "Hi", "--ram-budget", "200MB", "--max-new-tokens", "2",
+              "--experts-per-token", "2", "--json")
+    assert two.exit_code == 0 and json.loads(two.output)["budget"]["experts_per_token"] == 2
+    refused = run("generate", tiny[0], "--prompt", "Hi", "--ram-budget", "200MB", "--max-new-tokens", "2",
+                  "--experts-per-token", "8")
+    assert refused.exit_code == 2 and "Traceback" not in refused.output
+    assert "8 experts per token exceeds the 2" in refused.output and "--allow-extra-experts" in refused.output
+    forced = run("generate", tiny[0], "--prompt", "Hi", "--ram-budget", "200MB", "--max-new-tokens", "2",
+                 "--experts-per-token", "8", "--allow-extra-experts", "--json")
+    assert forced.exit_code == 0 and json.loads(forced.output)["budget"]["experts_per_token"] == 8

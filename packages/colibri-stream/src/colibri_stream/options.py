@@ -48,7 +48,8 @@ class EngineOptions:
     kernel_dtype: str | torch.dtype = "bf16"  # activations inside the int4 expert kernels
     device: str | torch.device = "cpu"
     cache_policy: str | CachePolicy | None = None
-    top_k: int | None = None
+    top_k: int | None = None  # routed experts per token per layer
+    allow_extra_experts: bool = False  # accept top_k above the trained top-k
     max_context: int | None = None
     prefill_chunk: int | None = None  # tokens per forward pass; None: 128, less where the budget needs
     direct_io: bool = True

@@ -185,6 +185,14 @@ def make_plan(container: Container, opts: EngineOptions, ram_budget: int | None 
     top_k = opts.top_k or config.top_k_infer
     if config.n_moe_layers and not 1 <= top_k <= config.n_experts:  # a dense model has no top_k
         raise ValueError(f"top_k must be in [1, {config.n_experts}], got {top_k}")
+    trained = max(config.top_k_train, config.top_k_infer)
+    if config.n_moe_layers and top_k > trained and not opts.allow_extra_experts:
+        # a sampling top-k of 40 typed where experts were meant would otherwise run 40 experts
+        raise ValueError(
+            f"{top_k} experts per token exceeds the {trained} this model routes to (top_k_train "
+            f"{config.top_k_train}, top_k_infer {config.top_k_infer}); ask for it explicitly "
+            "(allow_extra_experts=True, --allow-extra-experts) to run a model beyond its training"
+        )
     layout = container.blob_layout
     prefetch = opts.prefetch
     counted_threads = opts.prefetch_threads if prefetch == "on" and layout else 0

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, create_model, model_validator
 
 from .stats import STATS_VERSION, StreamStats, report_fields
 
-REPORT_VERSION = "1.0"
+REPORT_VERSION = "1.1"
 
 
 class ReportVersionError(ValueError):
@@ -77,6 +77,7 @@ class BudgetReport(BaseModel):
     expert_bytes_on_disk: int
     compute: str
     io_mode: str
+    experts_per_token: int = 0  # since report 1.1; 0 in 1.0 reports
 
 
 class GenerateReport(BaseModel):
