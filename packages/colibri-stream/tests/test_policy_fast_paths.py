@@ -197,3 +197,26 @@ def test_a_partitioned_replay_never_lets_a_layer_exceed_its_share(name):
     result = replay(policy, trace, 10)
     assert policy.shares == {1: 3, 2: 3, 3: 4} and sum(held.values()) == 10
     assert 0 < result.hits < result.hits + result.misses
+
+
+def test_a_cache_smaller_than_one_token_warns_and_a_partitioned_one_still_hits(tiny, minimum_budget):
+    import warnings
+
+    from colibri_stream import Engine, SmallCacheWarning
+
+    base = minimum_budget(tiny[0])
+    plan = Engine.plan(tiny[0], base)
+    layers = plan.footprint.total_experts // plan.footprint.n_experts
+    budget = base + (layers - 1 - plan.budget.slots) * plan.slot_bytes  # one slot short of a token
+    with pytest.warns(SmallCacheWarning, match=f"fewer than one decode token uses .{layers} MoE layers x top-1"):
+        with Engine.open(tiny[0], ram_budget=budget, cache_policy="lru") as eng:
+            assert eng.budget.slots == layers - 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SmallCacheWarning)
+        with Engine.open(tiny[0], ram_budget="200MB", cache_policy="lru") as eng:
+            pass
+    with pytest.raises(ValueError, match="one slot per MoE layer"):
+        Engine.open(tiny[0], ram_budget=budget, cache_policy="lru-per-layer")
+    with Engine.open(tiny[0], ram_budget=budget + 2 * plan.slot_bytes, cache_policy="lru-per-layer") as eng:
+        eng.generate("Once upon a time there was", 12, stop_token_ids=[])
+        assert eng.stats.policy == "lru-per-layer" and eng.stats.hits > 0

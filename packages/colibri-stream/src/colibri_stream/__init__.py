@@ -39,7 +39,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "compute.expert_compute": ("DequantExpert", "Int4Expert"),
     "compute.streamed_experts": ("StreamedExperts",),
     "engine": ("Engine",),
-    "errors": ("BudgetError", "ContainerConfigError", "ExpertCorruptError", "SizeFormatError", "StreamError"),
+    "errors": ("BudgetError", "ContainerConfigError", "ExpertCorruptError", "SizeFormatError", "SmallCacheWarning",
+               "StreamError"),
     "footprint": ("Budget", "Footprint"),
     "generation": ("GenerationResult", "StreamedToken"),
     "hit_rate_target": ("HitRateTarget",),
@@ -75,7 +76,14 @@ if TYPE_CHECKING:  # the same names, for type checkers and IDEs (tests hold the 
     from .compute.expert_compute import DequantExpert, Int4Expert
     from .compute.streamed_experts import StreamedExperts
     from .engine import Engine
-    from .errors import BudgetError, ContainerConfigError, ExpertCorruptError, SizeFormatError, StreamError
+    from .errors import (
+        BudgetError,
+        ContainerConfigError,
+        ExpertCorruptError,
+        SizeFormatError,
+        SmallCacheWarning,
+        StreamError,
+    )
     from .footprint import Budget, Footprint
     from .generation import GenerationResult, StreamedToken
     from .hit_rate_target import HitRateTarget
@@ -121,12 +129,14 @@ __all__ = [
     "LRUPolicy",
     "LFUPolicy",
     "LayerLRUPolicy",
+    "LayerPartitionedPolicy",
     "PinnedLRUPolicy",
     "PolicySpec",
     "LayerCounters",
     "ReportVersionError",
     "SamplingConfig",
     "SizeFormatError",
+    "SmallCacheWarning",
     "StatsReport",
     "StreamError",
     "StreamStats",

@@ -11,6 +11,7 @@ later step fails.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, replace
 
 import torch
@@ -24,7 +25,7 @@ from .cache.prefetch import Prefetcher, RoutingPredictor
 from .cache.slab import ExpertSlab
 from .compute.expert_compute import DequantExpert, Int4Expert
 from .compute.streamed_experts import StreamedExperts
-from .errors import BudgetError
+from .errors import BudgetError, SmallCacheWarning
 from .io.direct_io import BlobReader
 from .io.memory_cap import read_memory_cap
 from .options import EngineOptions
@@ -116,7 +117,22 @@ def assemble(container: Container, plan: Plan, opts: EngineOptions) -> Assembled
     bf16 = f.expert_dtype == torch.bfloat16
     stats.compute_mode = f"int4-{'bf16' if bf16 else 'f32'}" if f.compute == "int4" else f.compute
     stats.policy, stats.prefetch = policy.name, plan.prefetch
+    warn_if_smaller_than_a_token(budget.slots, len(backends), f.top_k, policy.name)
     return Assembled(config, model, cache, reader, tokenizer, stats)
+
+
+def warn_if_smaller_than_a_token(slots: int, moe_layers: int, top_k: int, policy: str) -> None:
+    """One decode token uses `moe_layers x top_k` experts in a loop over the layers; a global LRU
+    with fewer slots evicts each expert before its next use and hits nothing at all."""
+    working_set = moe_layers * top_k
+    if 0 < slots < working_set:
+        consequence = "so a global LRU hits nothing" if policy == "lru" else f"so {policy} hits only what it keeps"
+        warnings.warn(
+            f"the expert cache holds {slots} experts, fewer than one decode token uses ({moe_layers} MoE layers x "
+            f"top-{top_k} = {working_set}), {consequence}; raise the budget for a better hit rate",
+            SmallCacheWarning,
+            stacklevel=3,
+        )
 
 
 def load_engine_tokenizer(container: Container, source) -> Tokenizer:

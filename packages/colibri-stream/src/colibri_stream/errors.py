@@ -36,3 +36,8 @@ class ExpertCorruptError(StreamError, ValueError):
 
 class ContainerConfigError(StreamError, ValueError):
     """The container's model config is unusable by this runtime (unknown version, bad fields)."""
+
+
+class SmallCacheWarning(UserWarning):
+    """The expert cache holds fewer experts than one decode token uses (MoE layers x top-k):
+    a global LRU then hits nothing, and every policy misses most of each token."""
