@@ -68,7 +68,8 @@ def engine_options(required_budget: bool):
                          help="Tokens per forward pass (default: 128, down to 32 where --ram-budget needs)."),
             click.option("--no-direct-io", is_flag=True, help="Buffered reads instead of O_DIRECT."),
             click.option("--cache-policy", type=click.Choice(serving_policy_names()), default=None,
-                         help="Expert-cache eviction policy (default: lfu, chosen by measurement; see bench/RESULTS.md)."),
+                         help="Expert-cache eviction policy (default: lru-layer, the best on real routing; "
+                         "*-per-layer give each MoE layer a fixed share of the slots)."),
             click.option("--prefetch", type=click.Choice(["auto", "off", "predict", "on"]), default="auto",
                          show_default=True,
                          help="Read the next layer's predicted experts ahead (on), or only measure the prediction "
