@@ -220,3 +220,16 @@ def test_a_cache_smaller_than_one_token_warns_and_a_partitioned_one_still_hits(t
     with Engine.open(tiny[0], ram_budget=budget + 2 * plan.slot_bytes, cache_policy="lru-per-layer") as eng:
         eng.generate("Once upon a time there was", 12, stop_token_ids=[])
         assert eng.stats.policy == "lru-per-layer" and eng.stats.hits > 0
+
+
+def test_the_policy_study_marks_a_budget_a_per_layer_cache_refuses():
+    from colibri_stream.studies.cache_studies import format_policy_study, policy_study
+
+    rng = random.Random(2)
+    trace = [TraceEvent(s, layer, (rng.randrange(8),)) for s in range(60) for layer in (1, 2, 3, 4)]
+    study = policy_study(trace[:120], trace[120:], total_experts=32, n_experts=8, top_k=1, fractions=[0.1, 0.5])
+    small, large = study["points"]
+    assert small["cache_slots"] == 3 and small["heldout"]["lru-per-layer"]["hit_rate"] is None
+    assert "one slot per MoE layer" in small["heldout"]["lru-per-layer"]["refused"]
+    assert large["heldout"]["lru-per-layer"]["hit_rate"] > 0
+    assert any("lru-per-layer n/a" in line for line in format_policy_study(study))

@@ -96,13 +96,17 @@ def policy_study(tuning: Sequence[TraceEvent], heldout: Sequence[TraceEvent], to
                          "static_oracle_hit_rate": round(static_oracle(trace, capacity).hit_rate, 6)}
             for policy_name, spec in POLICIES.items():
                 # the warm-up trace is always the tuning trace: pinning never sees held-out text
-                hit = replay(spec.factory(tuning, capacity), trace, capacity).hit_rate
+                try:
+                    hit = replay(spec.factory(tuning, capacity), trace, capacity).hit_rate
+                except ValueError as exc:  # a per-layer cache with fewer slots than layers
+                    row[name][policy_name] = {"hit_rate": None, "vs_belady": None, "refused": str(exc)}
+                    continue
                 row[name][policy_name] = {"hit_rate": round(hit, 6),
                                           "vs_belady": round(hit / ceiling, 4) if ceiling else None}
         rows.append(row)
 
-    def mean_heldout(policy_name: str) -> float:
-        return statistics.fmean(r["heldout"][policy_name]["hit_rate"] for r in rows)
+    def mean_heldout(policy_name: str) -> float:  # a budget a policy refuses counts as no hits
+        return statistics.fmean(r["heldout"][policy_name]["hit_rate"] or 0.0 for r in rows)
 
     scores = {name: round(mean_heldout(name), 6) for name in POLICIES}
     best = max(scores, key=scores.get)
@@ -117,7 +121,8 @@ def format_policy_study(study: dict, heldout_name: str = "held-out trace") -> li
     lines = [f"policies on the {heldout_name} (hit rate, vs Belady in brackets):"]
     for p in study["points"]:
         held = p["heldout"]
-        cells = [f"{name} {held[name]['hit_rate']:.3f} ({held[name]['vs_belady'] or 0:.2f})" for name in POLICIES]
+        cells = [f"{name} n/a (fewer slots than layers)" if held[name]["hit_rate"] is None else
+                 f"{name} {held[name]['hit_rate']:.3f} ({held[name]['vs_belady'] or 0:.2f})" for name in POLICIES]
         lines.append(f"  {p['budget_fraction']:>5.0%} slots {p['cache_slots']:>5}: belady "
                      f"{held['belady_hit_rate']:.3f}, static oracle {held['static_oracle_hit_rate']:.3f} | "
                      + " | ".join(cells))
