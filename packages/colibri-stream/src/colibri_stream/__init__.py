@@ -53,6 +53,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "sizes": ("format_size", "parse_size"),
     "stats": ("LayerCounters", "StreamStats"),
     "traces.events": ("TraceEvent",),
+    "traces.routing_dumps": ("DumpFormatError", "ImportedDump", "import_dump"),
     "traces.routing_trace": ("RoutingTrace", "TraceFormatError", "TraceHeader", "read_trace", "write_trace"),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
@@ -96,6 +97,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and IDEs (tests hold the 
     from .sizes import format_size, parse_size
     from .stats import LayerCounters, StreamStats
     from .traces.events import TraceEvent
+    from .traces.routing_dumps import DumpFormatError, ImportedDump, import_dump
     from .traces.routing_trace import RoutingTrace, TraceFormatError, TraceHeader, read_trace, write_trace
 
 __all__ = [
@@ -156,6 +158,9 @@ __all__ = [
     "TraceHeader",
     "read_trace",
     "write_trace",
+    "DumpFormatError",
+    "ImportedDump",
+    "import_dump",
 ]
 
 

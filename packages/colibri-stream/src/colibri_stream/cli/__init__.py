@@ -5,7 +5,8 @@
     serve.py   serve                      (the OpenAI-compatible HTTP server)
     sweep.py   bench                      (a budget sweep with disk-honesty checks)
     bench.py   bench-suite                (every workload and study of issue 9)
-    traces.py  trace-hf, policy-study     (routing traces of any MoE, policies replayed on them)
+    traces.py  trace-hf, trace-import,    (routing traces of any MoE, other runtimes' dumps imported,
+               policy-study               policies replayed on them)
 
 Errors are one line on stderr, no traceback. Exit status (exit_status.py, the same for every
 Colibri command): 0 ok; 1 a check failed (a blob or tensor failed its checksum or could not be
@@ -36,9 +37,9 @@ from .plan import plan  # noqa: E402
 from .run import chat, generate  # noqa: E402
 from .serve import serve  # noqa: E402
 from .sweep import bench  # noqa: E402
-from .traces import policy_study_command, trace_hf  # noqa: E402
+from .traces import policy_study_command, trace_hf, trace_import  # noqa: E402
 
-for _command in (generate, chat, plan, serve, bench, bench_suite, policy_study_command, trace_hf):
+for _command in (generate, chat, plan, serve, bench, bench_suite, policy_study_command, trace_hf, trace_import):
     main.add_command(_command)
 
 if __name__ == "__main__":

@@ -1,14 +1,17 @@
-"""Routing traces on the command line: record one from a transformers MoE, study policies on one.
+"""Routing traces on the command line: record one from a transformers MoE, import another
+runtime's routing dump, study policies on one.
 
     colibri-stream generate model.coli --prompt "..." --ram-budget 1GiB --trace-out held.jsonl
     colibri-stream trace-hf allenai/OLMoE-1B-7B-0924 --text heldout.txt --out olmoe.jsonl.gz
+    colibri-stream trace-import vllm_hook.jsonl --out vllm.jsonl.gz --n-experts 64
     colibri-stream policy-study held.jsonl --tuning tune.jsonl --budgets 10%,25%,50%
     colibri-stream policy-study olmoe.jsonl.gz --json
 
 The trace (ROUTING_TRACE.md) can come from any MoE runtime, so a policy can be judged on a
 real model's routing without serving that model here. Without `--tuning`, the first half of
-the trace's steps tunes (warms up the pinning policy) and the second half is held out, so the
-default policy is never chosen on the text that tuned it.
+the trace's requests tunes (warms up the pinning policy) and the rest is held out, so the
+default policy is never chosen on the text that tuned it; a trace without request ids (or of
+one request) is cut at the middle step instead.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import click
 
 from ..cli.bench import percentages
 from ..exit_status import InputError
+from ..traces.routing_dumps import FORMATS, DumpFormatError, import_dump
 from ..traces.routing_trace import TraceFormatError, read_trace, write_trace
 
 _DTYPES = {"auto": "auto", "bf16": "bfloat16", "f32": "float32"}
@@ -79,10 +83,52 @@ def trace_hf(model: str, texts: tuple[Path, ...], out: Path, max_tokens: int, dt
                f"top-{trace.top_k}")
 
 
+@click.command("trace-import")
+@click.argument("dump", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--format", "dump_format", type=click.Choice(["auto", *FORMATS]), default="auto", show_default=True,
+              help="jsonl: one object per token and layer (vLLM / SGLang hooks); llama-cpp: 'route <step> <layer> "
+                   "<experts...>' lines in a log; csv: a header naming step/token, layer and expert columns; auto: "
+                   "tell from the content.")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="The routing trace to write (ROUTING_TRACE.md; a .gz name compresses).")
+@click.option("--n-experts", type=click.IntRange(min=1), default=None,
+              help="Routed experts per MoE layer (default: the largest expert id + 1, noted in the trace).")
+@click.option("--top-k", type=click.IntRange(min=1), default=None,
+              help="Experts each token uses per layer (default: the most common count per token in the dump).")
+@click.option("--n-moe-layers", type=click.IntRange(min=1), default=None,
+              help="MoE layers of the model (default: the distinct layers in the dump).")
+@click.option("--layer-offset", type=int, default=0, show_default=True,
+              help="Added to every layer number: the trace numbers the model's blocks, so a dump that counted "
+                   "MoE layers from 0 on a model whose first block is dense needs 1.")
+@click.option("--model", default="", help="The model that produced the dump (free text, kept in the trace).")
+def trace_import(dump: Path, dump_format: str, out: Path, n_experts: int | None, top_k: int | None,
+                 n_moe_layers: int | None, layer_offset: int, model: str) -> None:
+    """Import the routing DUMP of another runtime (vLLM, SGLang, llama.cpp, a CSV) as a routing
+    trace for policy-study. Each distinct (request, token) is one step; records that share a
+    request, token and layer (a prefill chunk under one index) are one pass, their experts merged."""
+    try:
+        imported = import_dump(dump, dump_format, n_experts=n_experts, top_k=top_k, n_moe_layers=n_moe_layers,
+                               layer_offset=layer_offset)
+    except DumpFormatError as exc:
+        raise InputError(str(exc)) from None
+    source = "; ".join([f"trace-import --format {imported.format} of {dump.name}", *imported.notes])
+    try:
+        write_trace(out, imported.events, n_moe_layers=imported.n_moe_layers, n_experts=imported.n_experts,
+                    top_k=imported.top_k, model=model, source=source)
+    except OSError as exc:
+        raise InputError(f"{out}: cannot write the trace ({exc.strerror or exc})") from None
+    requests = f", {imported.requests} requests" if imported.requests else ""
+    click.echo(f"{out}: {imported.steps} steps{requests} x {imported.n_moe_layers} MoE layers, "
+               f"{imported.n_experts} experts, top-{imported.top_k} ({imported.format})")
+    for note in imported.notes:
+        click.echo(f"  {note}")
+
+
 @click.command("policy-study")
 @click.argument("trace", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--tuning", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="A trace of other text from the same model to tune on (default: TRACE's first half).")
+              help="A trace of other text from the same model to tune on (default: TRACE's first half of "
+                   "requests, or of steps when it names no requests).")
 @click.option("--budgets", default="10%,25%,50%", show_default=True,
               help="Comma-separated percentages of the routed experts the cache holds.")
 @click.option("--json", "as_json", is_flag=True, help="Print the study as JSON.")
@@ -107,7 +153,10 @@ def policy_study_command(trace: Path, tuning: Path | None, budgets: str, as_json
         tuning_events, heldout_events = held.split(0.5)
         if not heldout_events:
             raise InputError(f"{trace}: one step only; give --tuning, or a trace of several steps")
-        split = "first half of the steps"
+        requests = held.requests
+        tuning_requests = len({e.request for e in tuning_events})
+        split = (f"first {tuning_requests} of its {len(requests)} requests" if len(requests) > 1
+                 else "first half of the steps")
     from ..studies.cache_studies import format_policy_study, policy_study  # studies load only when run
 
     study = policy_study(tuning_events, heldout_events, h.total_experts, h.n_experts, h.top_k, fractions)

@@ -6,7 +6,9 @@
   Belady's MIN at the same number of slots. Replay is exact: routing does not depend on what the
   cache holds, and `replay(LRUPolicy(), ...)` reproduces the live engine's hits (tested in
   test_cache_replay.py). The default policy is the best on held-out text, never on the tuning
-  trace, and LRU keeps the title unless another wins by more than `margin`.
+  trace, and LRU keeps the title unless another wins by more than `margin`. Each policy and
+  Belady also report their hits by MoE layer (`per_layer`, `belady_per_layer`), from the same
+  replays.
 - `prefetch_study`: live runs with prefetch off / predict / on at one budget, interleaved, cold
   each time, reading held-out text one token per forward pass: tokens/s (median), accuracy one
   layer ahead, useful and wasted prefetches.
@@ -24,7 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..cache.policies import POLICIES
-from ..cache.replay import belady, replay, static_oracle
+from ..cache.replay import ReplayResult, belady, replay, static_oracle
 from ..engine import Engine
 from ..io.accounting import IOMeter
 from ..traces.events import TraceEvent
@@ -83,7 +85,11 @@ def policy_study(tuning: Sequence[TraceEvent], heldout: Sequence[TraceEvent], to
     The shuffled trace measures temporal locality: if Belady (and every policy) does about as
     well with the held-out passes in random order, routing is close to the independent
     reference model, under which the best online policy keeps the most popular experts (A0,
-    Aho, Denning and Ullman 1971), i.e. about the static oracle, whatever it knows about time."""
+    Aho, Denning and Ullman 1971), i.e. about the static oracle, whatever it knows about time.
+
+    Per budget and trace, `belady_per_layer` and each policy's `per_layer` map the layer (as a
+    string: JSON keys) to {"hits", "misses", "hit_rate"}; Belady's are the layers' shares of the
+    one globally optimal run (cache.replay)."""
     traces = {"tuning": tuning, "heldout": heldout, "shuffled": shuffled_steps(heldout),
               "random": random_trace_like(heldout, n_experts)}
     rows = []
@@ -91,18 +97,22 @@ def policy_study(tuning: Sequence[TraceEvent], heldout: Sequence[TraceEvent], to
         capacity = max(top_k, round(fraction * total_experts))
         row: dict = {"budget_fraction": fraction, "cache_slots": capacity}
         for name, trace in traces.items():
-            ceiling = belady(trace, capacity).hit_rate
+            optimal = belady(trace, capacity, per_layer=True)
+            ceiling = optimal.hit_rate
             row[name] = {"belady_hit_rate": round(ceiling, 6),
-                         "static_oracle_hit_rate": round(static_oracle(trace, capacity).hit_rate, 6)}
+                         "static_oracle_hit_rate": round(static_oracle(trace, capacity).hit_rate, 6),
+                         "belady_per_layer": _per_layer(optimal)}
             for policy_name, spec in POLICIES.items():
                 # the warm-up trace is always the tuning trace: pinning never sees held-out text
                 try:
-                    hit = replay(spec.factory(tuning, capacity), trace, capacity).hit_rate
+                    result = replay(spec.factory(tuning, capacity), trace, capacity, per_layer=True)
                 except ValueError as exc:  # a per-layer cache with fewer slots than layers
                     row[name][policy_name] = {"hit_rate": None, "vs_belady": None, "refused": str(exc)}
                     continue
+                hit = result.hit_rate
                 row[name][policy_name] = {"hit_rate": round(hit, 6),
-                                          "vs_belady": round(hit / ceiling, 4) if ceiling else None}
+                                          "vs_belady": round(hit / ceiling, 4) if ceiling else None,
+                                          "per_layer": _per_layer(result)}
         rows.append(row)
 
     def mean_heldout(policy_name: str) -> float:  # a budget a policy refuses counts as no hits
@@ -113,6 +123,11 @@ def policy_study(tuning: Sequence[TraceEvent], heldout: Sequence[TraceEvent], to
     default = best if scores[best] > scores["lru"] + margin else "lru"
     return {"points": rows, "heldout_mean_hit_rate": scores, "default_policy": default,
             "trace_accesses": {k: sum(len(e.experts) for e in t) for k, t in traces.items()}}
+
+
+def _per_layer(result: ReplayResult) -> dict[str, dict]:
+    return {str(layer): {"hits": r.hits, "misses": r.misses, "hit_rate": round(r.hit_rate, 6)}
+            for layer, r in result.per_layer.items()}
 
 
 def format_policy_study(study: dict, heldout_name: str = "held-out trace") -> list[str]:

@@ -11,8 +11,13 @@ from dataclasses import dataclass
 
 @dataclass
 class TraceEvent:
-    """The distinct experts one forward pass (`step`) requested in one MoE layer, in order."""
+    """The distinct experts one forward pass (`step`) requested in one MoE layer, in order.
+
+    `request` optionally names the request (prompt, conversation) the pass served, so a trace
+    of several requests can be split between them (`RoutingTrace.split`); None when unknown
+    or when the pass batched several requests."""
 
     step: int
     layer: int
     experts: tuple[int, ...]
+    request: int | None = None

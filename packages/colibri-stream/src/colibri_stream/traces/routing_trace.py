@@ -4,7 +4,8 @@ A trace on disk lets a cache policy be studied without the model that produced i
 (`colibri-stream generate --trace-out`) or another runtime's, dumped with a router hook. The
 reader validates everything a replay relies on (steps in order, distinct experts in range, a
 layer once per step) and names the file and line of the first problem, so a malformed dump
-fails loudly rather than skewing hit rates.
+fails loudly rather than skewing hit rates. Version 1.1 adds an optional `request` per event;
+1.0 files (no requests) read as before, and a 1.0 reader reads 1.1 files, ignoring requests.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from ..errors import StreamError
 from .events import TraceEvent
 
 TRACE_FORMAT = "colibri-routing-trace"
-TRACE_VERSION = "1.0"
+TRACE_VERSION = "1.1"
 
 
 class TraceFormatError(StreamError, ValueError):
@@ -36,6 +37,13 @@ class TraceHeader:
     model: str = ""
     source: str = ""
     extra: dict = field(default_factory=dict)  # keys this version does not know, kept as read
+    version: str = TRACE_VERSION  # as read from the file
+
+    @property
+    def has_requests(self) -> bool:
+        """Whether events may carry `request` (version 1.1 on; a 1.0 file's unknown keys are ignored)."""
+        minor = self.version.split(".")[1] if "." in self.version else "0"
+        return not minor.isdigit() or int(minor) >= 1
 
     @property
     def total_experts(self) -> int:
@@ -47,8 +55,22 @@ class RoutingTrace:
     header: TraceHeader
     events: list[TraceEvent]
 
+    @property
+    def requests(self) -> list[int]:
+        """The distinct requests of the events, in order of first appearance ([] when the
+        trace carries none)."""
+        return list(dict.fromkeys(e.request for e in self.events if e.request is not None))
+
     def split(self, fraction: float = 0.5) -> tuple[list[TraceEvent], list[TraceEvent]]:
-        """(first part, rest), cut at a step boundary near `fraction` of the steps."""
+        """(first part, rest). A trace of two requests or more is cut between requests: the first
+        `fraction` of them (in order of first appearance, at least one each side) against the
+        rest, so no request is half tuning and half held out. Otherwise the cut is at a step
+        boundary near `fraction` of the steps."""
+        requests = self.requests
+        if len(requests) > 1:
+            first_requests = set(requests[:min(len(requests) - 1, max(1, round(fraction * len(requests))))])
+            first = [e for e in self.events if e.request in first_requests]
+            return first, [e for e in self.events if e.request not in first_requests]
         steps = sorted({e.step for e in self.events})
         cut = steps[min(len(steps) - 1, max(1, round(fraction * len(steps))))] if len(steps) > 1 else None
         first = [e for e in self.events if cut is None or e.step < cut]
@@ -76,7 +98,10 @@ def write_trace(path: str | os.PathLike, events: Iterable[TraceEvent], *, n_moe_
         with _open_text(tmp, "w") as f:
             f.write(json.dumps(header) + "\n")
             for e in events:
-                f.write(json.dumps({"step": e.step, "layer": e.layer, "experts": list(e.experts)}) + "\n")
+                line = {"step": e.step, "layer": e.layer, "experts": list(e.experts)}
+                if e.request is not None:
+                    line["request"] = e.request
+                f.write(json.dumps(line) + "\n")
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
@@ -113,6 +138,7 @@ def _header(line: str, where: str) -> TraceHeader:
         model=str(obj.get("model", "")),
         source=str(obj.get("source", "")),
         extra={k: v for k, v in obj.items() if k not in known},
+        version=version,
     )
 
 
@@ -127,6 +153,7 @@ def read_trace(path: str | os.PathLike) -> RoutingTrace:
     layers: set[int] = set()
     header = None
     step, step_layers = -1, set()
+    step_request = has_requests = None  # the current step's request; whether events carry one
     try:
         with handle:
             for number, line in enumerate(handle, start=1):
@@ -139,8 +166,17 @@ def read_trace(path: str | os.PathLike) -> RoutingTrace:
                     continue
                 events.append(_event(line, where, header, step, step_layers))
                 event = events[-1]
+                if has_requests is None:
+                    has_requests = event.request is not None
+                elif has_requests != (event.request is not None):
+                    raise TraceFormatError(f"{where}: 'request' must be on every event or on none "
+                                           f"(this event {'has' if event.request is not None else 'lacks'} it, "
+                                           f"the first event {'has' if has_requests else 'lacks'} it)")
                 if event.step != step:
-                    step, step_layers = event.step, set()
+                    step, step_layers, step_request = event.step, set(), event.request
+                elif event.request != step_request:
+                    raise TraceFormatError(f"{where}: step {step} mixes requests {step_request} and "
+                                           f"{event.request} (a step serves one request)")
                 step_layers.add(event.layer)
                 layers.add(event.layer)
                 if len(layers) > header.n_moe_layers:
@@ -176,4 +212,5 @@ def _event(line: str, where: str, header: TraceHeader, last_step: int, step_laye
             raise TraceFormatError(f"{where}: expert {expert!r} is not in [0, {header.n_experts})")
     if len(set(experts)) != len(experts):
         raise TraceFormatError(f"{where}: 'experts' repeats an expert ({experts})")
-    return TraceEvent(step, layer, tuple(experts))
+    request = _int(obj, "request", where, 0) if header.has_requests and "request" in obj else None
+    return TraceEvent(step, layer, tuple(experts), request)
