@@ -155,3 +155,9 @@ def test_the_mla_workspace_counts_the_decompressed_keys_and_values():
     dense = {k: v for k, v in mla.items() if k not in ("attention_kind", "kv_lora_rank", "qk_nope_head_dim",
                                                        "qk_rope_head_dim", "v_head_dim")}
     assert mla_decompressed_bytes(ColibriConfig(**{**dense, "head_dim": 16, "n_kv_heads": 2}), 64, 256, 4) == 0
+
+
+def test_a_hit_rate_target_for_a_per_layer_cache_starts_at_one_slot_per_layer(tiny, routing_trace_file):
+    plan = Engine.plan(tiny[0], trace=routing_trace_file, hit_rate=0.01, cache_policy="lru-per-layer", prefill_chunk=1)
+    layers = plan.footprint.total_experts // plan.footprint.n_experts
+    assert plan.target.reachable and plan.target.policy == "lru-per-layer" and plan.target.slots >= layers
