@@ -174,6 +174,7 @@ def test_a_partitioned_cache_evicts_inside_the_incoming_layer():
         policy.needs_room((7, 0), 3, 5)
     with pytest.raises(ValueError, match="one slot per MoE layer"):
         LayerPartitionedPolicy(LRUPolicy).bind(3, [1, 2, 3, 4])
+    LayerPartitionedPolicy(LRUPolicy).bind(1, [])  # an all-dense model: no layer, nothing to refuse
 
 
 @pytest.mark.parametrize("name", ["lru-per-layer", "lfu-per-layer"])

@@ -40,14 +40,12 @@ class LayerPartitionedPolicy(CachePolicy):
 
     def bind(self, capacity: int, layers: Sequence[int]) -> None:
         layers = sorted(set(layers))
-        if not layers:
-            raise ValueError("a per-layer cache needs at least one MoE layer")
-        if capacity < len(layers):
+        if layers and capacity < len(layers):  # (an all-dense model has no layer and never inserts)
             raise ValueError(
                 f"a per-layer cache needs at least one slot per MoE layer ({len(layers)}); the budget gives "
                 f"{capacity}: raise the budget or use a global policy"
             )
-        self.shares = layer_shares(capacity, layers)
+        self.shares = layer_shares(capacity, layers) if layers else {}
         self._inner = {layer: self._make_inner() for layer in layers}
         for layer, policy in self._inner.items():
             policy.bind(self.shares[layer], [layer])
@@ -55,7 +53,7 @@ class LayerPartitionedPolicy(CachePolicy):
 
     def _layer(self, key: ExpertKey) -> int:
         if key[0] not in self._inner:
-            known = f"layers {min(self._inner)}..{max(self._inner)}" if self._inner else "no layers (bind was not called)"
+            known = f"layers {min(self._inner)}..{max(self._inner)}" if self._inner else "no MoE layers"
             raise KeyError(f"expert {key} is of a layer this per-layer cache has no share for ({known})")
         return key[0]
 
