@@ -210,7 +210,7 @@ def test_malformed_dump_is_one_error_naming_the_line(tmp_path, fmt, lines, line,
 def test_trace_import_cli_writes_a_trace(tmp_path):
     dump = _write(tmp_path, "hook.jsonl", _jsonl())
     out = tmp_path / "t.jsonl.gz"
-    result = CliRunner().invoke(main, ["trace-import", str(dump), "--out", str(out), "--top-k", "2",
+    result = CliRunner().invoke(main, ["trace-import", str(dump), "--out", str(out), "--experts-per-token", "2",
                                        "--model", "some/moe"])
     assert result.exit_code == 0, result.output
     assert "4 steps, 2 requests x 2 MoE layers, 8 experts, top-2 (jsonl)" in result.output
@@ -219,7 +219,7 @@ def test_trace_import_cli_writes_a_trace(tmp_path):
     assert "trace-import --format jsonl of hook.jsonl" in trace.header.source
     assert "n_experts 8 inferred (largest expert id + 1" in trace.header.source
     assert "top_k" not in trace.header.source  # given, not inferred
-    bad = CliRunner().invoke(main, ["trace-import", str(dump), "--out", str(out), "--n-experts", "2", "--top-k", "3"])
+    bad = CliRunner().invoke(main, ["trace-import", str(dump), "--out", str(out), "--n-experts", "2", "--experts-per-token", "3"])
     assert bad.exit_code == 2 and "top_k (3) exceeds n_experts (2)" in bad.output
 
 

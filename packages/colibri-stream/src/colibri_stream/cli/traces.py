@@ -93,8 +93,9 @@ def trace_hf(model: str, texts: tuple[Path, ...], out: Path, max_tokens: int, dt
               help="The routing trace to write (ROUTING_TRACE.md; a .gz name compresses).")
 @click.option("--n-experts", type=click.IntRange(min=1), default=None,
               help="Routed experts per MoE layer (default: the largest expert id + 1, noted in the trace).")
-@click.option("--top-k", type=click.IntRange(min=1), default=None,
-              help="Experts each token uses per layer (default: the most common count per token in the dump).")
+@click.option("--experts-per-token", "top_k", type=click.IntRange(min=1), default=None,
+              help="Routed experts each token uses per layer, the trace's top_k (default: the most common count "
+                   "per token in the dump).")
 @click.option("--n-moe-layers", type=click.IntRange(min=1), default=None,
               help="MoE layers of the model (default: the distinct layers in the dump).")
 @click.option("--layer-offset", type=int, default=0, show_default=True,
