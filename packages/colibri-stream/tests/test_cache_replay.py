@@ -72,7 +72,7 @@ def test_bench_sweep_is_honest_and_bounded_by_belady(tiny):
     for point in (small, full):
         assert len(point["runs"]) == 2
         assert point["belady_hit_rate"] >= point["hit_rate"] - 1e-9
-        assert point["policy"] == "lru-layer" and point["prefetch"] == "off"  # the defaults, for 16 KB-class experts
+        assert point["policy"] == "next-use" and point["prefetch"] == "off"  # the defaults, for 16 KB-class experts
         assert point["hit_vs_belady"] == point["hit_rate"] / point["belady_hit_rate"]
         if point["io_mode"] == "direct" and point["bytes_read_os"] is not None:
             assert not point["contaminated"], point  # O_DIRECT: the OS saw every byte we counted

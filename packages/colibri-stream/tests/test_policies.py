@@ -80,7 +80,7 @@ def test_every_policy_is_bounded_by_belady():
             assert got.hits <= ceiling.hits, (name, capacity)
 
 
-@pytest.mark.parametrize("name", ["lru-layer", "lfu", "pinned"])
+@pytest.mark.parametrize("name", ["lru-layer", "lfu", "next-use", "lru-per-layer", "pinned"])
 def test_live_engine_matches_offline_replay(tiny, minimum_budget, name):
     prompt = list(range(300, 340))
     with Engine.open(tiny[0], ram_budget="200MB", record_trace=True) as eng:

@@ -234,3 +234,90 @@ def test_the_policy_study_marks_a_budget_a_per_layer_cache_refuses():
     assert "one slot per MoE layer" in small["heldout"]["lru-per-layer"]["refused"]
     assert large["heldout"]["lru-per-layer"]["hit_rate"] > 0
     assert any("lru-per-layer n/a" in line for line in format_policy_study(study))
+
+
+class ScanNextUse:
+    """next-use by definition: every count decays at each visit of its layer, and each eviction
+    scores every cached expert (density p / (d + L (1 - p) / p))."""
+
+    def __init__(self, layers, half_life=32.0):
+        self.position = {layer: i for i, layer in enumerate(layers)}
+        self.decay = 0.5 ** (1.0 / half_life)
+        self.freq, self.visits, self.visit, self.last_visit, self.seen = {}, {}, {}, {}, {}
+        self.last_use, self.clock, self.step, self.current = {}, 0, None, None
+
+    def begin_step(self, step):
+        self.step = step
+
+    def touch(self, key):
+        layer = key[0]
+        if self.seen.get(layer, "never") != self.step or layer not in self.visit:
+            self.seen[layer] = self.step
+            self.visit[layer] = self.visit.get(layer, 0) + 1
+            self.visits[layer] = self.visits.get(layer, 0.0) * self.decay + 1.0
+            for k in self.freq:
+                if k[0] == layer:
+                    self.freq[k] *= self.decay
+        if self.last_visit.get(key) != self.visit[layer]:
+            self.last_visit[key] = self.visit[layer]
+            self.freq[key] = self.freq.get(key, 0.0) + 1.0
+        self.clock += 1
+        self.last_use[key] = self.clock
+        self.current = layer
+
+    on_insert = on_hit = touch
+
+    def on_remove(self, key):
+        self.last_use.pop(key, None)
+
+    def density(self, key, current):
+        layer = key[0]
+        p = 0.4 * (self.last_visit[key] == self.visit[layer]) + 0.5 * self.freq[key] / self.visits[layer] + 0.1
+        n = len(self.position)
+        d = (self.position[layer] - self.position[current]) % n
+        expected = d + n * (1 - p) / p
+        return p / expected if expected > 0 else float("inf")
+
+    def victim_for(self, incoming, pinned=()):
+        keys = [k for k in self.last_use if k not in pinned]
+        if not keys:
+            raise LookupError
+        return min(keys, key=lambda k: self.density(k, incoming[0]))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_next_use_chooses_a_least_dense_expert_as_a_full_scan_does(seed):
+    from colibri_stream.cache.policies import NextUsePolicy
+
+    rng = random.Random(seed)
+    layers, capacity = [1, 2, 3, 4, 5], 11
+    fast, slow = NextUsePolicy(half_life=4.0), ScanNextUse(layers, half_life=4.0)
+    fast.bind(capacity, layers)
+    cached, evictions, same = set(), 0, 0
+    for step in range(300):
+        fast.begin_step(step)
+        slow.begin_step(step)
+        for layer in layers:
+            hot = rng.randrange(3)
+            wanted = {hot if rng.random() < 0.5 else rng.randrange(8) for _ in range(2)}
+            pinned = {(layer, e) for e in wanted} if rng.random() < 0.3 else set()
+            for expert in sorted(wanted):
+                key = (layer, expert)
+                if key in cached:
+                    fast.on_hit(key)
+                    slow.on_hit(key)
+                    continue
+                if len(cached) >= capacity:
+                    chosen, best = fast.victim_for(key, pinned), slow.victim_for(key, pinned)
+                    assert chosen in cached and chosen not in pinned
+                    # the same expert, or one of equal density (ties broken by age, not by the scan's order)
+                    assert slow.density(chosen, layer) == pytest.approx(slow.density(best, layer), rel=1e-9)
+                    same += chosen == best
+                    cached.discard(chosen)
+                    fast.on_remove(chosen)
+                    slow.on_remove(chosen)
+                    evictions += 1
+                cached.add(key)
+                fast.on_insert(key)
+                slow.on_insert(key)
+    assert evictions > 300 and same > 0.5 * evictions

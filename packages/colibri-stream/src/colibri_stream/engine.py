@@ -80,7 +80,7 @@ class Engine:
         `dtype` "f32" | "bf16" for resident weights, activations and KV cache (unset: f32, bf16
         when the resident weights exceed 2 GiB in f32 or the budget cannot hold f32, plan.py); `kernel_dtype` "bf16" | "f32" for
         activations inside the int4 kernels (bf16 is the fast path, f32 the exact one);
-        `device`; `cache_policy` (name or `CachePolicy`, default lru-layer, chosen on real
+        `device`; `cache_policy` (name or `CachePolicy`, default next-use, chosen on real
         routing); `top_k` (routed experts per token, default the config's top_k_infer; above the
         trained top-k only with `allow_extra_experts=True`); `max_context` (KV cache
         length; unset: max_seq_len capped at 4096, halved where the budget needs); `prefill_chunk` (tokens per

@@ -68,7 +68,7 @@ def engine_options(required_budget: bool):
                          help="Tokens per forward pass (default: 128, down to 32 where --ram-budget needs)."),
             click.option("--no-direct-io", is_flag=True, help="Buffered reads instead of O_DIRECT."),
             click.option("--cache-policy", type=click.Choice(serving_policy_names()), default=None,
-                         help="Expert-cache eviction policy (default: lru-layer, the best on real routing; "
+                         help="Expert-cache eviction policy (default: next-use, the best on real routing; "
                          "*-per-layer give each MoE layer a fixed share of the slots)."),
             click.option("--prefetch", type=click.Choice(["auto", "off", "predict", "on"]), default="auto",
                          show_default=True,

@@ -39,7 +39,7 @@ from ..sizes import parse_size
 @click.option("--kernel-dtype", type=click.Choice(["bf16", "f32"]), default="bf16", show_default=True)
 @click.option("--prefetch", type=click.Choice(["off", "predict", "on"]), default="predict", show_default=True)
 @click.option("--cache-policy", type=click.Choice(serving_policy_names()), default=None,
-              help="Eviction policy measured live (default: the engine's, lru-layer); the hit/Belady column follows it.")
+              help="Eviction policy measured live (default: the engine's, next-use); the hit/Belady column follows it.")
 @click.option("--max-context", type=click.IntRange(min=1), default=None)
 @click.option("--threads", type=click.IntRange(min=1), default=None)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON instead of a table.")
