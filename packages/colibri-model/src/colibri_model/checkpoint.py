@@ -138,7 +138,7 @@ def load_tensors(path: str | os.PathLike, dtype: torch.dtype | None = None) -> t
     MKL's sgemm takes an alignment-dependent path for a product with one row (an expert that
     got exactly one token in `_grouped_mm`): the same values at an address 8 mod 16 and at one
     0 mod 16 differ in the last bit. A resumed run then drifted from the straight run by 1 ulp
-    whenever the header length was unlucky (issue 18). A copy has the 64-byte alignment of
+    whenever the header length was unlucky. A copy has the 64-byte alignment of
     every tensor torch allocates, so loaded weights compute with exactly the bits that freshly
     trained ones do. One tensor is copied at a time, and with `dtype` floating tensors are
     converted straight from the file (no full-precision copy) to the dtype `held_dtype` gives

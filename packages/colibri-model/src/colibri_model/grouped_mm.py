@@ -36,7 +36,7 @@ logger = logging.getLogger("colibri_model")
 
 _warned: set[str] = set()
 
-# Issue 19's estimate for nano on an H100 when every routed-expert matmul takes the fallback:
+# The estimate for nano on an H100 when every routed-expert matmul takes the fallback:
 # ~13k small GEMMs and ~207 host syncs per micro-batch, capping MFU near 17% (vs >= 30% goal).
 FALLBACK_COST = ("about 13k small GEMMs and 200 host syncs per nano micro-batch: expect the step to take "
                  "roughly 2x longer (MFU capped near 17% on nano)")

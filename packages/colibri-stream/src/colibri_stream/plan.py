@@ -55,7 +55,7 @@ F32_RESIDENT_LIMIT = 2 << 30
 
 # Prefetch pays once reading an expert takes long enough to hide behind the compute of a layer,
 # and only when a CPU is free for the workers (CRC and repack are CPU work). Measured
-# (bench/RESULTS.md, issue 9), prefetch on / off:
+# (bench/RESULTS.md), prefetch on / off:
 #   16 KB experts, 1 torch thread on 2 cores:               x0.75 (a handoff costs more than the read)
 #   0.84 MB (NanoColibri), 1 torch thread on 2 cores:       x1.02-1.04
 #   1.88 MB (Micro), 1 torch thread on 2 cores:             x1.14

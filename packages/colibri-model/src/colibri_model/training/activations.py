@@ -13,7 +13,7 @@ RMSNorm computes in fp32, so the norms save fp32 whatever the precision.
                    logsumexp (the flash backends; GQA runs unexpanded on flash, CPU and CUDA)
     mlp_norm       ffn_norm input, rsqrt, x_hat
     dense_ffn      input (fp32, or two bf16 casts), gate out, silu out, up out, gate*up
-    router         input (bf16 cast before issue 19, fp32 after), sigmoid scores, top-k
+    router         input (bf16 cast on the pre-issue19 path, fp32 on issue19), sigmoid scores, top-k
                    indices, the fp64 normalisation's numerator and sum
     shared_expert  like dense_ffn at the shared width (its fp32 input is the router's)
     experts        token index and sort order (int64), offsets, sorted gates; the gathered copy
@@ -41,17 +41,17 @@ KINDS = (*BLOCK_KINDS, "head", "embedding")
 
 @dataclass(frozen=True)
 class ComputePath:
-    """What the forward computes in which dtype, where issue 19 changes it.
+    """What the forward computes in which dtype, where the two compute paths differ.
 
     Attributes:
         name: short label printed with the plan.
-        experts_bf16: routed-expert activations in bf16 under bf16 precision (issue 19: bf16
+        experts_bf16: routed-expert activations in bf16 under bf16 precision (the issue19 path: bf16
             matmuls on fp32 masters) rather than in the fp32 weights' dtype.
-        router_fp32: the router's linear forced to fp32 (issue 19) rather than recast to bf16 by
+        router_fp32: the router's linear forced to fp32 (the issue19 path) rather than recast to bf16 by
             autocast.
         ce_chunk_tokens: cross-entropy over chunks of this many tokens, logits recomputed per
-            chunk in backward (issue 19), or None for whole-batch logits, their fp32 copy and
-            log-softmax (the code before issue 19, which also returns the logits).
+            chunk in backward (the issue19 path), or None for whole-batch logits, their fp32 copy and
+            log-softmax (the pre-issue19 path, which also returns the logits).
     """
 
     name: str

@@ -243,7 +243,7 @@ def _layer_copies(weights: WeightCounts, path: ComputePath, moe: bool) -> int:
     if not moe:
         return (weights.attention + weights.dense_ffn) * BF16
     # routed experts: none saved; the grouped op casts its fp32 masters inside (grouped_mm.py), and
-    # before issue 19 they ran in fp32
+    # on the pre-issue19 path they run in fp32
     cast = weights.attention + weights.shared
     return (cast + (0 if path.router_fp32 else weights.router)) * BF16
 

@@ -47,7 +47,7 @@ class ResumeNotBitIdenticalWarning(UserWarning):
 class ComputeEnvironment(BaseModel):
     """What, besides the state, decides the bits of a training step on this process.
 
-    Measured on CPU (tests/test_train_resume.py, issue 18): a resume with another intra-op
+    Measured on CPU (tests/test_train_resume.py): a resume with another intra-op
     thread count (1 vs 2) or another ATen CPU capability (avx2 vs avx512) drifts by 1 ulp
     within two steps; system load, scheduling and the checkpoint's file layout do not matter.
     """

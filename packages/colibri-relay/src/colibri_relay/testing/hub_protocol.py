@@ -185,7 +185,7 @@ class HubRequestHandler(LfsRoutes, BaseHTTPRequestHandler):
         body = json.loads(self._body() or b"{}")
         if self.hub.faults.fire("tag_409"):
             # Refs share the repo's lock: under contention the Hub answers 409 and creates nothing,
-            # the same status as for an existing tag (issue 15's probes met exactly this).
+            # the same status as for an existing tag (probes of the real Hub met exactly this).
             raise HubHTTPError(409, "A ref update is already in progress on this repo; retry later.")
         self.hub.state.create_tag(r, rev, body["tag"])
         self._json(200, {})

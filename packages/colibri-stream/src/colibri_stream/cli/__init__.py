@@ -4,7 +4,7 @@
     plan.py    plan                       (the budget plan of a container or an HF config.json)
     serve.py   serve                      (the OpenAI-compatible HTTP server)
     sweep.py   bench                      (a budget sweep with disk-honesty checks)
-    bench.py   bench-suite                (every workload and study of issue 9)
+    bench.py   bench-suite                (every workload and cache study)
     traces.py  trace-hf, trace-import,    (routing traces of any MoE, other runtimes' dumps imported,
                policy-study               policies replayed on them)
 

@@ -1,4 +1,4 @@
-"""`colibri-stream bench-suite`: every measurement of issue 9 in one run, JSON + a table.
+"""`colibri-stream bench-suite`: every streaming measurement in one run, JSON + a table.
 
     colibri-stream bench-suite --workdir /var/tmp/colibri-bench --json-out bench.json
     colibri-stream bench-suite --workload trained --workload random --repeats 3

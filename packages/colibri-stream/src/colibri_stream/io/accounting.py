@@ -19,7 +19,7 @@ the direction of a disagreement, because the two directions mean different thing
 - "re-read under pressure" (OS > engine): the process read more from storage than its expert
   reads. Under a memory cap that is file pages (torch's libraries, the tokenizer) reclaimed and
   faulted in again: measured 3.6-20.6% above the engine's count under a 1.0 GB cgroup cap
-  (issue 16). Without pressure, another reader in the process.
+  (bench/RESULTS.md). Without pressure, another reader in the process.
 """
 
 from __future__ import annotations

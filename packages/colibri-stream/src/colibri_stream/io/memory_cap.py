@@ -23,7 +23,7 @@ over and over). So the room an engine has is
   alike, and 28 MB counted from right after `import torch`. `RUNTIME_FILE_BYTES` (40 MiB) covers
   both with room.
 - margin: `MARGIN_FRACTION` of the room, at least `MIN_MARGIN_BYTES`: the peak anonymous RSS
-  growth was measured at 1.04-1.07x the budget at NanoColibri's smallest budgets (issue 16), and
+  growth was measured at 1.04-1.07x the budget at NanoColibri's smallest budgets (bench/RESULTS.md), and
   the kernel starts reclaiming before the hard limit.
 
 Figures (this machine, /proc/self/status): `import torch` alone is 151 MB anonymous + 136 MB

@@ -1,4 +1,4 @@
-"""The studies of issue 9 on top of the budget sweep (bench.py): policies, prefetch, warm runs.
+"""The cache studies on top of the budget sweep (bench.py): policies, prefetch, warm runs.
 
 - `policy_study`: every policy of cache.policies.POLICIES replayed offline on two routing traces
   of the same model, one from *tuning* text (which also warms up the pinning policy) and one from

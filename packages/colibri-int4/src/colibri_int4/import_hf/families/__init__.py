@@ -11,7 +11,7 @@ from . import deepseek_v2, deepseek_v3, gpt_oss, llama, mixtral, olmoe, qwen2_mo
 _MODULES: tuple[ModuleType, ...] = (qwen3_moe, qwen2_moe, olmoe, mixtral, llama, deepseek_v3, deepseek_v2, gpt_oss)
 FAMILIES: dict[str, ModuleType] = {model_type: m for m in _MODULES for model_type in m.MODEL_TYPES}
 
-# What the families import-hf does not convert would need (the issue 17 note says more).
+# What the families import-hf does not convert would need (bench/RESULTS.md says more).
 _NOT_YET = {
     "qwen3_next": "Gated DeltaNet linear-attention layers",
     "deepseek_v32": "DeepSeek sparse attention (the lightning indexer)",
