@@ -32,6 +32,7 @@ from colibri_int4 import SYNTHETIC_SCHEME, write_synthetic_container
 from colibri_int4.import_hf import read_hf_config
 from colibri_stream import Engine, belady
 from colibri_stream.cache.expert_cache import ExpertCache
+from colibri_stream.compute.expert_compute import Int4Expert
 from colibri_stream.io.accounting import ReadBytesCounter
 
 
@@ -69,12 +70,12 @@ def main() -> None:
 
 def run(path: Path, budget: int, args) -> dict:
     bookkeeping, slot_copy = [0.0], [0.0]
-    original_get, original_insert = ExpertCache.get, ExpertCache._insert
+    original_get, original_move = ExpertCache.get, Int4Expert.move_into
 
-    def timed_insert(self, key, prepared):  # the copy into the slab slot, first touch of its pages included
+    def timed_move(self, slot):  # the copy into the slab slot, first touch of its pages included
         started = time.perf_counter()
         try:
-            return original_insert(self, key, prepared)
+            return original_move(self, slot)
         finally:
             slot_copy[0] += time.perf_counter() - started
 
@@ -87,7 +88,7 @@ def run(path: Path, budget: int, args) -> dict:
             spent = time.perf_counter() - started - (slot_copy[0] - copied_before)
             bookkeeping[0] += spent - (self.stats.io_seconds - io) - (self.stats.verify_seconds - verify)
 
-    ExpertCache.get, ExpertCache._insert = timed_get, timed_insert
+    ExpertCache.get, Int4Expert.move_into = timed_get, timed_move
     try:
         with Engine.open(path, ram_budget=budget, cache_policy=args.policy, record_trace=True, prefill_chunk=1,
                          prefetch=args.prefetch) as eng:
@@ -110,7 +111,7 @@ def run(path: Path, budget: int, args) -> dict:
             trace, total_hits, total_lookups = list(s.trace), s.hits, s.hits + s.misses
             slots, policy = eng.budget.slots, s.policy
     finally:
-        ExpertCache.get, ExpertCache._insert = original_get, original_insert
+        ExpertCache.get, Int4Expert.move_into = original_get, original_move
     lookups = delta["hits"] + delta["misses"]
     ceiling = belady(trace, slots).hit_rate
     per_token = wall / args.tokens

@@ -19,7 +19,7 @@ import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .cache.policies import CachePolicy, LayerPartitionedPolicy, make_policy
+from .cache.policies import CachePolicy, make_policy
 from .cache.replay import replay
 from .plan import Plan
 from .traces.events import TraceEvent
@@ -90,8 +90,7 @@ def budget_for_hit_rate(plan: Plan, trace: RoutingTrace, target: float,
         return replay(copy.deepcopy(template), events, slots).hit_rate
 
     low, high = max(1, f.working_set_slots), max(1, f.total_experts)
-    if isinstance(template, LayerPartitionedPolicy):  # it needs one slot per MoE layer at least
-        low = max(low, n_moe_layers)
+    low = max(low, template.fewest_slots(n_moe_layers))  # a per-layer cache needs one slot per layer
     ceiling = hit_rate(high)
     accesses = sum(len(e.experts) for e in events)
     if ceiling < target:

@@ -22,7 +22,7 @@ from collections.abc import Collection
 
 from .policy import CachePolicy, ExpertKey, nothing_to_evict
 
-_RESCALE_AT = 2.0**256  # weights are divided down past this (floats reach 2 ** 1023)
+RESCALE_AT = 2.0**256  # weights are divided down past this (floats reach 2 ** 1023)
 
 
 class LFUPolicy(CachePolicy):
@@ -51,7 +51,7 @@ class LFUPolicy(CachePolicy):
             forget_below = self._weight / 64
             self._count = {k: c for k, c in self._count.items() if c >= forget_below or k in self._last_use}
             self._weight *= 2.0
-            if self._weight >= _RESCALE_AT:
+            if self._weight >= RESCALE_AT:
                 self._count = {k: c / self._weight for k, c in self._count.items()}
                 self._weight = 1.0
                 self._rebuild()

@@ -38,9 +38,12 @@ class LayerPartitionedPolicy(CachePolicy):
         self._inner: dict[int, CachePolicy] = {}
         self._held: dict[int, int] = {}
 
+    def fewest_slots(self, layers: int) -> int:
+        return layers  # one per layer
+
     def bind(self, capacity: int, layers: Sequence[int]) -> None:
         layers = sorted(set(layers))
-        if layers and capacity < len(layers):  # (an all-dense model has no layer and never inserts)
+        if capacity < self.fewest_slots(len(layers)):  # (an all-dense model has no layer and never inserts)
             raise ValueError(
                 f"a per-layer cache needs at least one slot per MoE layer ({len(layers)}); the budget gives "
                 f"{capacity}: raise the budget or use a global policy"

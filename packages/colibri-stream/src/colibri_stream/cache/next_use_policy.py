@@ -33,18 +33,19 @@ from .policy import CachePolicy, ExpertKey, nothing_to_evict
 
 USED_LAST_VISIT, SHARE, FLOOR = 0.4, 0.5, 0.1  # p's weights
 HALF_LIFE_VISITS = 32.0
-_RESCALE_AT = 2.0**200
+RESCALE_AT = 2.0**200
 
 
 class _Layer:
     """One MoE layer's statistics and its cached experts."""
 
-    __slots__ = ("visit", "weight", "visits", "step", "recent", "stale", "best")
+    __slots__ = ("visit", "weight", "visits", "counts", "step", "recent", "stale", "best")
 
     def __init__(self) -> None:
         self.visit = 0  # visits so far
         self.weight = 1.0  # growth ** visit, rescaled
         self.visits = 0.0  # aged visit count, in units of `weight`
+        self.counts: dict[ExpertKey, float] = {}  # aged uses per expert, in units of `weight`; kept after eviction
         self.step = None  # the forward pass of the last visit
         self.recent: set[ExpertKey] = set()  # cached experts used at the last (or current) visit
         self.stale: list[tuple[float, int, ExpertKey]] = []  # (count, last use, key) of the others
@@ -62,7 +63,6 @@ class NextUsePolicy(CachePolicy):
         self.growth = 2.0 ** (1.0 / half_life)
         self._layers: dict[int, _Layer] = {}
         self._position: dict[int, int] = {}  # layer -> its place in the loop
-        self._count: dict[ExpertKey, float] = {}  # aged uses, in units of the layer's weight; kept after eviction
         self._last_visit: dict[ExpertKey, int] = {}
         self._last_use: dict[ExpertKey, int] = {}  # cached keys only
         self._clock = 0
@@ -90,18 +90,18 @@ class NextUsePolicy(CachePolicy):
         state.weight *= self.growth
         state.visits += state.weight
         for key in state.recent:  # no longer used at the last visit: into the ordered part
-            heapq.heappush(state.stale, (self._count[key], self._last_use[key], key))
+            heapq.heappush(state.stale, (state.counts[key], self._last_use[key], key))
         state.recent.clear()
         state.best = None
-        if state.weight > _RESCALE_AT:
-            self._rescale(layer, state)
+        if state.weight > RESCALE_AT:
+            self._rescale(state)
 
-    def _rescale(self, layer: int, state: _Layer) -> None:
-        for key in [k for k in self._count if k[0] == layer]:  # O(experts of a layer), rarely
-            self._count[key] /= state.weight
+    def _rescale(self, state: _Layer) -> None:
+        # O(experts of one layer), once per ~6400 visits of it
+        state.counts = {key: count / state.weight for key, count in state.counts.items()}
         state.visits /= state.weight
         state.weight = 1.0
-        state.stale = [(self._count[k], t, k) for k, t in self._last_use.items() if k[0] == layer]
+        state.stale = [(c, self._last_use[k], k) for k, c in state.counts.items() if k in self._last_use]
         heapq.heapify(state.stale)
 
     def _touch(self, key: ExpertKey) -> None:
@@ -111,7 +111,7 @@ class NextUsePolicy(CachePolicy):
             self._begin_visit(layer, state)
         if self._last_visit.get(key) != state.visit:
             self._last_visit[key] = state.visit
-            self._count[key] = self._count.get(key, 0.0) + state.weight
+            state.counts[key] = state.counts.get(key, 0.0) + state.weight
         self._clock += 1
         self._last_use[key] = self._clock
         state.recent.add(key)
@@ -136,7 +136,7 @@ class NextUsePolicy(CachePolicy):
         if state is None or not state.visits:
             return FLOOR
         used_last = self._last_visit.get(key) == state.visit
-        return USED_LAST_VISIT * used_last + SHARE * self._count.get(key, 0.0) / state.visits + FLOOR
+        return USED_LAST_VISIT * used_last + SHARE * state.counts.get(key, 0.0) / state.visits + FLOOR
 
     # --- eviction --------------------------------------------------------------------------
     def _candidate(self, state: _Layer, pinned: Collection[ExpertKey]):
@@ -145,7 +145,7 @@ class NextUsePolicy(CachePolicy):
         passed = []
         while state.stale:
             count, last_use, key = state.stale[0]
-            if self._last_use.get(key) != last_use or key in state.recent or self._count[key] != count:
+            if self._last_use.get(key) != last_use or key in state.recent or state.counts[key] != count:
                 heapq.heappop(state.stale)  # stale entry: used again, evicted or rescaled since
                 continue
             if key in pinned:

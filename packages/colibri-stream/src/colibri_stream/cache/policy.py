@@ -4,6 +4,7 @@ The cache owns the slots and the bytes; a policy only decides *which* cached exp
 when a new one needs a slot. The cache tells the policy about every event:
 
     bind(capacity, layers)        once, before any other event: the slot count and the MoE layers
+    fewest_slots(layers)          the smallest cache the policy can run with (1; a partition: layers)
     begin_step(step)              a new forward pass (one decode token, or one prefill chunk)
     on_insert(key)                an expert was loaded into a slot (after a miss or a prefetch)
     on_hit(key)                   a cached expert was used again
@@ -40,6 +41,10 @@ class CachePolicy(ABC):
 
     def begin_step(self, step: int) -> None:  # noqa: B027 - optional hook, no-op by default
         """Called before each forward pass; policies with time decay use it."""
+
+    def fewest_slots(self, layers: int) -> int:
+        """The smallest cache this policy can run with, for a model of `layers` MoE layers."""
+        return 1
 
     def needs_room(self, incoming: ExpertKey, cached: int, capacity: int) -> bool:
         """Whether a victim must go before `incoming` (not cached) is stored; a global cache
