@@ -9,9 +9,12 @@ ATEN_CPU_CAPABILITY), a child process builds one NanoColibri and one Colibri-Mic
   crc_ms        ExpertBlob.parse with its CRC-32 check
   shuffle_ms    Int4Expert(blob): repack by the shuffle layout learned on this machine
   converter_ms  Int4Expert(blob) with the converter forced (the route before the learned layout)
+  native_ms     NativeQ4Expert(blob) + its copy into a slab slot: the native kernel computes from
+                the container's layout, so preparing is a copy of what was read
 
-and prints medians plus the ratios that matter: converter / shuffle, and (crc + shuffle) / read,
-which is about 1 when a miss costs about its read. One JSON object per capability, one line each.
+and prints medians plus the ratios that matter: converter / shuffle, and (crc + prepare) / read
+for torch's kernel (shuffle) and for the native one, which is about 1 when a miss costs about its
+read. One JSON object per capability, one line each.
 
     python bench/int4_repack.py [--repeats 9] [--dir /var/tmp] [--threads 1]
 """
@@ -37,7 +40,9 @@ def _measure(capability: str, repeats: int, directory: str, threads: int) -> dic
     from colibri_int4 import ExpertBlob, ExpertBlobLayout, ModelShape, QuantScheme, encode_expert_blob
     from colibri_model import checkpoint_config_dict, get_preset
     from colibri_stream.compute import int4_repack
+    from colibri_model import ExpertGlu
     from colibri_stream.compute.expert_compute import Int4Expert
+    from colibri_stream.compute.native_expert import NativeQ4Expert
     from colibri_stream.io.direct_io import AlignedBuffer, BlobReader
 
     torch.set_num_threads(threads)
@@ -55,7 +60,8 @@ def _measure(capability: str, repeats: int, directory: str, threads: int) -> dic
             path = f.name
         reader = BlobReader(path)
         buffer = AlignedBuffer(layout.blob_length)
-        times = {"read_ms": [], "crc_ms": [], "shuffle_ms": [], "converter_ms": []}
+        times = {"read_ms": [], "crc_ms": [], "shuffle_ms": [], "converter_ms": [], "native_ms": []}
+        slot = None
         learned = {shape: int4_repack.layout_for(*shape) for shape in ((2 * expert_dim, d_model), (d_model, expert_dim))}
         try:
             for _ in range(repeats):
@@ -70,7 +76,12 @@ def _measure(capability: str, repeats: int, directory: str, threads: int) -> dic
                     started = time.perf_counter()
                     Int4Expert(blob)
                     times[route].append(time.perf_counter() - started)
-                del blob
+                started = time.perf_counter()
+                expert = NativeQ4Expert(blob, ExpertGlu())
+                slot = torch.empty(expert.nbytes, dtype=torch.uint8) if slot is None else slot
+                expert.move_into(slot)  # a warm slot, as in a full cache's eviction
+                times["native_ms"].append(time.perf_counter() - started)
+                del blob, expert
         finally:
             int4_repack._layouts.update(learned)
             reader.close()
@@ -81,6 +92,7 @@ def _measure(capability: str, repeats: int, directory: str, threads: int) -> dic
         medians["shuffle_taken"] = all(v is not None for v in learned.values())
         medians["converter_over_shuffle"] = round(medians["converter_ms"] / medians["shuffle_ms"], 2)
         medians["prepare_over_read"] = round((medians["crc_ms"] + medians["shuffle_ms"]) / medians["read_ms"], 2)
+        medians["native_prepare_over_read"] = round((medians["crc_ms"] + medians["native_ms"]) / medians["read_ms"], 2)
         medians["prepare_over_read_before"] = round(
             (medians["crc_ms"] + medians["converter_ms"]) / medians["read_ms"], 2
         )

@@ -24,6 +24,8 @@ from .cache.policies import make_policy
 from .cache.prefetch import Prefetcher, RoutingPredictor
 from .cache.slab import ExpertSlab
 from .compute.expert_compute import DequantExpert, Int4Expert
+from .compute.native_expert import NativeQ4Expert
+from .compute.native_kernel import QuantizedActivations
 from .compute.streamed_experts import StreamedExperts
 from .errors import BudgetError, SmallCacheWarning
 from .io.direct_io import BlobReader
@@ -76,7 +78,11 @@ def assemble(container: Container, plan: Plan, opts: EngineOptions) -> Assembled
     try:
         entries = {(e.layer, e.expert): e for e in container.header.experts.entries}
         glu = ExpertGlu.from_config(config)  # the model's activation, computed by the streamed experts too
-        if f.compute == "int4":
+        if f.compute == "native":
+
+            def prepare(blob):
+                return NativeQ4Expert(blob, glu)
+        elif f.compute == "int4":
 
             def prepare(blob):
                 return Int4Expert(blob, f.expert_dtype, glu)
@@ -88,10 +94,11 @@ def assemble(container: Container, plan: Plan, opts: EngineOptions) -> Assembled
         capacity = max(budget.slots, 1)
         # CPU int4 experts live in one slab allocated now (cache/slab.py); the dequantized
         # reference path (and CUDA) keeps per-expert tensors
-        slab = ExpertSlab(capacity, f.slot_bytes) if f.compute == "int4" and opts.slab else None
+        slab = ExpertSlab(capacity, f.slot_bytes) if f.compute in ("native", "int4") and opts.slab else None
         cache = ExpertCache(reader, entries, layout, prepare, capacity, policy, stats, slab=slab)
         backends = {
-            i: StreamedExperts(i, config.n_experts, config.d_model, cache, stats)
+            i: StreamedExperts(i, config.n_experts, config.d_model, cache, stats,
+                               quantize=QuantizedActivations if f.compute == "native" else None)
             for i in range(config.n_dense_layers, config.n_layers)
         }
         model = build_model(container, config, backends, f.dtype, opts.device)

@@ -25,6 +25,7 @@ from colibri_model.mla_cost import most_decompressed_keys
 
 from .compute.choice import time_compute
 from .compute.expert_compute import int4_supported, prepared_nbytes
+from .compute.native_expert import native_nbytes, native_supported
 from .errors import BudgetError
 from .io.heap import slack_bytes as heap_slack_bytes
 from .options import EngineOptions
@@ -82,7 +83,7 @@ class Footprint:
     """The sizes of one resolved configuration, none of which depends on the budget."""
 
     dtype: torch.dtype  # resident weights, activations, KV cache
-    compute: str  # "int4" | "dequant"
+    compute: str  # "native" | "int4" | "dequant"
     expert_dtype: torch.dtype  # activations inside the expert kernels (or the dequantized weights)
     max_context: int
     prefill_chunk: int
@@ -228,9 +229,14 @@ class Sizing:
     def footprint(self, dtype: torch.dtype, max_context: int, chunk: int, threads: int) -> Footprint:
         config, opts, layout = self.config, self.opts, self.layout
         compute = self.compute(dtype)
-        expert_dtype = opts.kernel_dtype if compute == "int4" else dtype
+        expert_dtype = {"int4": opts.kernel_dtype, "native": torch.float32}.get(compute, dtype)
         elem = torch.empty((), dtype=dtype).element_size()
-        slot = prepared_nbytes(layout, config.d_model, config.expert_dim, compute, expert_dtype) if layout else 0
+        if layout is None:
+            slot = 0
+        elif compute == "native":
+            slot = native_nbytes(layout, config.d_model, config.expert_dim)
+        else:
+            slot = prepared_nbytes(layout, config.d_model, config.expert_dim, compute, expert_dtype)
         by_dtype = self.resident_by_dtype(dtype)
         blob = layout.blob_length if layout else 0
         f = Footprint(
@@ -260,18 +266,25 @@ class Sizing:
 
 
 def choose_compute(opts: EngineOptions, layout, config: ColibriConfig, dtype: torch.dtype) -> str:
-    """int4 where asked or where it is possible and timed faster here (compute/choice.py)."""
+    """native or int4 where asked or where possible and timed faster here (compute/choice.py)."""
     if layout is None or opts.compute == "dequant":
         return "dequant"
+    native_reason = native_supported(layout, config.d_model, config.expert_dim)
+    if opts.device.type != "cpu":
+        native_reason = native_reason or f"the native kernel is a CPU kernel (device {opts.device})"
+    if opts.compute == "native":
+        if native_reason:
+            raise ValueError(f"compute='native' is not possible: {native_reason}")
+        return "native"
     reason = int4_supported(layout, config.d_model, config.expert_dim)
     if opts.device.type != "cpu":
         reason = reason or f"the int4 kernels used here are CPU kernels (device {opts.device})"
     if opts.compute == "int4" and reason:
         raise ValueError(f"compute='int4' is not possible: {reason}")
     if reason:
-        return "dequant"
+        return "native" if opts.compute == "auto" and not native_reason else "dequant"
     if opts.compute == "auto":
-        return time_compute(config.d_model, config.expert_dim, dtype, opts.kernel_dtype).choice
+        return time_compute(config.d_model, config.expert_dim, dtype, opts.kernel_dtype, not native_reason).choice
     return "int4"
 
 

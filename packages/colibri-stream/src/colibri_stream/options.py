@@ -19,6 +19,10 @@ from tokenizers import Tokenizer
 
 from .cache.policies import CachePolicy
 
+# "native": the native q4 kernel on the container's own bytes; "int4": torch's CPU int4 kernels;
+# "dequant": dense matmuls; "auto": timed here (compute/choice.py)
+COMPUTE_CHOICES = ("auto", "native", "int4", "dequant")
+
 DTYPES = {
     "f32": torch.float32,
     "fp32": torch.float32,
@@ -43,7 +47,7 @@ def resolve_dtype(dtype: str | torch.dtype, what: str = "dtype") -> torch.dtype:
 class EngineOptions:
     """See `Engine.open` for the meaning of each field."""
 
-    compute: Literal["auto", "int4", "dequant"] = "auto"
+    compute: Literal["auto", "native", "int4", "dequant"] = "auto"
     dtype: str | torch.dtype | None = None  # resident weights, activations, KV cache; None/"auto": plan.py
     kernel_dtype: str | torch.dtype = "bf16"  # activations inside the int4 expert kernels
     device: str | torch.device = "cpu"
@@ -60,8 +64,8 @@ class EngineOptions:
     tokenizer: str | os.PathLike | Tokenizer | None = None
 
     def __post_init__(self):
-        if self.compute not in ("auto", "int4", "dequant"):
-            raise ValueError(f"compute must be auto, int4 or dequant, got {self.compute!r}")
+        if self.compute not in COMPUTE_CHOICES:
+            raise ValueError(f"compute must be one of {', '.join(COMPUTE_CHOICES)}, got {self.compute!r}")
         if self.prefill_chunk is not None and self.prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1, got {self.prefill_chunk}")
         if self.prefetch not in ("auto", "off", "predict", "on"):

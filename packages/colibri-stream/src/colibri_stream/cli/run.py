@@ -20,6 +20,7 @@ from colibri_int4 import Int4Error
 
 from ..cache.policies import serving_policy_names
 from ..errors import BudgetError, SizeFormatError, StreamError
+from ..options import COMPUTE_CHOICES
 from ..exit_status import InputError, click_error
 from ..report import REPORT_VERSION
 from ..sizes import format_size, parse_size
@@ -48,7 +49,7 @@ def engine_options(required_budget: bool):
     def decorate(f):
         options = [
             click.option("--ram-budget", type=BUDGET, required=required_budget, default=None, help=BUDGET_HELP),
-            click.option("--compute", type=click.Choice(["auto", "int4", "dequant"]), default="auto",
+            click.option("--compute", type=click.Choice(COMPUTE_CHOICES), default="auto",
                          show_default=True,
                          help="Routed-expert kernels: torch's CPU int4 kernels, or dequantized matmuls (reference)."),
             click.option("--dtype", type=click.Choice(["auto", "f32", "bf16"]), default="auto", show_default=True,

@@ -11,6 +11,7 @@ from colibri_int4 import Int4Error
 
 from ..cache.policies import serving_policy_names
 from ..errors import BudgetError, SizeFormatError, StreamError
+from ..options import COMPUTE_CHOICES
 from ..exit_status import EXIT_CHECK_FAILED, click_error
 from ..sizes import parse_size
 
@@ -35,7 +36,7 @@ from ..sizes import parse_size
     show_default=True,
     help="MB of blobs read to measure O_DIRECT bandwidth.",
 )
-@click.option("--compute", type=click.Choice(["auto", "int4", "dequant"]), default="auto", show_default=True)
+@click.option("--compute", type=click.Choice(COMPUTE_CHOICES), default="auto", show_default=True)
 @click.option("--kernel-dtype", type=click.Choice(["bf16", "f32"]), default="bf16", show_default=True)
 @click.option("--prefetch", type=click.Choice(["off", "predict", "on"]), default="predict", show_default=True)
 @click.option("--cache-policy", type=click.Choice(serving_policy_names()), default=None,

@@ -1,4 +1,5 @@
-"""`compute="auto"`: torch's int4 kernels or dequantized matmuls, decided by timing both here.
+"""`compute="auto"`: the native q4 kernel, torch's int4 kernels or dequantized matmuls, decided by
+timing them here.
 
 Which is faster depends on the CPU torch dispatches to, not on the model, and by a lot. Measured
 on one machine (AMD EPYC, Zen 5, 2 vCPUs, torch 2.13.0+cpu, 1 thread, one token, median of 15),
@@ -22,6 +23,10 @@ when it is at least `DEQUANT_MARGIN` times faster: int4 experts hold 4-8x fewer 
 a RAM budget they keep more experts cached, which a small compute gain does not buy. Each route
 is timed as its best of `ROUNDS` interleaved calls: load only ever adds time. It costs a few
 milliseconds (tens where the int4 kernel is slow).
+
+Where the native kernel (compute/native_kernel.py) builds, it is timed too and chosen unless
+torch's int4 kernel is more than `NATIVE_MARGIN` times faster: the native path computes from the
+bytes read, so each miss saves the repack into torch's layout (2-4x the read, bench/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import torch
 import torch.nn.functional as F
 
 DEQUANT_MARGIN = 2.0
+NATIVE_MARGIN = 1.25
 ROUNDS = 5
 MIN_SHAPE = (1024, 512)  # d_model, expert_dim of the timed expert at least (NanoColibri's)
 GROUP = 64
@@ -54,10 +60,15 @@ class ComputeTiming:
     capability: str
     threads: int
     shape: tuple[int, int]
+    native_seconds: float | None = None  # the native q4 kernel, None where it was not timed
 
     @property
     def choice(self) -> str:
-        return "dequant" if self.dequant_seconds * DEQUANT_MARGIN <= self.int4_seconds else "int4"
+        torch_choice = "dequant" if self.dequant_seconds * DEQUANT_MARGIN <= self.int4_seconds else "int4"
+        if self.native_seconds is None:
+            return torch_choice
+        fastest_torch = min(self.int4_seconds, self.dequant_seconds)
+        return "native" if self.native_seconds <= fastest_torch * NATIVE_MARGIN else torch_choice
 
 
 _timings: dict[tuple, ComputeTiming] = {}
@@ -75,7 +86,7 @@ def _best_seconds(routes: dict, rounds: int = ROUNDS) -> dict[str, float]:
     return best
 
 
-def _routes(d_model: int, expert_dim: int, dtype: torch.dtype, kernel_dtype: torch.dtype) -> dict:
+def _routes(d_model: int, expert_dim: int, dtype: torch.dtype, kernel_dtype: torch.dtype, native: bool) -> dict:
     gen = torch.Generator().manual_seed(0)
 
     def int4_weight(rows: int, cols: int):
@@ -99,16 +110,40 @@ def _routes(d_model: int, expert_dim: int, dtype: torch.dtype, kernel_dtype: tor
         gate, up = F.linear(x.to(dtype), dense_gate_up).split(expert_dim, dim=-1)
         F.linear(F.silu(gate) * up, dense_down)
 
-    return {"int4": int4, "dequant": dequant}
+    routes = {"int4": int4, "dequant": dequant}
+    if native:
+        routes["native"] = _native_route(d_model, expert_dim, gen)
+    return routes
 
 
-def time_compute(d_model: int, expert_dim: int, dtype: torch.dtype, kernel_dtype: torch.dtype) -> ComputeTiming:
-    """Time both routes (cached per process, capability, threads, shape and dtypes)."""
+def _native_route(d_model: int, expert_dim: int, gen: torch.Generator):
+    from .native_kernel import QuantizedActivations, q4_matmul
+
+    def q4_weight(rows: int, cols: int):
+        packed = torch.randint(0, 256, (rows, cols // 2), dtype=torch.uint8, generator=gen)
+        return packed, torch.full((rows, cols // GROUP), 0.01).to(torch.bfloat16).view(torch.int16)
+
+    gate_up, gate_up_scales = q4_weight(2 * expert_dim, d_model)
+    down, down_scales = q4_weight(d_model, expert_dim)
+    x = torch.randn(1, d_model, generator=gen)
+
+    def native():
+        h = q4_matmul(QuantizedActivations(x), gate_up, gate_up_scales, None, GROUP)
+        gate, up = h.split(expert_dim, dim=-1)
+        q4_matmul(QuantizedActivations(F.silu(gate) * up), down, down_scales, None, GROUP)
+
+    return native
+
+
+def time_compute(d_model: int, expert_dim: int, dtype: torch.dtype, kernel_dtype: torch.dtype,
+                 native: bool = False) -> ComputeTiming:
+    """Time the routes (cached per process, capability, threads, shape and dtypes); `native`: time
+    the native kernel too (where it builds)."""
     shape = (max(d_model, MIN_SHAPE[0]), max(expert_dim, MIN_SHAPE[1]))
     shape = (-(-shape[0] // GROUP) * GROUP, -(-shape[1] // GROUP) * GROUP)  # the kernel's K % group
     capability, threads = torch.backends.cpu.get_cpu_capability(), torch.get_num_threads()
-    key = (capability, threads, shape, dtype, kernel_dtype)
+    key = (capability, threads, shape, dtype, kernel_dtype, native)
     if key not in _timings:
-        best = _best_seconds(_routes(*shape, dtype, kernel_dtype))
-        _timings[key] = ComputeTiming(best["int4"], best["dequant"], capability, threads, shape)
+        best = _best_seconds(_routes(*shape, dtype, kernel_dtype, native))
+        _timings[key] = ComputeTiming(best["int4"], best["dequant"], capability, threads, shape, best.get("native"))
     return _timings[key]

@@ -8,6 +8,11 @@ prefill reads every distinct expert of a layer exactly once. Experts are used on
 and the result accumulated, so one layer needs only one slot at a time beyond what is cached
 (the budget still reserves top_k slots: the experts of one token).
 
+One decode token (N = 1) takes a shorter path with the same arithmetic: its top-k experts are
+distinct, so there is no union to find or rows to gather, and each expert's output is added in
+the same ascending order (bitwise the batched result). With the native kernel (`quantize` set),
+the layer's input is quantized once and shared by all its experts.
+
 `reference_forward` is the obvious per-(token, slot) loop, kept to test the batched path.
 """
 
@@ -25,11 +30,15 @@ from ..traces.events import TraceEvent
 
 class StreamedExperts(ExpertBackend):
     def __init__(
-        self, layer_index: int, n_experts: int, d_model: int, cache: ExpertCache, stats: StreamStats
+        self, layer_index: int, n_experts: int, d_model: int, cache: ExpertCache, stats: StreamStats,
+        quantize=None,
     ):
+        """`quantize`: turns a layer's input into what the prepared experts take (native kernel's
+        `QuantizedActivations`), or None to hand them the tensor."""
         super().__init__()
         self.layer_index, self.n_experts, self.d_model = layer_index, n_experts, d_model
         self.cache, self.stats = cache, stats
+        self.quantize = quantize
         self.predictor = None  # prefetch.RoutingPredictor, set by the engine when prefetch is on
 
     def forward(self, x: torch.Tensor, expert_ids: torch.Tensor, gates: torch.Tensor) -> torch.Tensor:
@@ -45,16 +54,33 @@ class StreamedExperts(ExpertBackend):
         if self.predictor is not None:
             self.predictor.before_layer(self.layer_index, x, distinct)
         out = torch.zeros(x.shape[0], self.d_model, dtype=torch.float32, device=x.device)
+        started = time.perf_counter()
+        inputs = x if self.quantize is None else self.quantize(x)
+        self.stats.compute_seconds += time.perf_counter() - started
+        if x.shape[0] == 1 and len(distinct) == expert_ids.shape[1]:
+            self._one_token(inputs, expert_ids[0].tolist(), gates[0].float(), out[0], pinned, keys, prefetcher)
+            return out.to(x.dtype)
         for i, expert in enumerate(distinct):
             prepared = self.cache.get(self.layer_index, expert, pinned)
             if prefetcher is not None:  # keep the workers busy with the misses still to come
                 prefetcher.issue_needed(keys[i + 1 :])
             started = time.perf_counter()
             tokens, slots = torch.nonzero(expert_ids == expert, as_tuple=True)
-            y = prepared.forward(x[tokens])
+            y = prepared.forward(inputs[tokens])
             out.index_add_(0, tokens, y.float() * gates[tokens, slots].unsqueeze(-1).float())
             self.stats.compute_seconds += time.perf_counter() - started
         return out.to(x.dtype)
+
+    def _one_token(self, inputs, ids: list[int], gates: torch.Tensor, row: torch.Tensor, pinned, keys,
+                   prefetcher) -> None:
+        slot_of = {expert: slot for slot, expert in enumerate(ids)}
+        for i, (_, expert) in enumerate(keys):  # ascending, as the batched path
+            prepared = self.cache.get(self.layer_index, expert, pinned)
+            if prefetcher is not None:
+                prefetcher.issue_needed(keys[i + 1 :])
+            started = time.perf_counter()
+            row += prepared.forward(inputs)[0].float() * gates[slot_of[expert]]
+            self.stats.compute_seconds += time.perf_counter() - started
 
     def reference_forward(
         self, x: torch.Tensor, expert_ids: torch.Tensor, gates: torch.Tensor

@@ -1,0 +1,186 @@
+/* Int4 matrix-vector products on the container's own q4 layout (colibri-int4 FORMAT.md):
+ *
+ *   packed[n, j]  u8 [N, K/2]: column 2j in the low nibble, 2j+1 in the high one
+ *   scales[n, g]  u16 bits of bf16 or fp16 [N, K/G];  zeros[n, g] the same, or absent
+ *   w[n, k] = (q[n, k] - 8) * scales[n, k/G] (+ zeros[n, k/G])
+ *
+ * so a missed expert is computed from the bytes read, with no repack. Activations are quantized
+ * to int8 per block of 32 columns (one f32 scale each, as llama.cpp's q8_0), stored in each
+ * block's nibble order: the 16 even columns, then the 16 odd ones. A block's dot product is then
+ * one unsigned-by-signed byte multiply-add over 32 lanes (AVX2 `vpmaddubsw`), and the -8 offset
+ * and the zeros are applied once per group from per-block sums of the activations.
+ *
+ * Every function has a portable scalar version; the AVX2 ones are compiled for that target only
+ * (function attributes), so one shared object runs on any x86-64 and the caller picks the level.
+ * Rows are split across OpenMP threads.
+ */
+#include <stdint.h>
+#include <string.h>
+#include <math.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#define COLIBRI_X86 1
+#endif
+
+#define BLOCK 32
+
+static inline float bf16_to_f32(uint16_t bits) {
+    uint32_t u = (uint32_t)bits << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline float fp16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ff, u;
+    if (exp == 0) {
+        if (mant == 0) { u = sign; }
+        else {  /* subnormal: renormalise */
+            exp = 127 - 15 + 1;
+            while (!(mant & 0x400)) { mant <<= 1; exp--; }
+            u = sign | (exp << 23) | ((mant & 0x3ff) << 13);
+        }
+    } else if (exp == 31) {
+        u = sign | 0x7f800000u | (mant << 13);
+    } else {
+        u = sign | ((exp + 127 - 15) << 23) | (mant << 13);
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline float half_to_f32(uint16_t bits, int fp16) { return fp16 ? fp16_to_f32(bits) : bf16_to_f32(bits); }
+
+/* x [M, K] f32 -> xq [M, K] int8 (nibble order per block), dx [M, K/32] scales, xs [M, K/32] sums of xq,
+ * xf [M, K/32] sums of x (for the zeros). K is a multiple of 32. */
+int colibri_q8_quantize(const float *x, int64_t M, int64_t K, int8_t *xq, float *dx, int32_t *xs, float *xf) {
+    if (K % BLOCK) return -1;
+    int64_t blocks = K / BLOCK;
+    for (int64_t m = 0; m < M; m++) {
+        for (int64_t b = 0; b < blocks; b++) {
+            const float *v = x + m * K + b * BLOCK;
+            float amax = 0.f, total = 0.f;
+            for (int i = 0; i < BLOCK; i++) { float a = fabsf(v[i]); if (a > amax) amax = a; total += v[i]; }
+            float d = amax / 127.f, inv = d > 0.f ? 1.f / d : 0.f;
+            int8_t *q = xq + m * K + b * BLOCK;
+            int32_t sum = 0;
+            for (int i = 0; i < BLOCK; i++) {
+                int r = (int)lrintf(v[i] * inv);
+                r = r > 127 ? 127 : (r < -127 ? -127 : r);
+                q[(i & 1) ? 16 + i / 2 : i / 2] = (int8_t)r;  /* even columns first, then odd */
+                sum += r;
+            }
+            dx[m * blocks + b] = d;
+            xs[m * blocks + b] = sum;
+            xf[m * blocks + b] = total;
+        }
+    }
+    return 0;
+}
+
+/* sum over the 32 columns of block b: q (0..15) * xq, as an int */
+static inline int32_t block_dot_scalar(const uint8_t *p, const int8_t *q) {
+    int32_t acc = 0;
+    for (int j = 0; j < 16; j++) acc += (p[j] & 15) * q[j] + (p[j] >> 4) * q[16 + j];
+    return acc;
+}
+
+static float row_scalar(const uint8_t *p, const uint16_t *s, const uint16_t *z, int fp16, int64_t blocks,
+                        int64_t per_group, const int8_t *xq, const float *dx, const int32_t *xs, const float *xf) {
+    float total = 0.f;
+    for (int64_t g = 0; g * per_group < blocks; g++) {
+        float acc = 0.f, xsum = 0.f;
+        for (int64_t b = g * per_group; b < (g + 1) * per_group; b++) {
+            acc += dx[b] * (float)(block_dot_scalar(p + b * 16, xq + b * BLOCK) - 8 * xs[b]);
+            xsum += xf[b];
+        }
+        total += acc * half_to_f32(s[g], fp16);
+        if (z) total += xsum * half_to_f32(z[g], fp16);
+    }
+    return total;
+}
+
+#ifdef COLIBRI_X86
+__attribute__((target("avx2,fma")))
+static inline float hsum256(__m256 v) {
+    __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+    lo = _mm_add_ps(lo, hi);
+    lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+    lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+    return _mm_cvtss_f32(lo);
+}
+
+__attribute__((target("avx2,fma")))
+static float row_avx2(const uint8_t *p, const uint16_t *s, const uint16_t *z, int fp16, int64_t blocks,
+                      int64_t per_group, const int8_t *xq, const float *dx, const float *offset, const float *xgroup) {
+    const __m128i low = _mm_set1_epi8(15);
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc = _mm256_setzero_ps();
+    float scalar = 0.f;
+    for (int64_t g = 0; g * per_group < blocks; g++) {
+        float scale = half_to_f32(s[g], fp16);
+        __m256 group = _mm256_setzero_ps();
+        for (int64_t b = g * per_group; b < (g + 1) * per_group; b++) {
+            __m128i raw = _mm_loadu_si128((const __m128i *)(p + b * 16));
+            __m256i w = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), low), _mm_and_si128(raw, low));
+            __m256i x = _mm256_loadu_si256((const __m256i *)(xq + b * BLOCK));
+            __m256i pairs = _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), ones);
+            group = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pairs), _mm256_set1_ps(dx[b]), group);
+        }
+        acc = _mm256_fmadd_ps(group, _mm256_set1_ps(scale), acc);
+        scalar -= scale * offset[g];  /* the -8 of every nibble: 8 * sum(dx * xs) over the group */
+        if (z) scalar += half_to_f32(z[g], fp16) * xgroup[g];
+    }
+    return hsum256(acc) + scalar;
+}
+#endif
+
+/* y [M, N] f32 = x [M, K] @ w[N, K].T, from colibri_q8_quantize's output. level: 0 scalar, 1 AVX2.
+ * group: G (a multiple of 32 dividing K). zeros may be NULL. Returns 0, or -1 on bad shapes. */
+int colibri_q4_matmul(const int8_t *xq, const float *dx, const int32_t *xs, const float *xf, int64_t M, int64_t K,
+                      const uint8_t *packed, const uint16_t *scales, const uint16_t *zeros, int fp16, int64_t N,
+                      int64_t G, float *y, int threads, int level) {
+    if (K % BLOCK || G % BLOCK || K % G) return -1;
+    int64_t blocks = K / BLOCK, per_group = G / BLOCK, groups = K / G;
+#ifndef COLIBRI_X86
+    level = 0;
+#endif
+    for (int64_t m = 0; m < M; m++) {
+        const int8_t *q = xq + m * K;
+        const float *d = dx + m * blocks, *f = xf + m * blocks;
+        const int32_t *sums = xs + m * blocks;
+        /* per group: 8 * sum(dx * xs) and sum(x), shared by every row */
+        float offset[groups > 0 ? groups : 1], xgroup[groups > 0 ? groups : 1];
+        for (int64_t g = 0; g < groups; g++) {
+            float o = 0.f, t = 0.f;
+            for (int64_t b = g * per_group; b < (g + 1) * per_group; b++) { o += 8.f * d[b] * (float)sums[b]; t += f[b]; }
+            offset[g] = o;
+            xgroup[g] = t;
+        }
+        float *out = y + m * N;
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+        for (int64_t n = 0; n < N; n++) {
+            const uint8_t *p = packed + n * (K / 2);
+            const uint16_t *s = scales + n * groups, *z = zeros ? zeros + n * groups : 0;
+#ifdef COLIBRI_X86
+            if (level >= 1) { out[n] = row_avx2(p, s, z, fp16, blocks, per_group, q, d, offset, xgroup); continue; }
+#endif
+            out[n] = row_scalar(p, s, z, fp16, blocks, per_group, q, d, sums, f);
+        }
+    }
+    return 0;
+}
+
+/* 1 when this CPU runs the AVX2 path */
+int colibri_q4_cpu_level(void) {
+#ifdef COLIBRI_X86
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? 1 : 0;
+#else
+    return 0;
+#endif
+}

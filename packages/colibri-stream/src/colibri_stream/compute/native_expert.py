@@ -1,0 +1,100 @@
+"""`NativeQ4Expert`: a routed expert computed by the native kernel straight from the container's
+q4 bytes (compute/native_kernel.py).
+
+Preparing a missed expert is a copy of what was read (gate and up stacked into one [2F, d]
+matrix, as `Int4Expert` fuses them), not a repack into another layout. Activations enter as int8
+blocks (`QuantizedActivations`): the decode path quantizes a layer's input once and every expert
+of the token reads it; `forward` also takes a plain tensor.
+
+The weights are the container's exactly; the activations are rounded to int8 per 32 columns (one
+f32 scale each), as llama.cpp's Q4_0 x Q8_0 products do: about 0.5% relative error of a matrix
+product on random data, against 0.2% for torch's kernel with bf16 activations.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from colibri_int4 import ExpertBlob, ExpertBlobLayout
+from colibri_model import ExpertGlu
+
+from ..cache.slab import aligned, place
+from .native_kernel import BLOCK, QuantizedActivations, kernel_unavailable, q4_matmul
+
+_PARTS = ("gate_up", "gate_up_scales", "gate_up_zeros", "down", "down_scales", "down_zeros",
+          "gate_up_bias", "down_bias")
+
+
+def native_supported(layout: ExpertBlobLayout, d_model: int, expert_dim: int) -> str | None:
+    """None if the native kernel runs these experts here, else why not."""
+    if layout.encoding != "q4":
+        return f"the routed experts are stored as {layout.encoding}, not int4"
+    if layout.groups["gate"] != layout.groups["up"]:
+        return "gate and up projections have different group sizes"
+    for part, cols in (("gate", d_model), ("up", d_model), ("down", expert_dim)):
+        group = layout.groups[part]
+        if group % BLOCK or cols % group:
+            return f"{part}_proj group size {group} is not a multiple of {BLOCK} dividing {cols} columns"
+    return kernel_unavailable()
+
+
+def _bits(array: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(array).view(np.int16))
+
+
+class NativeQ4Expert:
+    """Gate|up stacked and down, as q4 nibbles + 16-bit scales (+ zeros, + f32 biases)."""
+
+    __slots__ = _PARTS + ("group_gate_up", "group_down", "expert_dim", "fp16_scales", "glu", "nbytes")
+
+    def __init__(self, blob: ExpertBlob, glu: ExpertGlu):
+        self.expert_dim = blob.packed["gate"].shape[0]
+        self.group_gate_up, self.group_down = blob.groups["gate"], blob.groups["down"]
+        self.fp16_scales = blob.scale_dtype == "fp16"
+        self.glu = glu
+        both = ("gate", "up")
+        self.gate_up = torch.from_numpy(np.concatenate([blob.packed[p] for p in both]))
+        self.gate_up_scales = _bits(np.concatenate([blob.scales[p] for p in both]))
+        self.down = torch.from_numpy(np.array(blob.packed["down"]))
+        self.down_scales = _bits(blob.scales["down"])
+        zeros = blob.zeros
+        self.gate_up_zeros = _bits(np.concatenate([zeros[p] for p in both])) if zeros else None
+        self.down_zeros = _bits(zeros["down"]) if zeros else None
+        biases = blob.biases
+        self.gate_up_bias = torch.from_numpy(np.concatenate([biases["gate"], biases["up"]]).astype(np.float32)) \
+            if biases else None
+        self.down_bias = torch.from_numpy(np.array(biases["down"], dtype=np.float32)) if biases else None
+        self.nbytes = sum(aligned(t.nbytes) for t in self._parts().values())
+
+    def _parts(self) -> dict[str, torch.Tensor]:
+        return {name: getattr(self, name) for name in _PARTS if getattr(self, name) is not None}
+
+    def move_into(self, slot: torch.Tensor) -> None:
+        """Copy the tensors into `slot` (uint8, >= nbytes) and use them from there (cache/slab.py)."""
+        for name, view in place(self._parts(), slot).items():
+            setattr(self, name, view)
+
+    def forward(self, x: torch.Tensor | QuantizedActivations) -> torch.Tensor:
+        """down(act(gate x, up x)) in f32, for x [M, d] (a tensor, or already quantized)."""
+        if not isinstance(x, QuantizedActivations):
+            x = QuantizedActivations(x)
+        gate_up = q4_matmul(x, self.gate_up, self.gate_up_scales, self.gate_up_zeros, self.group_gate_up,
+                            self.fp16_scales)
+        if self.gate_up_bias is not None:
+            gate_up += self.gate_up_bias
+        gate, up = gate_up.split(self.expert_dim, dim=-1)
+        hidden = QuantizedActivations(self.glu(gate, up))
+        out = q4_matmul(hidden, self.down, self.down_scales, self.down_zeros, self.group_down, self.fp16_scales)
+        return out if self.down_bias is None else out.add_(self.down_bias)
+
+
+def native_nbytes(layout: ExpertBlobLayout, d_model: int, expert_dim: int) -> int:
+    """RAM one NativeQ4Expert holds (a cache slot), from shapes alone."""
+    gate_up_groups = 2 * expert_dim * (d_model // layout.groups["gate"])
+    down_groups = d_model * (expert_dim // layout.groups["down"])
+    parts = [d_model * expert_dim, 2 * gate_up_groups, d_model * expert_dim // 2, 2 * down_groups]
+    if not layout.symmetric:
+        parts += [2 * gate_up_groups, 2 * down_groups]
+    if layout.bias:
+        parts += [4 * 2 * expert_dim, 4 * d_model]
+    return sum(aligned(n) for n in parts)

@@ -1,0 +1,185 @@
+"""The native q4 kernel: its int8 activations and dot products against a float64 definition, at
+each CPU level this machine runs; the expert built on it against the dequantized reference; the
+one-token decode path against the batched one; the engine end to end; and its absence."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from colibri_int4 import QuantScheme
+from colibri_stream import Engine
+from colibri_stream.compute import native_kernel
+from colibri_stream.compute.expert_compute import DequantExpert
+from colibri_stream.compute.native_expert import NativeQ4Expert, native_nbytes, native_supported
+from colibri_stream.compute.native_kernel import AVX2, SCALAR, QuantizedActivations, q4_matmul
+from colibri_stream.compute.streamed_experts import StreamedExperts
+from colibri_stream.stats import StreamStats
+
+from .test_expert_compute import make_blob
+
+LEVELS = [SCALAR, AVX2] if native_kernel._library().colibri_q4_cpu_level() >= AVX2 else [SCALAR]
+
+
+def test_every_x86_machine_we_run_on_has_the_avx2_path():
+    import platform
+
+    if platform.machine() in ("x86_64", "AMD64"):
+        assert LEVELS == [SCALAR, AVX2]  # CI runs AVX2 to AVX-512 machines: the fast path must be tested
+
+
+def _q8_definition(x: np.ndarray):
+    """Per 32 columns: scale = max|x| / 127, q = round-half-even(x / scale) in [-127, 127]."""
+    blocks = x.reshape(x.shape[0], -1, 32)
+    scale = np.abs(blocks).max(-1) / 127
+    q = np.clip(np.rint(blocks / np.where(scale > 0, scale, 1)[..., None]), -127, 127)
+    return q, scale.astype(np.float32)
+
+
+def test_activations_are_int8_blocks_in_nibble_order():
+    x = torch.randn(3, 96)
+    x[1, :32] = 0  # an all-zero block: scale 0, no division by zero
+    got = QuantizedActivations(x)
+    q, scale = _q8_definition(x.double().numpy())
+    assert np.allclose(got.scales.numpy(), scale, rtol=1e-6)
+    order = np.r_[0:32:2, 1:32:2]  # a block's even columns, then its odd ones
+    assert np.array_equal(got.q.numpy().reshape(3, -1, 32), q[..., order].astype(np.int8))
+    assert np.array_equal(got.sums.numpy(), q.sum(-1).astype(np.int32))
+    assert np.allclose(got.float_sums.numpy(), x.numpy().reshape(3, -1, 32).sum(-1), atol=1e-5)
+    picked = got[torch.tensor([2, 0])]
+    assert torch.equal(picked.q, got.q[[2, 0]]) and picked.rows == 2
+
+
+def _random_q4(rows: int, cols: int, group: int, rng, zeros: bool, fp16: bool):
+    nibbles = rng.integers(0, 16, (rows, cols))
+    packed = torch.from_numpy((nibbles[:, 0::2] | (nibbles[:, 1::2] << 4)).astype(np.uint8))
+    dtype = torch.float16 if fp16 else torch.bfloat16
+    scales = torch.from_numpy(rng.uniform(0.001, 0.05, (rows, cols // group)).astype(np.float32)).to(dtype)
+    zero = torch.from_numpy(rng.normal(0, 0.02, (rows, cols // group)).astype(np.float32)).to(dtype) if zeros else None
+    weight = (nibbles - 8) * np.repeat(scales.double().numpy(), group, 1)
+    if zeros:
+        weight = weight + np.repeat(zero.double().numpy(), group, 1)
+    bits = (lambda t: None if t is None else t.view(torch.int16))
+    return packed, bits(scales), bits(zero), weight
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize(("group", "zeros", "fp16"), [(32, False, False), (64, True, True), (128, False, True),
+                                                      (256, True, False)])
+def test_matmul_is_the_q4_times_q8_definition(level, group, zeros, fp16):
+    rng = np.random.default_rng(group)
+    rows, cols = 48, 512
+    packed, scales, zero, weight = _random_q4(rows, cols, group, rng, zeros, fp16)
+    x = torch.from_numpy(rng.normal(0, 1, (5, cols)).astype(np.float32))
+    q, xscale = _q8_definition(x.double().numpy())
+    exact_x = (q * xscale[..., None].astype(np.float64)).reshape(5, cols)  # the int8 activations, exactly
+    # the zeros multiply the activations' float sums (not the rounded ones)
+    expected = exact_x @ ((weight - (np.repeat(zero.view(torch.float16 if fp16 else torch.bfloat16).double().numpy(),
+                                                group, 1) if zeros else 0))).T
+    if zeros:
+        expected += x.double().numpy() @ np.repeat(zero.view(torch.float16 if fp16 else torch.bfloat16)
+                                                   .double().numpy(), group, 1).T
+    got = q4_matmul(QuantizedActivations(x), packed, scales, zero, group, fp16, level=level).double().numpy()
+    assert np.abs(got - expected).max() < 1e-5 * max(1.0, np.abs(expected).max())
+    # and close to the float product: the int8 rounding of activations is all that differs
+    float_product = x.double().numpy() @ weight.T
+    assert np.linalg.norm(got - float_product) < 0.02 * np.linalg.norm(float_product)
+
+
+def test_levels_agree_and_threads_do_not_change_a_bit():
+    rng = np.random.default_rng(7)
+    packed, scales, _, _ = _random_q4(64, 256, 64, rng, False, False)
+    x = QuantizedActivations(torch.randn(2, 256))
+    results = [q4_matmul(x, packed, scales, None, 64, level=level) for level in LEVELS]
+    for other in results[1:]:
+        assert torch.allclose(results[0], other, rtol=1e-6, atol=1e-6)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert torch.equal(q4_matmul(x, packed, scales, None, 64), q4_matmul(x, packed, scales, None, 64))
+        two = q4_matmul(x, packed, scales, None, 64)
+        torch.set_num_threads(1)
+        assert torch.equal(two, q4_matmul(x, packed, scales, None, 64))  # rows are independent
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_bad_shapes_are_refused_with_the_shapes():
+    x = QuantizedActivations(torch.randn(1, 64))
+    with pytest.raises(ValueError, match="do not fit 64 columns"):
+        q4_matmul(x, torch.zeros(16, 16, dtype=torch.uint8), torch.zeros(16, 2, dtype=torch.int16), None, 32)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        QuantizedActivations(torch.randn(1, 48))
+
+
+@pytest.mark.parametrize("group", [32, 64, 128])
+@pytest.mark.parametrize("symmetric", [True, False])
+@pytest.mark.parametrize("scale_dtype", ["bf16", "fp16"])
+def test_native_expert_matches_the_dequantized_reference(group, symmetric, scale_dtype):
+    scheme = QuantScheme(group_size=group, symmetric=symmetric, scale_dtype=scale_dtype)
+    blob, layout = make_blob(128, 256, scheme)
+    assert native_supported(layout, 128, 256) is None
+    x = torch.randn(7, 128)
+    fast, slow = NativeQ4Expert(blob, DequantExpert(blob, torch.float32).glu), DequantExpert(blob, torch.float32)
+    expected = slow.forward(x)
+    got = fast.forward(x)
+    assert got.dtype == torch.float32
+    assert (got - expected).norm() < 0.02 * expected.norm()
+    assert torch.equal(got, fast.forward(QuantizedActivations(x)))
+    assert fast.nbytes == native_nbytes(layout, 128, 256)
+    slot = torch.zeros(fast.nbytes, dtype=torch.uint8)
+    fast.move_into(slot)
+    assert torch.equal(fast.forward(x), got)  # the slab copy computes the same
+
+
+class _OneSlotCache:
+    """Hands StreamedExperts a prepared expert per id, with no I/O."""
+
+    def __init__(self, experts):
+        self.experts, self.prefetcher = experts, None
+
+    def get(self, layer, expert, pinned=()):
+        return self.experts[expert]
+
+
+def test_one_token_decode_path_is_bitwise_the_batched_path():
+    scheme = QuantScheme(group_size=32)
+    experts = {}
+    for e in range(4):
+        blob, _ = make_blob(64, 64, scheme, seed=e)
+        experts[e] = NativeQ4Expert(blob, DequantExpert(blob, torch.float32).glu)
+    layer = StreamedExperts(1, 4, 64, _OneSlotCache(experts), StreamStats(), quantize=QuantizedActivations)
+    x = torch.randn(3, 64)
+    ids = torch.tensor([[2, 0], [1, 3], [3, 0]])
+    gates = torch.rand(3, 2)
+    batched = layer.forward(x, ids, gates)
+    for row in range(3):
+        one = layer.forward(x[row : row + 1], ids[row : row + 1], gates[row : row + 1])
+        assert torch.equal(one[0], batched[row])
+    assert torch.allclose(batched, layer.reference_forward(x, ids, gates), rtol=1e-5, atol=1e-6)
+
+
+def test_engine_runs_native_and_stays_near_the_reference(tiny, reference):
+    ids = torch.arange(3, 43)
+    with torch.no_grad():
+        expected = reference(ids[None]).logits[0]
+    with Engine.open(tiny[0], ram_budget="200MB", compute="native", prefill_chunk=16) as eng:
+        got = eng.logits(ids)
+        assert eng.stats.compute_mode == "native"
+        session = eng.session()
+        streamed = torch.stack([session.append([int(t)]).reshape(-1) for t in ids])  # one token at a time
+    assert (got - expected).abs().max().item() < 5e-2 * max(1.0, expected.abs().max().item())
+    assert (streamed - got).abs().max().item() < 1e-4 * max(1.0, got.abs().max().item())
+
+
+def test_without_a_compiler_native_is_refused_by_name_and_auto_falls_back(tiny, monkeypatch):
+    monkeypatch.setattr(native_kernel, "_compiler", lambda: None)
+    native_kernel._library.cache_clear()
+    try:
+        assert "no C compiler" in native_kernel.kernel_unavailable()
+        with pytest.raises(ValueError, match="compute='native' is not possible: no C compiler"):
+            Engine.open(tiny[0], ram_budget="200MB", compute="native")
+        with Engine.open(tiny[0], ram_budget="200MB", compute="auto") as eng:
+            assert eng.stats.compute_mode != "native"
+    finally:
+        native_kernel._library.cache_clear()
