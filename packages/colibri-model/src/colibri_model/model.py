@@ -198,7 +198,8 @@ class ColibriForCausalLM(nn.Module):
             cache.length += T
         h = self.norm(h)
         if targets is None or return_logits:
-            logits = F.linear(h, self.lm_head_weight())
+            # the module itself when untied, so a runtime may hold it in its own form (a q4 kernel)
+            logits = F.linear(h, self.embed.weight) if self.lm_head is None else self.lm_head(h)
             if targets is None:
                 return CausalLMOutput(logits=logits)
             lm_loss = F.cross_entropy(logits.float().view(B * T, -1), targets.reshape(B * T), ignore_index=-100)

@@ -101,7 +101,7 @@ def assemble(container: Container, plan: Plan, opts: EngineOptions) -> Assembled
                                quantize=QuantizedActivations if f.compute == "native" else None)
             for i in range(config.n_dense_layers, config.n_layers)
         }
-        model = build_model(container, config, backends, f.dtype, opts.device)
+        model = build_model(container, config, backends, f.dtype, opts.device, native_linears=f.compute == "native")
         if f.top_k != config.top_k_infer:
             model.set_top_k(f.top_k)
         if plan.prefetch != "off":

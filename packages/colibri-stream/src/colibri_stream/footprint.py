@@ -26,6 +26,7 @@ from colibri_model.mla_cost import most_decompressed_keys
 from .compute.choice import time_compute
 from .compute.expert_compute import int4_supported, prepared_nbytes
 from .compute.native_expert import native_nbytes, native_supported
+from .compute.native_linear import native_linear_name
 from .errors import BudgetError
 from .io.heap import slack_bytes as heap_slack_bytes
 from .options import EngineOptions
@@ -249,9 +250,15 @@ class Sizing:
         return replace(f, staging_bytes=self.staging(f, threads))
 
     def resident_by_dtype(self, dtype: torch.dtype) -> dict[str, int]:
-        """Bytes of the materialised resident model by held dtype, with `dtype` as engine dtype."""
+        """Bytes of the materialised resident model by held dtype, with `dtype` as engine dtype
+        ("q4"/"q8" for the projections a native engine keeps as stored, compute/native_linear.py)."""
         by_dtype: dict[str, int] = {}
+        native = self.compute(dtype) == "native"
+        group = self.container.scheme.group_size
         for t in self.container.header.tensors:
+            if native and native_linear_name(t.name, t.encoding, t.shape, group):
+                by_dtype[t.encoding] = by_dtype.get(t.encoding, 0) + t.length  # weights + scales (+ zeros), as stored
+                continue
             target = held_dtype(t.shape, dtype, t.name)  # colibri-model's rule, as resident.py materialises
             n = target.itemsize * _numel(t.shape)
             by_dtype[dtype_name(target)] = by_dtype.get(dtype_name(target), 0) + n

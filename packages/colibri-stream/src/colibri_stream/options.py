@@ -18,10 +18,7 @@ import torch
 from tokenizers import Tokenizer
 
 from .cache.policies import CachePolicy
-
-# "native": the native q4 kernel on the container's own bytes; "int4": torch's CPU int4 kernels;
-# "dequant": dense matmuls; "auto": timed here (compute/choice.py)
-COMPUTE_CHOICES = ("auto", "native", "int4", "dequant")
+from .compute import COMPUTE_CHOICES
 
 DTYPES = {
     "f32": torch.float32,

@@ -25,6 +25,7 @@ from colibri_model import (
     parse_checkpoint_config,
 )
 
+from .compute.native_linear import install, native_linear_name
 from .errors import ContainerConfigError
 from .io.heap import release_free_heap
 
@@ -44,15 +45,21 @@ def build_model(
     backends: dict[int, ExpertBackend],
     dtype: torch.dtype,
     device: torch.device,
+    native_linears: bool = False,
 ) -> ColibriForCausalLM:
     """An eval-mode model whose resident weights come from `container` and routed experts from
-    `backends` (one per MoE layer)."""
+    `backends` (one per MoE layer). `native_linears`: the q4 projections stay q4 and run on the
+    native kernel (compute/native_linear.py)."""
     with torch.device("meta"):
         model = ColibriForCausalLM(config, expert_backends=backends)
     state = {}
-    for raw in container.iter_resident():
-        state[raw.name] = _materialise(raw, held_dtype(raw.shape, dtype, raw.name), device)
     expected = set(model.state_dict())
+    for raw in container.iter_resident():
+        if native_linears and native_linear_name(raw.name, raw.encoding, raw.shape, raw.group_size):
+            install(model, raw.name, raw)
+            expected.discard(raw.name)
+            continue
+        state[raw.name] = _materialise(raw, held_dtype(raw.shape, dtype, raw.name), device)
     missing, unexpected = expected - set(state), set(state) - expected
     if missing or unexpected:
         raise ContainerConfigError(

@@ -39,7 +39,8 @@ def native_supported(layout: ExpertBlobLayout, d_model: int, expert_dim: int) ->
 
 
 def _bits(array: np.ndarray) -> torch.Tensor:
-    return torch.from_numpy(np.ascontiguousarray(array).view(np.int16))
+    # a copy: the blob's views point into the read buffer, which the next read reuses
+    return torch.from_numpy(np.array(array).view(np.int16))
 
 
 class NativeQ4Expert:

@@ -73,7 +73,10 @@ def _library() -> ctypes.CDLL:
     library.colibri_q8_quantize.argtypes = [pointer, i64, i64, pointer, pointer, pointer, pointer]
     library.colibri_q4_matmul.argtypes = [pointer, pointer, pointer, pointer, i64, i64, pointer, pointer, pointer,
                                           i32, i64, i64, pointer, i32, i32]
+    library.colibri_q8w_matmul.argtypes = [pointer, pointer, i64, i64, pointer, pointer, i32, i64, i64, pointer, i32,
+                                           i32]
     library.colibri_q8_quantize.restype = library.colibri_q4_matmul.restype = i32
+    library.colibri_q8w_matmul.restype = i32
     library.colibri_q4_cpu_level.restype = i32
     return library
 
@@ -96,7 +99,8 @@ def cpu_level() -> int:
 
 
 class QuantizedActivations:
-    """Rows of activations as the kernel reads them (int8 per 32 columns, and per-block sums)."""
+    """Rows of activations as the kernel reads them: int8 per 32 columns with one f32 scale each
+    (round to nearest even, scale = max|x| / 127), and per-block sums of the int8 and the f32 values."""
 
     __slots__ = ("rows", "cols", "q", "scales", "sums", "float_sums")
 
@@ -135,6 +139,24 @@ def q4_matmul(x: QuantizedActivations, packed: torch.Tensor, scales: torch.Tenso
         x.q.data_ptr(), x.scales.data_ptr(), x.sums.data_ptr(), x.float_sums.data_ptr(), x.rows, x.cols,
         packed.data_ptr(), scales.data_ptr(), 0 if zeros is None else zeros.data_ptr(), int(fp16_scales), rows,
         group, out.data_ptr(), torch.get_num_threads(), cpu_level() if level is None else level)
+    if status != 0:
+        raise ValueError(f"the native kernel refused {x.cols} columns in groups of {group} (multiples of {BLOCK})")
+    return out
+
+
+def q8_matmul(x: QuantizedActivations, weights: torch.Tensor, scales: torch.Tensor, group: int,
+              fp16_scales: bool = False, level: int | None = None) -> torch.Tensor:
+    """x [M, K] @ W.T -> [M, N] f32, W the q8 matrix of `weights` (int8 [N, K]) and `scales`
+    (int16 bits of bf16/fp16, [N, K/group])."""
+    rows = weights.shape[0]
+    if weights.shape[1] != x.cols or scales.shape != (rows, x.cols // group):
+        raise ValueError(f"q8 matrix {tuple(weights.shape)} / scales {tuple(scales.shape)} do not fit "
+                         f"{x.cols} columns in groups of {group}")
+    out = torch.empty(x.rows, rows, dtype=torch.float32)
+    status = _library().colibri_q8w_matmul(
+        x.q.data_ptr(), x.scales.data_ptr(), x.rows, x.cols, weights.data_ptr(), scales.data_ptr(),
+        int(fp16_scales), rows, group, out.data_ptr(), torch.get_num_threads(),
+        cpu_level() if level is None else level)
     if status != 0:
         raise ValueError(f"the native kernel refused {x.cols} columns in groups of {group} (multiples of {BLOCK})")
     return out

@@ -1,14 +1,15 @@
-/* Int4 matrix-vector products on the container's own q4 layout (colibri-int4 FORMAT.md):
+/* Matrix products on the container's own q4 and q8 layouts (colibri-int4 FORMAT.md):
  *
- *   packed[n, j]  u8 [N, K/2]: column 2j in the low nibble, 2j+1 in the high one
+ *   q4: packed[n, j]  u8 [N, K/2]: column 2j in the low nibble, 2j+1 in the high one
+ *       w[n, k] = (q[n, k] - 8) * scales[n, k/G] (+ zeros[n, k/G])
+ *   q8: data[n, k]    i8 [N, K];   w[n, k] = data[n, k] * scales[n, k/G]
  *   scales[n, g]  u16 bits of bf16 or fp16 [N, K/G];  zeros[n, g] the same, or absent
- *   w[n, k] = (q[n, k] - 8) * scales[n, k/G] (+ zeros[n, k/G])
  *
  * so a missed expert is computed from the bytes read, with no repack. Activations are quantized
- * to int8 per block of 32 columns (one f32 scale each, as llama.cpp's q8_0), stored in each
- * block's nibble order: the 16 even columns, then the 16 odd ones. A block's dot product is then
- * one unsigned-by-signed byte multiply-add over 32 lanes (AVX2 `vpmaddubsw`), and the -8 offset
- * and the zeros are applied once per group from per-block sums of the activations.
+ * to int8 per block of 32 columns (one f32 scale each, as llama.cpp's q8_0). A block's dot
+ * product is then one byte multiply-add over 32 lanes (AVX2 `vpmaddubsw`, unsigned nibbles by
+ * signed activations; for signed q8 weights the sign moves onto the activations first), and the
+ * -8 offset and the zeros are applied once per group from per-block sums of the activations.
  *
  * Every function has a portable scalar version; the AVX2 ones are compiled for that target only
  * (function attributes), so one shared object runs on any x86-64 and the caller picks the level.
@@ -55,7 +56,7 @@ static inline float fp16_to_f32(uint16_t h) {
 
 static inline float half_to_f32(uint16_t bits, int fp16) { return fp16 ? fp16_to_f32(bits) : bf16_to_f32(bits); }
 
-/* x [M, K] f32 -> xq [M, K] int8 (nibble order per block), dx [M, K/32] scales, xs [M, K/32] sums of xq,
+/* x [M, K] f32 -> xq [M, K] int8, dx [M, K/32] scales, xs [M, K/32] sums of xq,
  * xf [M, K/32] sums of x (for the zeros). K is a multiple of 32. */
 int colibri_q8_quantize(const float *x, int64_t M, int64_t K, int8_t *xq, float *dx, int32_t *xs, float *xf) {
     if (K % BLOCK) return -1;
@@ -71,7 +72,7 @@ int colibri_q8_quantize(const float *x, int64_t M, int64_t K, int8_t *xq, float 
             for (int i = 0; i < BLOCK; i++) {
                 int r = (int)lrintf(v[i] * inv);
                 r = r > 127 ? 127 : (r < -127 ? -127 : r);
-                q[(i & 1) ? 16 + i / 2 : i / 2] = (int8_t)r;  /* even columns first, then odd */
+                q[i] = (int8_t)r;
                 sum += r;
             }
             dx[m * blocks + b] = d;
@@ -85,7 +86,7 @@ int colibri_q8_quantize(const float *x, int64_t M, int64_t K, int8_t *xq, float 
 /* sum over the 32 columns of block b: q (0..15) * xq, as an int */
 static inline int32_t block_dot_scalar(const uint8_t *p, const int8_t *q) {
     int32_t acc = 0;
-    for (int j = 0; j < 16; j++) acc += (p[j] & 15) * q[j] + (p[j] >> 4) * q[16 + j];
+    for (int j = 0; j < 16; j++) acc += (p[j] & 15) * q[2 * j] + (p[j] >> 4) * q[2 * j + 1];
     return acc;
 }
 
@@ -126,7 +127,9 @@ static float row_avx2(const uint8_t *p, const uint16_t *s, const uint16_t *z, in
         __m256 group = _mm256_setzero_ps();
         for (int64_t b = g * per_group; b < (g + 1) * per_group; b++) {
             __m128i raw = _mm_loadu_si128((const __m128i *)(p + b * 16));
-            __m256i w = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), low), _mm_and_si128(raw, low));
+            __m128i even = _mm_and_si128(raw, low), odd = _mm_and_si128(_mm_srli_epi16(raw, 4), low);
+            /* interleaved back into column order: columns 0..15, then 16..31 */
+            __m256i w = _mm256_set_m128i(_mm_unpackhi_epi8(even, odd), _mm_unpacklo_epi8(even, odd));
             __m256i x = _mm256_loadu_si256((const __m256i *)(xq + b * BLOCK));
             __m256i pairs = _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), ones);
             group = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pairs), _mm256_set1_ps(dx[b]), group);
@@ -138,6 +141,68 @@ static float row_avx2(const uint8_t *p, const uint16_t *s, const uint16_t *z, in
     return hsum256(acc) + scalar;
 }
 #endif
+
+static float row8_scalar(const int8_t *w, const uint16_t *s, int fp16, int64_t blocks, int64_t per_group,
+                         const int8_t *xq, const float *dx) {
+    float total = 0.f;
+    for (int64_t g = 0; g * per_group < blocks; g++) {
+        float acc = 0.f;
+        for (int64_t b = g * per_group; b < (g + 1) * per_group; b++) {
+            int32_t dot = 0;
+            for (int i = 0; i < BLOCK; i++) dot += w[b * BLOCK + i] * xq[b * BLOCK + i];
+            acc += dx[b] * (float)dot;
+        }
+        total += acc * half_to_f32(s[g], fp16);
+    }
+    return total;
+}
+
+#ifdef COLIBRI_X86
+__attribute__((target("avx2,fma")))
+static float row8_avx2(const int8_t *w, const uint16_t *s, int fp16, int64_t blocks, int64_t per_group,
+                       const int8_t *xq, const float *dx) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t g = 0; g * per_group < blocks; g++) {
+        __m256 group = _mm256_setzero_ps();
+        for (int64_t b = g * per_group; b < (g + 1) * per_group; b++) {
+            __m256i wv = _mm256_loadu_si256((const __m256i *)(w + b * BLOCK));
+            __m256i x = _mm256_loadu_si256((const __m256i *)(xq + b * BLOCK));
+            /* |w| * (x with w's sign): unsigned by signed, as vpmaddubsw needs (a -128 reads as 128) */
+            __m256i pairs = _mm256_madd_epi16(
+                _mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(x, wv)), ones);
+            group = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pairs), _mm256_set1_ps(dx[b]), group);
+        }
+        acc = _mm256_fmadd_ps(group, _mm256_set1_ps(half_to_f32(s[g], fp16)), acc);
+    }
+    return hsum256(acc);
+}
+#endif
+
+/* y [M, N] f32 = x [M, K] @ w[N, K].T for q8 weights w (int8 [N, K], scales [N, K/G]). */
+int colibri_q8w_matmul(const int8_t *xq, const float *dx, int64_t M, int64_t K, const int8_t *weights,
+                       const uint16_t *scales, int fp16, int64_t N, int64_t G, float *y, int threads, int level) {
+    if (K % BLOCK || G % BLOCK || K % G) return -1;
+    int64_t blocks = K / BLOCK, per_group = G / BLOCK, groups = K / G;
+#ifndef COLIBRI_X86
+    level = 0;
+#endif
+    for (int64_t m = 0; m < M; m++) {
+        const int8_t *q = xq + m * K;
+        const float *d = dx + m * blocks;
+        float *out = y + m * N;
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+        for (int64_t n = 0; n < N; n++) {
+            const int8_t *w = weights + n * K;
+            const uint16_t *s = scales + n * groups;
+#ifdef COLIBRI_X86
+            if (level >= 1) { out[n] = row8_avx2(w, s, fp16, blocks, per_group, q, d); continue; }
+#endif
+            out[n] = row8_scalar(w, s, fp16, blocks, per_group, q, d);
+        }
+    }
+    return 0;
+}
 
 /* y [M, N] f32 = x [M, K] @ w[N, K].T, from colibri_q8_quantize's output. level: 0 scalar, 1 AVX2.
  * group: G (a multiple of 32 dividing K). zeros may be NULL. Returns 0, or -1 on bad shapes. */

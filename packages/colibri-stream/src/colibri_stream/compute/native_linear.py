@@ -1,0 +1,73 @@
+"""`NativeLinear`: a resident projection (attention, dense FFN, shared expert, LM head) computed by
+the native kernel from the container's q4 or q8 bytes, as llama.cpp keeps its weights.
+
+With `compute="native"` the engine holds these matrices as stored (q4: nibbles + 16-bit scales,
+about 0.53 bytes per weight at group 64; q8: about 1.03) instead of dequantized f32 (4 bytes):
+the resident part shrinks 4-8x, which lowers the smallest budget a model runs in, and a decode
+step, which reads every resident matrix once per token, reads that much less. Embeddings,
+norms, routers and biases stay as they are (a lookup, or a few KB).
+
+`native_linear_name` is the one rule for which tensors go this way; the footprint and the model
+builder both read it, so the plan counts exactly what the engine holds.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from .native_kernel import BLOCK, QuantizedActivations, q4_matmul, q8_matmul
+
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def native_linear_name(name: str, encoding: str, shape, group_size: int) -> bool:
+    """True when the resident tensor `name` is held as a `NativeLinear` under compute="native"."""
+    if encoding not in ("q4", "q8") or len(shape) != 2 or group_size % BLOCK or shape[1] % BLOCK:
+        return False
+    module, _, leaf = name.rpartition(".")
+    return leaf == "weight" and (module == "lm_head" or module.rpartition(".")[2] in PROJECTIONS)
+
+
+def _bits(array: np.ndarray | None) -> torch.Tensor | None:
+    return None if array is None else torch.from_numpy(np.array(array).view(np.int16))
+
+
+class NativeLinear(nn.Module):
+    """y = x W^T (+ b) with W as stored (q4 or q8); in and out in the caller's dtype, f32 inside."""
+
+    def __init__(self, raw, bias: bool):
+        """`raw`: colibri-int4's RawTensor of the weight (q4 or q8)."""
+        super().__init__()
+        self.out_features, self.in_features = raw.shape
+        self.encoding, self.group, self.fp16_scales = raw.encoding, raw.group_size, raw.scale_dtype == "fp16"
+        # not persistent: the weights are the container's bytes, not a state_dict entry
+        self.register_buffer("data", torch.from_numpy(np.array(raw.data)), persistent=False)
+        self.register_buffer("scales", _bits(raw.scales), persistent=False)
+        self.register_buffer("zeros", _bits(raw.zeros), persistent=False)
+        self.bias = nn.Parameter(torch.empty(self.out_features, device="meta")) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = QuantizedActivations(x.reshape(-1, self.in_features))
+        if self.encoding == "q4":
+            out = q4_matmul(rows, self.data, self.scales, self.zeros, self.group, self.fp16_scales)
+        else:
+            out = q8_matmul(rows, self.data, self.scales, self.group, self.fp16_scales)
+        if self.bias is not None:
+            out += self.bias
+        return out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, {self.encoding} group {self.group}"
+
+
+def install(model: nn.Module, name: str, raw) -> None:
+    """Replace the nn.Linear whose weight is `name` with a NativeLinear of `raw`."""
+    path = name.rpartition(".")[0]
+    parent_path, _, attr = path.rpartition(".")
+    parent = model.get_submodule(parent_path) if parent_path else model
+    linear = getattr(parent, attr)
+    if not isinstance(linear, nn.Linear):
+        raise TypeError(f"{path} is a {type(linear).__name__}, not the nn.Linear a native projection replaces")
+    setattr(parent, attr, NativeLinear(raw, bias=linear.bias is not None))
