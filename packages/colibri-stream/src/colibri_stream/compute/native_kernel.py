@@ -70,9 +70,9 @@ def _library() -> ctypes.CDLL:
             os.replace(built, target)  # atomic: a concurrent build of the same digest is identical
     library = ctypes.CDLL(str(target))
     pointer, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-    library.colibri_q8_quantize.argtypes = [pointer, i64, i64, pointer, pointer, pointer, pointer]
-    library.colibri_q4_matmul.argtypes = [pointer, pointer, pointer, pointer, i64, i64, pointer, pointer, pointer,
-                                          i32, i64, i64, pointer, i32, i32]
+    library.colibri_q8_quantize.argtypes = [pointer, i64, i64, pointer, pointer, pointer, pointer, pointer, pointer]
+    library.colibri_q4_matmul.argtypes = [pointer, pointer, pointer, pointer, pointer, pointer, i64, i64, pointer,
+                                          pointer, pointer, i32, i64, i64, pointer, i32, i32]
     library.colibri_q8w_matmul.argtypes = [pointer, pointer, i64, i64, pointer, pointer, i32, i64, i64, pointer, i32,
                                            i32]
     library.colibri_q8_quantize.restype = library.colibri_q4_matmul.restype = i32
@@ -102,7 +102,8 @@ class QuantizedActivations:
     """Rows of activations as the kernel reads them: int8 per 32 columns with one f32 scale each
     (round to nearest even, scale = max|x| / 127), and per-block sums of the int8 and the f32 values."""
 
-    __slots__ = ("rows", "cols", "q", "scales", "sums", "float_sums")
+    __slots__ = ("rows", "cols", "q", "scales", "sums", "float_sums", "pairs", "pair_scales")
+    _ARRAYS = ("q", "scales", "sums", "float_sums", "pairs", "pair_scales")
 
     def __init__(self, x: torch.Tensor):
         x = x.detach().to(torch.float32).contiguous()
@@ -114,14 +115,20 @@ class QuantizedActivations:
         self.scales = torch.empty(self.rows, blocks, dtype=torch.float32)
         self.sums = torch.empty(self.rows, blocks, dtype=torch.int32)
         self.float_sums = torch.empty(self.rows, blocks, dtype=torch.float32)
+        # the same int8 in the order q4 bytes unpack to, 64 columns at a time (the kernel's fast path)
+        paired = self.cols % (2 * BLOCK) == 0
+        self.pairs = torch.empty(self.rows, self.cols if paired else 0, dtype=torch.int8)
+        self.pair_scales = torch.empty(self.rows, 4 * blocks if paired else 0, dtype=torch.float32)
         _library().colibri_q8_quantize(x.data_ptr(), self.rows, self.cols, self.q.data_ptr(), self.scales.data_ptr(),
-                                       self.sums.data_ptr(), self.float_sums.data_ptr())
+                                       self.sums.data_ptr(), self.float_sums.data_ptr(),
+                                       self.pairs.data_ptr() if paired else None,
+                                       self.pair_scales.data_ptr() if paired else None)
 
     def __getitem__(self, rows: torch.Tensor) -> QuantizedActivations:
         """The given rows (an index tensor), without quantizing again."""
         picked = object.__new__(QuantizedActivations)
         picked.rows, picked.cols = int(rows.numel()), self.cols
-        for name in ("q", "scales", "sums", "float_sums"):
+        for name in self._ARRAYS:
             setattr(picked, name, getattr(self, name).index_select(0, rows))
         return picked
 
@@ -136,7 +143,9 @@ def q4_matmul(x: QuantizedActivations, packed: torch.Tensor, scales: torch.Tenso
                          f"{x.cols} columns in groups of {group}")
     out = torch.empty(x.rows, rows, dtype=torch.float32)
     status = _library().colibri_q4_matmul(
-        x.q.data_ptr(), x.scales.data_ptr(), x.sums.data_ptr(), x.float_sums.data_ptr(), x.rows, x.cols,
+        x.q.data_ptr(), x.scales.data_ptr(), x.sums.data_ptr(), x.float_sums.data_ptr(),
+        x.pairs.data_ptr() if x.pairs.numel() else None, x.pair_scales.data_ptr() if x.pairs.numel() else None,
+        x.rows, x.cols,
         packed.data_ptr(), scales.data_ptr(), 0 if zeros is None else zeros.data_ptr(), int(fp16_scales), rows,
         group, out.data_ptr(), torch.get_num_threads(), cpu_level() if level is None else level)
     if status != 0:

@@ -58,7 +58,8 @@ static inline float half_to_f32(uint16_t bits, int fp16) { return fp16 ? fp16_to
 
 /* x [M, K] f32 -> xq [M, K] int8, dx [M, K/32] scales, xs [M, K/32] sums of xq,
  * xf [M, K/32] sums of x (for the zeros). K is a multiple of 32. */
-int colibri_q8_quantize(const float *x, int64_t M, int64_t K, int8_t *xq, float *dx, int32_t *xs, float *xf) {
+int colibri_q8_quantize(const float *x, int64_t M, int64_t K, int8_t *xq, float *dx, int32_t *xs, float *xf,
+                        int8_t *pairs, float *pair_scales) {
     if (K % BLOCK) return -1;
     int64_t blocks = K / BLOCK;
     for (int64_t m = 0; m < M; m++) {
@@ -78,6 +79,21 @@ int colibri_q8_quantize(const float *x, int64_t M, int64_t K, int8_t *xq, float 
             dx[m * blocks + b] = d;
             xs[m * blocks + b] = sum;
             xf[m * blocks + b] = total;
+        }
+        if (pairs && K % (2 * BLOCK) == 0) {
+            /* per 64 columns (blocks 2p, 2p+1), in the order the q4 bytes unpack to:
+             * 2p even, 2p+1 even, 2p odd, 2p+1 odd (16 each); scales 2p x4, 2p+1 x4 */
+            for (int64_t p = 0; p < blocks / 2; p++) {
+                const int8_t *q = xq + m * K + p * 2 * BLOCK;
+                int8_t *out = pairs + m * K + p * 2 * BLOCK;
+                for (int j = 0; j < 16; j++) {
+                    out[j] = q[2 * j];
+                    out[16 + j] = q[BLOCK + 2 * j];
+                    out[32 + j] = q[2 * j + 1];
+                    out[48 + j] = q[BLOCK + 2 * j + 1];
+                }
+                for (int i = 0; i < 8; i++) pair_scales[(m * blocks / 2 + p) * 8 + i] = dx[m * blocks + 2 * p + i / 4];
+            }
         }
     }
     return 0;
@@ -204,11 +220,60 @@ int colibri_q8w_matmul(const int8_t *xq, const float *dx, int64_t M, int64_t K, 
     return 0;
 }
 
+#ifdef COLIBRI_X86
+/* 16-bit scales of one row -> f32, 8 at a time where they can be (bf16: a shift; fp16: F16C) */
+__attribute__((target("avx2,fma,f16c")))
+static void row_scales_avx2(const uint16_t *s, int64_t groups, int fp16, float *out) {
+    int64_t g = 0;
+    for (; g + 8 <= groups; g += 8) {
+        __m128i bits = _mm_loadu_si128((const __m128i *)(s + g));
+        __m256 f = fp16 ? _mm256_cvtph_ps(bits)
+                        : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
+        _mm256_storeu_ps(out + g, f);
+    }
+    for (; g < groups; g++) out[g] = half_to_f32(s[g], fp16);
+}
+
+/* Two blocks per step (a 32-byte load): for groups of 64 columns or more, with the activations
+ * in pair order (colibri_q8_quantize's `pairs`). The row's scales are converted up front and
+ * folded into each step's activation scales, so a group costs no more than its pairs. */
+__attribute__((target("avx2,fma,f16c")))
+static float row_pairs_avx2(const uint8_t *p, const uint16_t *s, const uint16_t *z, int fp16, int64_t blocks,
+                            int64_t per_group, const int8_t *pairs, const float *pair_scales, const float *offset,
+                            const float *xgroup, float *scales, float *zeros) {
+    const __m256i low = _mm256_set1_epi8(15);
+    const __m256i ones = _mm256_set1_epi16(1);
+    int64_t groups = blocks / per_group;
+    row_scales_avx2(s, groups, fp16, scales);
+    if (z) row_scales_avx2(z, groups, fp16, zeros);
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    for (int64_t g = 0; g < groups; g++) {
+        __m256 scale = _mm256_set1_ps(scales[g]);
+        for (int64_t b = g * per_group; b < (g + 1) * per_group; b += 2) {
+            __m256i raw = _mm256_loadu_si256((const __m256i *)(p + b * 16));
+            __m256i even = _mm256_and_si256(raw, low), odd = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
+            const int8_t *x = pairs + b * BLOCK;
+            __m256i sums = _mm256_add_epi16(_mm256_maddubs_epi16(even, _mm256_loadu_si256((const __m256i *)x)),
+                                            _mm256_maddubs_epi16(odd, _mm256_loadu_si256((const __m256i *)(x + 32))));
+            __m256 d = _mm256_mul_ps(_mm256_loadu_ps(pair_scales + (b / 2) * 8), scale);
+            __m256 v = _mm256_cvtepi32_ps(_mm256_madd_epi16(sums, ones));
+            if (b & 2) acc1 = _mm256_fmadd_ps(v, d, acc1); else acc0 = _mm256_fmadd_ps(v, d, acc0);
+        }
+    }
+    float scalar = 0.f;
+    for (int64_t g = 0; g < groups; g++) {
+        scalar -= scales[g] * offset[g];  /* the -8 of every nibble */
+        if (z) scalar += zeros[g] * xgroup[g];
+    }
+    return hsum256(_mm256_add_ps(acc0, acc1)) + scalar;
+}
+#endif
+
 /* y [M, N] f32 = x [M, K] @ w[N, K].T, from colibri_q8_quantize's output. level: 0 scalar, 1 AVX2.
  * group: G (a multiple of 32 dividing K). zeros may be NULL. Returns 0, or -1 on bad shapes. */
-int colibri_q4_matmul(const int8_t *xq, const float *dx, const int32_t *xs, const float *xf, int64_t M, int64_t K,
-                      const uint8_t *packed, const uint16_t *scales, const uint16_t *zeros, int fp16, int64_t N,
-                      int64_t G, float *y, int threads, int level) {
+int colibri_q4_matmul(const int8_t *xq, const float *dx, const int32_t *xs, const float *xf, const int8_t *pairs,
+                      const float *pair_scales, int64_t M, int64_t K, const uint8_t *packed, const uint16_t *scales,
+                      const uint16_t *zeros, int fp16, int64_t N, int64_t G, float *y, int threads, int level) {
     if (K % BLOCK || G % BLOCK || K % G) return -1;
     int64_t blocks = K / BLOCK, per_group = G / BLOCK, groups = K / G;
 #ifndef COLIBRI_X86
@@ -232,6 +297,12 @@ int colibri_q4_matmul(const int8_t *xq, const float *dx, const int32_t *xs, cons
             const uint8_t *p = packed + n * (K / 2);
             const uint16_t *s = scales + n * groups, *z = zeros ? zeros + n * groups : 0;
 #ifdef COLIBRI_X86
+            if (level >= 1 && pairs && per_group % 2 == 0) {
+                float row_scales[groups], row_zeros[groups];
+                out[n] = row_pairs_avx2(p, s, z, fp16, blocks, per_group, pairs + m * K, pair_scales + m * blocks * 4,
+                                        offset, xgroup, row_scales, row_zeros);
+                continue;
+            }
             if (level >= 1) { out[n] = row_avx2(p, s, z, fp16, blocks, per_group, q, d, offset, xgroup); continue; }
 #endif
             out[n] = row_scalar(p, s, z, fp16, blocks, per_group, q, d, sums, f);
