@@ -127,7 +127,11 @@ def test_colibri_and_int4_models_hold_tensors_in_the_same_dtypes_in_bf16(tmp_pat
     def dtypes(model):  # the routed experts are stacked in one and streamed in the other
         return {n: t.dtype for n, t in model.state_dict().items() if ".moe.experts." not in n}
 
-    assert dtypes(dense) == dtypes(streamed)
+    # a native-kernel engine holds the q4/q8 projections as stored bytes, not as torch parameters
+    projections = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head")
+    as_stored = set(dtypes(dense)) - set(dtypes(streamed))
+    assert all(n.rsplit(".", 2)[-2] in projections for n in as_stored)
+    assert {n: d for n, d in dtypes(dense).items() if n not in as_stored} == dtypes(streamed)
     norms = {n: d for n, d in dtypes(dense).items() if n.endswith("norm.weight")}
     assert norms and set(norms.values()) == {torch.float32}
     assert dtypes(dense)["layers.0.attn.q_proj.weight"] == torch.bfloat16

@@ -1,0 +1,185 @@
+"""The native q4/q8 kernel against torch's: kernel time, decode tokens/s and quality, in one run.
+
+    nice python bench/native_kernel.py kernels                      # one matrix, each route
+    nice python bench/native_kernel.py decode CONFIG.json [--dir /var/tmp] [--tokens 24]
+    nice python bench/native_kernel.py quality [--workdir /var/tmp/colibri-bench] [--steps 300]
+
+- `kernels`: one token through a [rows x 1024] matrix, best of N calls, each route: native q4
+  and q8 (container layout), torch's int4 kernel (bf16 activations, its own layout), dense f32.
+- `decode`: a synthetic container of an HF config's shapes (random weights, deleted after),
+  opened three ways at a budget that holds every expert (full RAM): compute "native" (experts
+  and resident projections from the stored bytes), "native" with f32 resident projections, and
+  torch's "int4". Tokens are decoded round-robin, `--rounds` rounds of `--tokens` each, so load
+  drifts hit all alike; medians and ratios against torch's int4.
+- `quality`: the trained routing workload (studies/trained_workload.py, cached in WORKDIR): the
+  mean next-token loss on held-out prose under each compute route, against the f32 dequantized
+  reference (a difference in nats).
+
+Ratios are measured in one run; report the CPU beside them (`lscpu`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+
+def _best_us(call, calls: int = 300) -> float:
+    for _ in range(10):
+        call()
+    best = float("inf")
+    for _ in range(calls):
+        started = time.perf_counter()
+        call()
+        best = min(best, time.perf_counter() - started)
+    return round(best * 1e6, 1)
+
+
+def kernels(args) -> dict:
+    from colibri_stream.compute import native_kernel as nk
+
+    out = {"capability": torch.backends.cpu.get_cpu_capability(), "threads": torch.get_num_threads()}
+    gen = torch.Generator().manual_seed(0)
+    cols, group = 1024, 64
+    for rows in (1024, 4096):
+        nibbles = torch.randint(0, 16, (rows, cols), dtype=torch.int32, generator=gen)
+        packed = (nibbles[:, 0::2] | (nibbles[:, 1::2] << 4)).to(torch.uint8)
+        scales = torch.full((rows, cols // group), 0.01).to(torch.bfloat16)
+        weights8 = torch.randint(-127, 128, (rows, cols), dtype=torch.int8, generator=gen)
+        x = torch.randn(1, cols, generator=gen)
+        torch_packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(nibbles, 1)
+        torch_scales = torch.stack([scales.float().T, torch.zeros(cols // group, rows)], -1).to(torch.bfloat16)
+        dense = torch.randn(rows, cols, generator=gen)
+        xb = x.to(torch.bfloat16)
+        bits = scales.view(torch.int16)
+        routes = {
+            "native_q4_us": lambda: nk.q4_matmul(nk.QuantizedActivations(x), packed, bits, None, group),
+            "native_q8_us": lambda: nk.q8_matmul(nk.QuantizedActivations(x), weights8, bits, group),
+            "torch_int4_us": lambda: torch.ops.aten._weight_int4pack_mm_for_cpu(xb, torch_packed, group,
+                                                                              torch_scales.contiguous()),
+            "dense_f32_us": lambda: torch.nn.functional.linear(x, dense),
+        }
+        row = {name: _best_us(call) for name, call in routes.items()}
+        row["torch_int4_over_native_q4"] = round(row["torch_int4_us"] / row["native_q4_us"], 2)
+        out[f"{rows}x{cols}"] = row
+    return out
+
+
+def decode(args) -> dict:
+    from colibri_int4 import SYNTHETIC_SCHEME, write_synthetic_container
+    from colibri_int4.import_hf import read_hf_config
+    from colibri_stream import Engine
+    from colibri_stream.compute import native_linear
+
+    config, _, _ = read_hf_config(args.config)
+    path = Path(args.dir) / f"native-bench-{Path(args.config).resolve().parent.name}.coli"
+    engines = {}
+    try:
+        if not path.exists():
+            write_synthetic_container(path, config, SYNTHETIC_SCHEME)
+        budget = 2 * path.stat().st_size  # every expert fits: full RAM
+        common = dict(ram_budget=budget, prefill_chunk=args.prefill_chunk, prefetch="off")
+        engines["native"] = Engine.open(path, compute="native", **common)
+        rule = native_linear.native_linear_name
+        native_linear.native_linear_name = lambda *a: False  # the resident projections dequantized to f32
+        try:
+            import colibri_stream.footprint as footprint
+            import colibri_stream.resident as resident
+
+            footprint.native_linear_name = resident.native_linear_name = native_linear.native_linear_name
+            engines["native, f32 resident"] = Engine.open(path, compute="native", **common)
+        finally:
+            native_linear.native_linear_name = footprint.native_linear_name = resident.native_linear_name = rule
+        engines["torch int4"] = Engine.open(path, compute="int4", **common)
+        sessions, last = {}, {}
+        prompt = list(range(1, args.prompt + 1))
+        prefill = {}
+        for name, engine in engines.items():
+            sessions[name] = engine.session()
+            started = time.perf_counter()
+            logits = sessions[name].append(prompt)
+            prefill[name] = len(prompt) / (time.perf_counter() - started)
+            last[name] = int(logits.reshape(-1, logits.shape[-1])[-1].argmax())
+            for _ in range(args.warmup):  # every expert read once: the measured steps are hits
+                last[name] = int(sessions[name].append([last[name]]).reshape(-1).argmax())
+        seconds = {name: [] for name in engines}
+        for _ in range(args.rounds):
+            for name, session in sessions.items():
+                started = time.perf_counter()
+                for _ in range(args.tokens):
+                    last[name] = int(session.append([last[name]]).reshape(-1).argmax())
+                seconds[name].append((time.perf_counter() - started) / args.tokens)
+        base = statistics.median(seconds["torch int4"])
+        rows = {}
+        for name, engine in engines.items():
+            step = statistics.median(seconds[name])
+            rows[name] = {"decode_tok_s": round(1 / step, 2), "over_torch_int4": round(base / step, 2),
+                          "prefill_tok_s_first": round(prefill[name], 1),
+                          "resident_mb": round(engine.stats.resident_bytes / 1e6, 1),
+                          "hit_rate": round(engine.stats.hits / max(1, engine.stats.hits + engine.stats.misses), 3),
+                          "compute_mode": engine.stats.compute_mode}
+        return {"container_gb": round(path.stat().st_size / 1e9, 2), "threads": torch.get_num_threads(),
+                "capability": torch.backends.cpu.get_cpu_capability(), "rounds": args.rounds,
+                "tokens_per_round": args.tokens, "engines": rows}
+    finally:
+        for engine in engines.values():
+            engine.close()
+        if not args.keep:
+            path.unlink(missing_ok=True)
+
+
+def quality(args) -> dict:
+    from colibri_stream import Engine
+    from colibri_stream.studies.trained_workload import heldout_prompts, train_routing_model
+
+    workload = train_routing_model(args.workdir, steps=args.steps)
+    routes = {"dequant f32": dict(compute="dequant", dtype="f32"), "torch int4 bf16": dict(compute="int4"),
+              "torch int4 f32": dict(compute="int4", kernel_dtype="f32"), "native": dict(compute="native")}
+    losses = {}
+    for name, options in routes.items():
+        with Engine.open(workload.container, ram_budget="2GB", **options) as engine:
+            total, count = 0.0, 0
+            for text in heldout_prompts(count=args.passages):
+                ids = torch.tensor(engine.tokenizer.encode(text).ids[: args.max_tokens])
+                logits = engine.logits(ids).float()
+                total += torch.nn.functional.cross_entropy(logits[:-1], ids[1:], reduction="sum").item()
+                count += len(ids) - 1
+            losses[name] = total / count
+    reference = losses["dequant f32"]
+    return {"workload_steps": workload.steps, "tokens": count,
+            "loss_nats": {k: round(v, 5) for k, v in losses.items()},
+            "delta_vs_dequant_f32": {k: round(v - reference, 5) for k, v in losses.items()}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="what", required=True)
+    sub.add_parser("kernels")
+    d = sub.add_parser("decode")
+    d.add_argument("config", help="a Hugging Face config.json")
+    d.add_argument("--dir", default="/var/tmp", help="where the container goes (real storage, not tmpfs)")
+    d.add_argument("--tokens", type=int, default=8)
+    d.add_argument("--rounds", type=int, default=5)
+    d.add_argument("--warmup", type=int, default=48)
+    d.add_argument("--prompt", type=int, default=64, help="prompt tokens (prefill, timed once per engine)")
+    d.add_argument("--prefill-chunk", type=int, default=64)
+    d.add_argument("--keep", action="store_true")
+    q = sub.add_parser("quality")
+    q.add_argument("--workdir", default="/var/tmp/colibri-bench")
+    q.add_argument("--steps", type=int, default=1500, help="training steps of the routing workload (cached)")
+    q.add_argument("--passages", type=int, default=4)
+    q.add_argument("--max-tokens", type=int, default=256)
+    for p in (d, q, sub.choices["kernels"]):
+        p.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    print(json.dumps({"kernels": kernels, "decode": decode, "quality": quality}[args.what](args), indent=1))
+
+
+if __name__ == "__main__":
+    main()
