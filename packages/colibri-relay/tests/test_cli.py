@@ -84,6 +84,41 @@ def test_fake_hub_command_serves_the_unmodified_client(tmp_path):
         proc.wait(timeout=10)
 
 
+def test_fake_hub_commit_quota_scales_and_a_spent_quota_is_one_clear_error(tmp_path):
+    """`--commit-quota 1/600`: init spends it; the claim is told the server's wait, not "held"."""
+    env = {**os.environ, "HF_HUB_DISABLE_XET": "1", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "colibri_relay.cli", "fake-hub", "--commit-quota", "1/600"],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+    try:
+        endpoint = proc.stdout.readline().strip()
+        assert endpoint.startswith("http://127.0.0.1:")
+        env["HF_ENDPOINT"] = endpoint
+        cli = [sys.executable, "-m", "colibri_relay.cli"]
+        out = subprocess.run([*cli, "init", "--store", "hf://team/q"], env=env, capture_output=True, text=True,
+                             timeout=60)
+        assert out.returncode == 0, out.stderr
+        out = subprocess.run([*cli, "claim", "--store", "hf://team/q", "--hold-s", "0.1"], env=env,
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 1 and out.stderr.startswith("error:") and out.stderr.count("\n") == 1, out.stderr
+        assert "rate limit" in out.stderr and "10 minutes" in out.stderr and "held" not in out.stderr, out.stderr
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_fake_hub_commit_quota_values():
+    from colibri_relay.testing.fake_hub import parse_commit_quota
+
+    assert parse_commit_quota("128/3600") == (128, 3600.0)
+    assert parse_commit_quota("20/10") == (20, 10.0) and parse_commit_quota("20/0.5") == (20, 0.5)
+    assert parse_commit_quota("off") is None
+    for bad, why in (("20", "no '/'"), ("0/10", "commits"), ("x/10", "commits"), ("2.5/10", "commits"),
+                     ("20/0", "window"), ("20/-1", "window"), ("20/soon", "window"), ("20/inf", "window")):
+        r = CliRunner().invoke(main, ["fake-hub", "--commit-quota", bad])
+        assert r.exit_code == 2 and "--commit-quota" in r.output and why in r.output, (bad, r.output)
+        assert "Traceback" not in r.output and r.output.count("Error:") == 1
+
+
 def test_claim_refuses_negative_and_zero_durations(tmp_path):
     s = str(tmp_path / "relay")
     run("init", "--store", s)

@@ -4,18 +4,78 @@ A held lease may be taken over only after the claimant has seen (epoch, seq) unc
 holder's declared `lease_duration_s` plus a margin on its OWN monotonic clock (wall clocks of two
 machines are never compared; commit timestamps are for display). The claim itself is one CAS write
 whose parent is the head at which that state was read, so two claimants can never both win.
+
+The watch (`HeldStateWatch`) belongs to the `Relay`, not to one `claim()` call: a caller that
+retries `claim(wait=False)` or `claim(timeout_s=T)` with T shorter than the lease still takes over a
+dead holder once the state has stayed unchanged long enough in total. That is safe because `seq`
+grows with every write: the same (epoch, seq) seen twice means nothing landed in between.
+
+A server that asks to wait (HTTP 429; the Hub's commit quota says "about 1 hour") is obeyed: the
+claim waits the asked time if the caller's timeout allows it, else raises `RateLimited` at once,
+naming the wait. A head read that shows no RELAY.json is read again for `HEAD_LAG_S`: the Hub's
+head reads lag, and right after `init` they may still show the repo's first, empty commit.
 """
 
 from __future__ import annotations
 
 import secrets
+import threading
 import time
 from datetime import datetime, timezone
 
-from .errors import CasLost, CommitLockBusy, LeaseHeld, OutcomeUnknown, RateLimited, StoreError, TagExists
+from .errors import (
+    CasLost,
+    CommitLockBusy,
+    LeaseHeld,
+    NotInitialized,
+    OutcomeUnknown,
+    RateLimited,
+    StoreError,
+    TagExists,
+)
 from .lease import Lease, default_margin, log
 from .relay_state import RELAY_FILE, RelayState
 from .store import PutFile, RelayStore
+
+# How long a head without RELAY.json is read again before the relay counts as uninitialised.
+HEAD_LAG_S = 3.0
+
+
+class HeldStateWatch:
+    """How long one claimant has seen a held lease's (epoch, seq) unchanged, on its monotonic clock.
+
+    Kept by `Relay` across `claim()` calls. Any other pair restarts it; so does a free baton.
+
+    Attributes:
+        key: the (epoch, seq) watched, or None.
+        since: `time.monotonic()` when `key` was first seen.
+    """
+
+    def __init__(self) -> None:
+        self.key: tuple[int, int] | None = None
+        self.since = 0.0
+        self._lock = threading.Lock()
+
+    def observe(self, key: tuple[int, int] | None, now: float) -> float:
+        """Record a read of `key` (None: not held) at `now`; return how long it has been watched."""
+        with self._lock:
+            if key != self.key:
+                self.key, self.since = key, now
+            return now - self.since
+
+    def reset(self) -> None:
+        with self._lock:
+            self.key = None
+
+
+def describe_wait(seconds: float) -> str:
+    """A server's wait in words: "12 seconds", "43 minutes", "about 1 hour"."""
+    if seconds < 90:
+        return f"{seconds:.0f} seconds"
+    if seconds < 50 * 60:
+        return f"{seconds / 60:.0f} minutes"
+    hours = max(1, round(seconds / 3600))
+    return f"about {hours} hour{'s' if hours > 1 else ''}"
 
 
 def _repair_leg_tag(store: RelayStore, leg: int, commit: str) -> None:
@@ -29,17 +89,59 @@ def _repair_leg_tag(store: RelayStore, leg: int, commit: str) -> None:
         log.warning("could not check tag leg-%d: %s", leg, exc)
 
 
+def read_settled(relay, deadline: float | None = None) -> tuple[str, RelayState]:
+    """`relay.status()`, read again while the head shows no RELAY.json, for up to `HEAD_LAG_S` (and
+    never past `deadline`): a lagging head read is not an uninitialised relay."""
+    give_up = time.monotonic() + HEAD_LAG_S
+    if deadline is not None:
+        give_up = min(give_up, deadline)
+    pause = 0.1
+    while True:
+        try:
+            return relay.status()
+        except NotInitialized:
+            if time.monotonic() + pause > give_up:
+                raise
+            log.info("no %s at the head read; reading again (head reads may lag)", RELAY_FILE)
+            time.sleep(pause)
+            pause = min(pause * 2, 1.0)
+
+
+def _wait_or_raise(exc: RateLimited, what: str, spec: str, wait: bool, deadline: float | None) -> None:
+    """Sleep the wait a 429 asked for, or raise RateLimited now if the claim cannot wait that long."""
+    asked = exc.retry_after_s
+    left = None if deadline is None else deadline - time.monotonic()
+    if wait and (left is None or asked < left):
+        log.warning("claim: %s rate limited; waiting %s as the server asked", what, describe_wait(asked))
+        time.sleep(asked)
+        return
+    why = "a claim without waiting" if not wait else f"the {max(left, 0):.1f}s left of this claim's timeout"
+    raise RateLimited(f"{spec}: {what} was refused by the server's rate limit, which asks to wait "
+                      f"{describe_wait(asked)} ({asked:.0f}s), longer than {why}; nothing was written: "
+                      "claim again after that", asked) from None
+
+
+def _lease_held(state: RelayState, watched_s: float, expiry_s: float, prefix: str = "") -> LeaseHeld:
+    return LeaseHeld(
+        f"{prefix}lease held by {state.holder} (epoch {state.epoch}, seq {state.seq}), which declares a "
+        f"{state.lease_duration_s:g}s lease: its state was watched unchanged for {watched_s:.1f}s (across "
+        f"this Relay's claims) of the {expiry_s:.1f}s a takeover needs",
+        holder=state.holder, lease_duration_s=state.lease_duration_s, watched_s=watched_s, takeover_after_s=expiry_s)
+
+
 def claim_lease(relay, *, wait: bool = True, timeout_s: float | None = None, poll_s: float | None = None) -> Lease:
     """See `Relay.claim`."""
     store: RelayStore = relay.store
+    watch: HeldStateWatch = relay.held_watch
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    watched: tuple[int, int] | None = None
-    first_seen = 0.0
     my_nonces: dict[str, tuple[RelayState, float, str]] = {}
     while True:
         try:
-            head, state = relay.status()
-        except (RateLimited, OutcomeUnknown, CommitLockBusy, StoreError) as exc:
+            head, state = read_settled(relay, deadline)
+        except RateLimited as exc:
+            _wait_or_raise(exc, "reading the relay", store.spec, wait, deadline)
+            continue
+        except (OutcomeUnknown, CommitLockBusy, StoreError) as exc:
             if not wait or (deadline is not None and time.monotonic() > deadline):
                 raise
             log.warning("claim: reading the relay failed, retrying: %s", exc)
@@ -47,20 +149,18 @@ def claim_lease(relay, *, wait: bool = True, timeout_s: float | None = None, pol
             continue
         # A claim whose outcome was unknown may have landed: adopt it.
         if state.status == "held" and state.nonce in my_nonces:
+            watch.reset()
             mine, sent_at, parent = my_nonces[state.nonce]
             return relay._adopt(state, head, sent_at)
-        now = time.monotonic()
         takeover = False
-        if state.status == "held":
-            key = (state.epoch, state.seq)
-            if key != watched:
-                watched, first_seen = key, now
-            expiry = state.lease_duration_s + default_margin(state.lease_duration_s)
-            takeover = now - first_seen >= expiry
+        held = state.status == "held"
+        watched_s = watch.observe((state.epoch, state.seq) if held else None, time.monotonic())
+        expiry = state.lease_duration_s + default_margin(state.lease_duration_s)
+        if held:
+            takeover = watched_s >= expiry
             if not takeover and not wait:
-                raise LeaseHeld(f"lease held by {state.holder} (epoch {state.epoch}, seq {state.seq}); "
-                                f"a takeover needs it unchanged for {expiry:.0f}s")
-        if state.status == "free" or takeover:
+                raise _lease_held(state, watched_s, expiry)
+        if not held or takeover:
             leg_commit = state.leg_commit if (state.leg == 0 or state.leg_commit) else head
             new = state.next_write(
                 status="held", epoch=state.epoch + 1, lease_id=secrets.token_hex(8), holder=relay.holder,
@@ -68,20 +168,27 @@ def claim_lease(relay, *, wait: bool = True, timeout_s: float | None = None, pol
             )
             sent_at = time.monotonic()
             my_nonces[new.nonce] = (new, sent_at, head)
-            what = "takeover from " + str(state.holder) if takeover else "claim"
+            kind = "takeover" if takeover else "claim"
+            what = f"takeover from {state.holder}" if takeover else "claim"
             try:
                 sha = store.commit([PutFile(RELAY_FILE, new.to_bytes())], parent=head,
                                    message=f"relay: {what} by {relay.holder} (epoch {new.epoch} seq {new.seq})",
                                    nonce=new.nonce)
+                watch.reset()
                 return relay._adopt(new, sha, sent_at)
             except (CasLost, CommitLockBusy, OutcomeUnknown) as exc:
                 log.info("claim attempt did not win: %s", exc)
-                watched = None
+                watch.reset()
             except RateLimited as exc:
-                time.sleep(min(exc.retry_after_s, 30))
-        if deadline is not None and time.monotonic() > deadline:
-            raise LeaseHeld(f"could not claim within {timeout_s}s: held by {state.holder} (epoch {state.epoch})")
-        time.sleep(poll_s if poll_s is not None else max(0.05, min(state.heartbeat_s, relay.heartbeat_s) / 2))
+                _wait_or_raise(exc, f"the {kind} commit", store.spec, wait, deadline)
+                continue
+        now = time.monotonic()
+        if deadline is not None and now > deadline:
+            if held:
+                raise _lease_held(state, watched_s, expiry, prefix=f"could not claim within {timeout_s:g}s: ")
+            raise LeaseHeld(f"could not claim within {timeout_s:g}s: every claim of the free baton lost its race")
+        pause = poll_s if poll_s is not None else max(0.05, min(state.heartbeat_s, relay.heartbeat_s) / 2)
+        time.sleep(pause if deadline is None else max(0.0, min(pause, deadline - now + 0.01)))
 
 
 def repair_after_claim(relay, state: RelayState) -> str:

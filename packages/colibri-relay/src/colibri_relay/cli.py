@@ -167,15 +167,29 @@ def repair(store: str, wait: bool) -> None:
     click.echo(f"payload restored in commit {sha}" if sha else "the head's payload verifies: nothing to repair")
 
 
+def _commit_quota(ctx, param, value: str):
+    from .testing.fake_hub import parse_commit_quota
+
+    try:
+        return parse_commit_quota(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
+
+
 @main.command("fake-hub")
 @click.option("--port", type=click.IntRange(0, 65535), default=0, show_default=True, help="0 picks a free port.")
 @click.option("--data-dir", type=click.Path(file_okay=False), default=None, help="Where blobs go (default: temp).")
-def fake_hub(port: int, data_dir: str | None) -> None:
+@click.option("--commit-quota", default="128/3600", show_default=True, callback=_commit_quota,
+              metavar="N/WINDOW|off",
+              help="Commits per repo per WINDOW seconds, a sliding window; a commit past it gets the Hub's "
+                   "429 (\"You can retry this action in ...\"). 128/3600 is the Hub's; scale WINDOW with "
+                   "your test's lease (e.g. 20/10), or turn it off.")
+def fake_hub(port: int, data_dir: str | None, commit_quota: tuple[int, float] | None) -> None:
     """Serve a fake Hub on 127.0.0.1 until stopped (clients need HF_HUB_DISABLE_XET=1)."""
     from .testing.fake_hub import FakeHub
 
     try:
-        hub = FakeHub(port=port, data_dir=data_dir)
+        hub = FakeHub(port=port, data_dir=data_dir, commit_rate_limit=commit_quota)
     except OSError as exc:
         _fail(RelayError(f"cannot listen on 127.0.0.1:{port}: {exc.strerror}"))
     click.echo(f"fake Hub serving at {hub.endpoint} (HF_ENDPOINT={hub.endpoint} HF_HUB_DISABLE_XET=1)", err=True)

@@ -69,7 +69,12 @@ class CommitLockBusy(StoreError):
 
 
 class RateLimited(StoreError):
-    """The server refused because of rate limits (HTTP 429); wait `retry_after_s` seconds."""
+    """The server refused because of rate limits (HTTP 429); wait `retry_after_s` seconds.
+
+    A claim raises it, naming the wait, when the server asks for longer than the claim's timeout
+    leaves (the Hub's commit quota asks for up to an hour): the baton was not taken, and nobody
+    is known to hold it because of this answer.
+    """
 
     def __init__(self, message: str, retry_after_s: float):
         super().__init__(message)
@@ -131,7 +136,23 @@ class SchemaVersionError(RelayFileCorrupt):
 
 
 class LeaseHeld(RelayError):
-    """The lease is held by someone else and has not (yet) expired from our point of view."""
+    """The lease is held by someone else and has not (yet) expired from our point of view.
+
+    Attributes (None when the baton was not watched, e.g. a forced release of another lease):
+        holder: the holder RELAY.json names.
+        lease_duration_s: the lease duration that holder declared.
+        watched_s: how long this Relay has seen the holder's (epoch, seq) unchanged, over all its
+            claims so far (a later claim on the same Relay continues the watch).
+        takeover_after_s: how long it must stay unchanged for a takeover (lease + margin).
+    """
+
+    def __init__(self, message: str, *, holder: str | None = None, lease_duration_s: float | None = None,
+                 watched_s: float | None = None, takeover_after_s: float | None = None):
+        super().__init__(message)
+        self.holder = holder
+        self.lease_duration_s = lease_duration_s
+        self.watched_s = watched_s
+        self.takeover_after_s = takeover_after_s
 
 
 class LeaseLost(RelayError):

@@ -23,8 +23,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from .claim import claim_lease, repair_after_claim
+from .claim import HeldStateWatch, claim_lease, read_settled, repair_after_claim
 from .errors import (
+    CasLost,
     ChecksumMismatch,
     FileNotFoundInStore,
     LeaseHeld,
@@ -74,6 +75,8 @@ class Relay:
         self.heartbeat_s = heartbeat_s
         # The slowest upload a push budgets lease time for (bytes that travel inside a commit).
         self.min_upload_bytes_per_s = min_upload_bytes_per_s
+        # How long a held (epoch, seq) has stayed unchanged: kept across claim() calls (claim.py).
+        self.held_watch = HeldStateWatch()
 
     # --- reads ---------------------------------------------------------------------------------
     def read_state(self, revision: str) -> RelayState:
@@ -109,7 +112,14 @@ class Relay:
         state = RelayState(lease_duration_s=self.lease_duration_s, heartbeat_s=self.heartbeat_s).next_write()
         ops = [PutFile(LEDGER_JSONL, b""), PutFile(LEDGER_MD, render_ledger_md([])),
                PutFile(RELAY_FILE, state.to_bytes())]
-        sha = self.store.commit(ops, parent=head, message="relay: init", nonce=state.nonce)
+        try:
+            sha = self.store.commit(ops, parent=head, message="relay: init", nonce=state.nonce)
+        except CasLost:
+            # The head read may have lagged behind a relay that exists (or another init won).
+            try:
+                return read_settled(self)
+            except NotInitialized:
+                raise CasLost(f"{self.store.spec}: init lost its race to a write that is not a relay") from None
         return sha, state
 
     def force_release(self, lease_id: str | None = None) -> tuple[str, RelayState]:
@@ -129,7 +139,15 @@ class Relay:
     # --- the lease -----------------------------------------------------------------------------
     def claim(self, *, wait: bool = True, timeout_s: float | None = None, poll_s: float | None = None) -> Leg:
         """Take the baton: at once if free; if held, after watching it unchanged for the lease
-        duration + margin (wait=False raises LeaseHeld instead). Starts the heartbeat thread."""
+        duration + margin. Starts the heartbeat thread.
+
+        The watch continues across calls on this Relay, so repeated short claims (wait=False, or a
+        `timeout_s` below the lease) take over a dead holder once the state has stayed unchanged
+        that long in total. Raises LeaseHeld (naming the declared lease and how long it was
+        watched) when the baton is still held at the timeout, or at once with wait=False;
+        RateLimited (naming the server's wait) when the server asks to wait longer than the
+        timeout leaves; NotInitialized when the head still holds no RELAY.json after a few
+        re-reads (head reads lag)."""
         return claim_lease(self, wait=wait, timeout_s=timeout_s, poll_s=poll_s)
 
     def repair(self, *, wait: bool = True, timeout_s: float | None = None) -> str | None:

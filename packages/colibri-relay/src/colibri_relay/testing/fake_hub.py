@@ -16,7 +16,7 @@ kinder than the real service hides the bugs users will meet"):
 | behaviour | source |
 |---|---|
 | 412 on a stale `parentCommit`, 409 while the repo's commit lock is held | hf_api.create_commit docs |
-| commit quota per repo, 128/hour, 429 whose wait is in the message only ("You can retry this action in 43 minutes"); on by default, `commit_rate_limit=(n, window_s)` or None | braindecode/braindecode#947, huggingface/datasets#6257 |
+| commit quota per repo, 128/hour, 429 whose wait is in the message only ("You can retry this action in 43 minutes"); on by default, `commit_rate_limit=(n, window_s)` or None (`colibri-relay fake-hub --commit-quota N/WINDOW` or `off`) | braindecode/braindecode#947, huggingface/datasets#6257 |
 | preupload decides modes: the repo's .gitattributes, >= 10 MiB, binary > 1 MB -> LFS; empty -> regular | huggingface_hub#2666, #657, `_commit_api._fetch_upload_modes` |
 | preupload honours the root .gitignore (`shouldIgnore`) and returns remote oids (the client then skips "unchanged" files) | huggingface_hub#1868, #2389 |
 | inline files count into the commit: no regular file > 10 MiB, no binary one > 1 MB, body <= 100 MB | huggingface_hub#2666, #657, #920 |
@@ -46,6 +46,33 @@ from .hub_protocol import HubRequestHandler
 HUB_COMMIT_RATE_LIMIT = (128, 3600.0)
 # The commit request's size limit, inline (base64) files included (huggingface/huggingface_hub#920).
 HUB_COMMIT_BODY_MAX = 100 * 1000 * 1000
+
+
+def parse_commit_quota(text: str) -> tuple[int, float] | None:
+    """`"128/3600"` -> (128, 3600.0) commits per window in seconds; `"off"` -> None (no quota).
+
+    Raises ValueError naming what is wrong. Scale the window with a test's timers: a lease 1000x
+    shorter than the default 1200 s meets the Hub's quota at `128/3.6`."""
+    value = text.strip()
+    if value.lower() == "off":
+        return None
+    form = "give COMMITS/WINDOW_SECONDS (e.g. 128/3600, the Hub's, or 20/10) or off"
+    count, sep, window = value.partition("/")
+    if not sep:
+        raise ValueError(f"{text!r} has no '/': {form}")
+    try:
+        n = int(count)
+    except ValueError:
+        n = 0
+    if n <= 0:
+        raise ValueError(f"{text!r}: the number of commits must be a whole number above 0; {form}")
+    try:
+        w = float(window)
+    except ValueError:
+        w = 0.0
+    if not 0 < w < float("inf"):
+        raise ValueError(f"{text!r}: the window must be a number of seconds above 0; {form}")
+    return n, w
 
 
 class _Server(ThreadingHTTPServer):
