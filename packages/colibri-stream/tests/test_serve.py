@@ -130,8 +130,13 @@ def test_errors_are_openai_shaped(served):
     with pytest.raises(openai.BadRequestError) as err:
         client.chat.completions.create(model=MODEL, messages=MESSAGES, temperature=5)
     assert err.value.body["param"] == "temperature"
-    with pytest.raises(openai.BadRequestError, match="n=1"):
-        client.completions.create(model=MODEL, prompt="Hi", n=2)
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model=MODEL, prompt="Hi", logit_bias={"1": 5})
+    assert err.value.body["param"] == "logit_bias" and err.value.body["code"] == "unsupported_parameter"
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=MODEL, messages=MESSAGES, extra_body={"temprature": 0.5})
+    assert err.value.body == {"message": "unknown parameter 'temprature'", "type": "invalid_request_error",
+                              "param": "temprature", "code": "unknown_parameter"}
     with pytest.raises(openai.BadRequestError) as err:
         client.completions.create(model=MODEL, prompt="word " * (engine.max_context + 10), max_tokens=4)
     assert err.value.body["code"] == "context_length_exceeded"
