@@ -36,10 +36,12 @@ class ServeContext:
                 return self._batched([ids], spec)
             chat = self.pool.take(template.encode(messages))
             chat.template = template
+            prompt_tokens = len(chat.prompt_ids(messages, spec.max_tokens))  # after the overflow policy
             result: list = []
             tokens = chat.stream(messages, spec.max_tokens, result=result, **spec.session_kwargs(0))
             cached = chat.session.kv.length  # what the truncate to the shared prefix kept, already run
-            return single(self.engine, self.pool.returning(chat, tokens), result, cached, self.in_flight)
+            return single(self.engine, self.pool.returning(chat, tokens), result, cached, self.in_flight,
+                          prompt_tokens=prompt_tokens)
         except ContextOverflowError as exc:
             raise bad(str(exc), "messages", "context_length_exceeded") from None
         except ChatTemplateError as exc:
@@ -54,7 +56,7 @@ class ServeContext:
                 result: list = []
                 tokens = self.engine.session().stream(prompts[0], spec.max_tokens, result=result,
                                                       **spec.session_kwargs(0))
-                return single(self.engine, tokens, result, 0, self.in_flight)
+                return single(self.engine, tokens, result, 0, self.in_flight, prompt_tokens=len(prompts[0]))
             return self._batched(prompts, spec)
         except ValueError as exc:
             raise _value_error(exc) from None

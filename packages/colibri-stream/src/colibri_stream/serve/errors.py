@@ -38,3 +38,8 @@ def bad(message: str, param: str | None = None, code: str | None = None) -> APIE
 def unsupported(param: str, why: str) -> APIError:
     """A 400 for what this model or server cannot do (never silently ignored)."""
     return APIError(400, f"'{param}' is not supported: {why}", param, "unsupported_parameter")
+
+
+def cannot(param: str, message: str) -> APIError:
+    """A 400 for input this model cannot take (an image to a text model), `message` saying what."""
+    return APIError(400, message, param, "unsupported_content")

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from . import params
 from .constrained import response_format
-from .errors import bad, unsupported
+from .errors import bad, cannot
 from .runs import Answer, Run, Spec, drain
 from .tool_calls import (
     CallStream,
@@ -84,7 +84,7 @@ def plain_messages(messages, template) -> list[dict]:
             raise bad(f"messages[{i}]: role {role!r} is not supported", "messages")
         if isinstance(content, list):
             if not all(isinstance(p, dict) and p.get("type") == "text" for p in content):
-                raise unsupported("messages", f"messages[{i}] has non-text content: this model reads text only")
+                raise cannot("messages", f"messages[{i}] has non-text content: this model reads text only")
             content = "".join(str(p.get("text", "")) for p in content)
         if content is None and role == "assistant" and m.get("tool_calls"):
             content = ""

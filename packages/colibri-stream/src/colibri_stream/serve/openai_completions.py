@@ -97,7 +97,7 @@ class Echo:
             tokens = session.stream((), request.spec.max_tokens, result=result, **request.spec.session_kwargs(0))
         except ValueError as exc:
             raise bad(str(exc)) from None
-        self.run = single(engine, tokens, result, 0, ctx.in_flight, telemetry)
+        self.run = single(engine, tokens, result, 0, ctx.in_flight, telemetry, len(ids))
         self.text = engine.tokenizer.decode(ids)
 
 

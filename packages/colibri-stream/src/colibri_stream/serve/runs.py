@@ -79,7 +79,7 @@ class Run:
 
     def prompt_token_count(self) -> int:
         """The prompt's tokens (each prompt once, whatever `n`); a session's run says it in its result."""
-        if self.prompt_tokens is None:
+        if self.prompt_tokens is None:  # known once the run is over
             return sum(r.prompt_tokens for r in self.results)
         return sum(self.prompt_tokens)
 
@@ -93,12 +93,14 @@ class Run:
 
 
 def single(engine, tokens: Iterator[StreamedToken], result: list, cached_tokens: int,
-           in_flight: InFlight | None, telemetry: RequestTelemetry | None = None) -> Run:
+           in_flight: InFlight | None, telemetry: RequestTelemetry | None = None,
+           prompt_tokens: int | None = None) -> Run:
     """A run of one choice on a session: `tokens` is its stream, `result` the list it fills (its
     `prompt_tokens` is the whole prompt, reused prefix included). `telemetry`: one begun earlier
     (a prefill that ran before the stream did)."""
     telemetry = telemetry or RequestTelemetry(engine, in_flight)
-    return Run(engine, ((0, t) for t in tokens), result, None, cached_tokens, telemetry)
+    counted = None if prompt_tokens is None else [prompt_tokens]
+    return Run(engine, ((0, t) for t in tokens), result, counted, cached_tokens, telemetry)
 
 
 def batched(engine, prompts: list[list[int]], spec: Spec, in_flight: InFlight | None) -> Run:
@@ -142,3 +144,12 @@ def drain(run) -> None:
     """Run a non-streaming request to its end."""
     for _ in run.events:
         pass
+
+
+def matched_stop(engine, result: GenerationResult, stops: list[str]) -> str | None:
+    """Which stop string ended `result` (the text is cut where it began), for the APIs that
+    name it (Anthropic's `stop_sequence`)."""
+    if result.finish_reason != "stop":
+        return None
+    whole = engine.tokenizer.decode(result.token_ids)
+    return next((s for s in stops if whole.startswith(s, len(result.text))), None)
