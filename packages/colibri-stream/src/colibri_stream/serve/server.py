@@ -5,7 +5,8 @@
     server.serve_forever()
 
 Routes: `/v1/chat/completions` (openai_chat.py), `/v1/completions` (openai_completions.py),
-`/v1/responses` (openai_responses.py), `/v1/messages` (anthropic_messages.py), `/v1/models`.
+`/v1/responses` (openai_responses.py), `/v1/messages` (anthropic_messages.py), `/v1/models`,
+and the tokenizer (`/tokenize`, `/detokenize`, `/tokenizer_info`: tokenizer_api.py).
 A `ThreadingHTTPServer`: one thread per connection, each request on its own session; the engine's
 lock serialises forward passes, so concurrent requests are queued pass by pass (they interleave
 token by token) and each gets the tokens it would get alone. Chat sessions are kept between
@@ -27,7 +28,7 @@ import traceback
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from ..chat import ChatTemplate
-from . import anthropic_messages, openai_chat, openai_completions, openai_responses
+from . import anthropic_messages, openai_chat, openai_completions, openai_responses, tokenizer_api
 from .constrained import Grammars
 from .context import ServeContext
 from .errors import APIError
@@ -38,6 +39,7 @@ ROUTES = {"/v1/chat/completions": (openai_chat.answer, "openai"),
           "/v1/completions": (openai_completions.answer, "openai"),
           "/v1/responses": (openai_responses.answer, "openai"),
           "/v1/messages": (anthropic_messages.answer, "anthropic")}
+TOKENIZER = {"/tokenize": tokenizer_api.tokenize, "/detokenize": tokenizer_api.detokenize}
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -64,6 +66,8 @@ class Handler(BaseHTTPRequestHandler):
         models = models_response(ctx.model_name, self.server.created)
         if path == "/v1/models":
             self._send_json(200, models)
+        elif path in ("/tokenizer_info", "/v1/tokenizer_info"):
+            self._send_json(200, tokenizer_api.tokenizer_info(ctx))
         elif path == f"/v1/models/{ctx.model_name}":
             self._send_json(200, models["data"][0])
         elif path in ROUTES:
@@ -73,6 +77,12 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self):  # noqa: N802
         path = self._path()
+        tokenizer = TOKENIZER.get(path.removeprefix("/v1"))
+        if tokenizer is not None:
+            try:
+                return self._send_json(200, tokenizer(self.server.ctx, self._read_json()))
+            except APIError as exc:
+                return self._send_json(exc.status, exc.body())
         if path not in ROUTES:
             return self._send_json(404, APIError(404, f"no route {path}", code="not_found").body())
         endpoint, api = ROUTES[path]
