@@ -90,7 +90,7 @@ class Handler(BaseHTTPRequestHandler):
             answer = endpoint(self.server.ctx, self._read_json())
             if answer.events is None:
                 return self._send_json(200, answer.body)
-            self._stream(answer)
+            self._stream(answer, api)
         except APIError as exc:
             self._send_json(exc.status, exc.body(api))
         except (BrokenPipeError, ConnectionResetError):
@@ -114,7 +114,7 @@ class Handler(BaseHTTPRequestHandler):
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise APIError(400, f"the request body is not valid JSON ({exc})", code="invalid_json") from None
 
-    def _stream(self, answer) -> None:
+    def _stream(self, answer, api: str) -> None:
         events = iter(answer.events)
         first = next(events, None)  # an error before the first event is still a plain HTTP error
         self.send_response(200)
@@ -132,6 +132,15 @@ class Handler(BaseHTTPRequestHandler):
                 self.wfile.flush()
         except (BrokenPipeError, ConnectionResetError):
             pass
+        except Exception as exc:  # after the 200 went out: the error becomes the stream's last event
+            if self.server.verbose:
+                traceback.print_exc()
+            error = exc if isinstance(exc, APIError) else APIError(500, f"{type(exc).__name__}: {exc}",
+                                                                   kind="server_error")
+            try:
+                self._event("error" if api == "anthropic" else None, error.body(api))
+            except (BrokenPipeError, ConnectionResetError):
+                pass
         finally:
             close = getattr(answer.events, "close", None)
             if close is not None:
