@@ -82,6 +82,11 @@ def test_messages_errors_are_anthropic_shaped(served):
     with pytest.raises(anthropic.BadRequestError, match="tools"):  # ChatML: the template takes no tools
         claude.messages.create(model=MODEL, max_tokens=4, messages=[{"role": "user", "content": "Hi"}],
                                tools=[{"name": "f", "input_schema": {"type": "object"}}])
+    with pytest.raises(anthropic.BadRequestError) as err:
+        claude.messages.create(model=MODEL, max_tokens=4, messages=[{"role": "user", "content": "Hi"}],
+                               extra_body={"max_tokns": 5})
+    assert err.value.body == {"type": "error", "error": {"type": "invalid_request_error",
+                                                         "message": "unknown parameter 'max_tokns'"}}
     with pytest.raises(anthropic.BadRequestError, match="thinking"):
         claude.messages.create(model=MODEL, max_tokens=4, messages=[{"role": "user", "content": "Hi"}],
                                thinking={"type": "enabled", "budget_tokens": 1024})
@@ -118,3 +123,6 @@ def test_responses_is_stateless_and_refuses_what_it_cannot_do(served):
     assert err.value.body["param"] == "tools"
     with pytest.raises(openai.NotFoundError):
         oai.responses.create(model="gpt-4o", input="Hi")
+    with pytest.raises(openai.BadRequestError) as err:
+        oai.responses.create(model=MODEL, input="Hi", extra_body={"max_tokens": 5})  # chat's name, not this API's
+    assert err.value.body["code"] == "unknown_parameter" and err.value.body["param"] == "max_tokens"
