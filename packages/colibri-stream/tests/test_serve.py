@@ -34,9 +34,24 @@ def served(tiny):
 
 
 def test_models_lists_the_served_model(served):
-    _, server, client = served
+    engine, server, client = served
     assert [m.id for m in client.models.list().data] == [MODEL]
     assert server.server_address[0] == "127.0.0.1"
+    root = server.url.removesuffix("/v1")
+
+    def post(path, body):
+        request = urllib.request.Request(root + path, data=json.dumps(body).encode(), method="POST",
+                                         headers={"Content-Type": "application/json"})
+        return json.loads(urllib.request.urlopen(request, timeout=30).read())
+
+    ids = post("/tokenize", {"prompt": "Once upon a time", "add_special_tokens": False})["tokens"]
+    assert ids == engine.encode("Once upon a time")
+    assert post("/detokenize", {"tokens": ids})["prompt"] == "Once upon a time"
+    info = json.loads(urllib.request.urlopen(root + "/tokenizer_info", timeout=30).read())
+    assert engine.encode(info["eos_token"]) == [engine.end_token_ids[0]] and info["model_max_length"] == engine.max_context
+    with pytest.raises(urllib.error.HTTPError) as http:
+        post("/tokenize", {"prompt": 3})
+    assert http.value.code == 400 and json.loads(http.value.read())["error"]["param"] == "prompt"
 
 
 def test_chat_completion_is_the_engines_chat(served):
@@ -131,8 +146,13 @@ def test_errors_are_openai_shaped(served):
     with pytest.raises(openai.BadRequestError) as err:
         client.chat.completions.create(model=MODEL, messages=MESSAGES, temperature=5)
     assert err.value.body["param"] == "temperature"
-    with pytest.raises(openai.BadRequestError, match="n=1"):
-        client.completions.create(model=MODEL, prompt="Hi", n=2)
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model=MODEL, prompt="Hi", logit_bias={"1": 5})
+    assert err.value.body["param"] == "logit_bias" and err.value.body["code"] == "unsupported_parameter"
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=MODEL, messages=MESSAGES, extra_body={"temprature": 0.5})
+    assert err.value.body == {"message": "unknown parameter 'temprature'", "type": "invalid_request_error",
+                              "param": "temprature", "code": "unknown_parameter"}
     with pytest.raises(openai.BadRequestError) as err:
         client.completions.create(model=MODEL, prompt="word " * (engine.max_context + 10), max_tokens=4)
     assert err.value.body["code"] == "context_length_exceeded"

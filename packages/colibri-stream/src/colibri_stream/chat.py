@@ -41,12 +41,20 @@ class ChatTemplateError(ValueError):
 
 class ChatTemplate:
     def __init__(self, tokenizer, source: str | None = None, bos_token: str | None = None,
-                 eos_token: str | None = None):
+                 eos_token: str | None = None, variables: dict | None = None):
         self.tokenizer, self.source = tokenizer, source
         self.bos_token, self.eos_token = bos_token or "", eos_token or ""
+        self.variables = dict(variables or {})  # passed to the template beside `messages` (e.g. `tools`)
         self._compiled = None
         if source is not None:
             self._compiled = _compile(source)
+
+    def with_variables(self, **variables) -> ChatTemplate:
+        """The same template rendering with extra variables (transformers passes `tools` this
+        way); the compiled Jinja is shared."""
+        twin = ChatTemplate(self.tokenizer, None, self.bos_token, self.eos_token, {**self.variables, **variables})
+        twin.source, twin._compiled = self.source, self._compiled
+        return twin
 
     @classmethod
     def for_engine(cls, engine) -> ChatTemplate:
@@ -65,7 +73,8 @@ class ChatTemplate:
 
             return format_chat(messages, add_generation_prompt)
         try:
-            return self._compiled.render(messages=list(messages), add_generation_prompt=add_generation_prompt,
+            return self._compiled.render(**self.variables, messages=list(messages),
+                                         add_generation_prompt=add_generation_prompt,
                                          bos_token=self.bos_token, eos_token=self.eos_token)
         except ChatTemplateError:
             raise
@@ -73,10 +82,10 @@ class ChatTemplate:
             raise ChatTemplateError(f"the container's chat template failed to render: {exc}") from None
 
     def encode(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> list[int]:
+        if self._compiled is not None:  # a template may take what ChatML cannot (tool turns)
+            return self.tokenizer.encode(self.render(messages, add_generation_prompt), add_special_tokens=False).ids
         validate_messages(list(messages), "chat")
-        if self._compiled is None:
-            return encode_chat(messages, self.tokenizer, add_generation_prompt=add_generation_prompt)[0]
-        return self.tokenizer.encode(self.render(messages, add_generation_prompt), add_special_tokens=False).ids
+        return encode_chat(messages, self.tokenizer, add_generation_prompt=add_generation_prompt)[0]
 
 
 def _compile(source: str):
@@ -125,7 +134,9 @@ class ChatSession:
 
     def prompt_ids(self, messages: Sequence[dict], max_new_tokens: int) -> list[int]:
         """The conversation's ids after the overflow policy (sets `dropped_messages`)."""
-        messages = validate_messages(list(messages), "chat")
+        messages = list(messages)
+        if self.template.source is None:  # ChatML's roles; a container's template judges its own
+            validate_messages(messages, "chat")
         limit = self.engine.max_context
         head = 0
         while head < len(messages) and messages[head]["role"] == "system":

@@ -16,9 +16,9 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from tokenizers import Tokenizer
 
@@ -131,12 +131,17 @@ class GenerationOptions:
     stop: tuple[str, ...]
     stop_ids: frozenset[int]
     logprobs: int  # alternatives reported per token
+    # A factory of per-row token constraints (the server's grammars, serve/constrained.py): each
+    # row calls it once and gets an object with `mask(logits) -> logits` (disallowed tokens at
+    # -inf; applied before sampling, never to the reported logprobs) and `accept(token_id)`.
+    constraint: Callable[[], Any] | None = None
 
 
 def generation_options(engine, max_new_tokens: int, *, temperature: float = 0.0, top_p: float = 1.0,
                        top_k: int = 0, min_p: float = 0.0, repetition_penalty: float = 1.0,
                        seed: int | None = None, stop: Sequence[str] = (),
-                       stop_token_ids: Sequence[int] | None = None, logprobs: int = 0) -> GenerationOptions:
+                       stop_token_ids: Sequence[int] | None = None, logprobs: int = 0,
+                       constraint: Callable[[], Any] | None = None) -> GenerationOptions:
     """`Session.stream`'s keywords (and a batch's, batch_decode.py) checked: ValueError names the
     bad one; end ids default to the engine's `end_token_ids`."""
     if max_new_tokens < 0:
@@ -147,7 +152,8 @@ def generation_options(engine, max_new_tokens: int, *, temperature: float = 0.0,
         stop = (stop,)
     sampling = SamplingConfig(temperature, top_p, seed, top_k, min_p, repetition_penalty)
     ends = engine.end_token_ids if stop_token_ids is None else stop_token_ids
-    return GenerationOptions(max_new_tokens, sampling, tuple(stop), frozenset(int(i) for i in ends), logprobs)
+    return GenerationOptions(max_new_tokens, sampling, tuple(stop), frozenset(int(i) for i in ends), logprobs,
+                             constraint)
 
 
 class RowDecoder:
@@ -173,10 +179,15 @@ class RowDecoder:
         self.next_token: int | None = None
         self.deferred: int | None = None
         self.done = self.max_new_tokens <= 0
+        self.constraint = options.constraint() if options.constraint is not None else None
 
     def step(self, logits) -> StreamedToken | None:
         step, self.next_token = len(self.assembler.ids), None
-        token = self.sampler(logits, self.history)
+        if self.constraint is None:
+            token = self.sampler(logits, self.history)
+        else:  # the grammar narrows the choice; the logprobs below stay the model's own
+            token = self.sampler(self.constraint.mask(logits), self.history)
+            self.constraint.accept(token)
         if token in self.stop_ids:
             self.finish, self.done = "eos", True
             return None

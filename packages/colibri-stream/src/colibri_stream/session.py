@@ -130,12 +130,13 @@ class Session:
     def stream(self, prompt: str | Sequence[int] = (), max_new_tokens: int = 128, *, temperature: float = 0.0,
                top_p: float = 1.0, top_k: int = 0, min_p: float = 0.0, repetition_penalty: float = 1.0,
                seed: int | None = None, stop: Sequence[str] = (), stop_token_ids: Sequence[int] | None = None,
-               logprobs: int = 0, result: list | None = None) -> Iterator[StreamedToken]:
+               logprobs: int = 0, constraint=None, result: list | None = None) -> Iterator[StreamedToken]:
         """Append `prompt` (text or ids; empty: continue the context) and yield a `StreamedToken`
         (id, text piece, logprob, and the `logprobs` most likely alternatives) per new token, up to
         `max_new_tokens`. Sampling (sampling.py): greedy unless `temperature > 0`; `top_k`,
         `top_p`, `min_p`, `repetition_penalty`, `seed`. Stops at an end token (`stop_token_ids`,
         default the engine's `end_token_ids`) or at the first `stop` string (cut from the text).
+        `constraint`: a factory of per-row token constraints (`GenerationOptions.constraint`).
         The session keeps the context it generated (the last token deferred: `defer`), so the
         next call continues it. If `result`
         is a list, the `GenerationResult` is appended to it when the iterator is exhausted."""
@@ -144,7 +145,7 @@ class Session:
             raise ValueError("the prompt is empty")
         options = generation_options(self.engine, max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                                      min_p=min_p, repetition_penalty=repetition_penalty, seed=seed, stop=stop,
-                                     stop_token_ids=stop_token_ids, logprobs=logprobs)
+                                     stop_token_ids=stop_token_ids, logprobs=logprobs, constraint=constraint)
         if len(self) + len(prompt_ids) > self.engine.max_context:
             raise ValueError(f"the prompt ({len(prompt_ids)} tokens after {len(self)} in the context) does not "
                              f"fit the engine's max_context={self.engine.max_context}")

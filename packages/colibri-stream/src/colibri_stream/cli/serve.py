@@ -1,9 +1,10 @@
-"""`colibri-stream serve CONTAINER`: the OpenAI-compatible HTTP server (serve/server.py).
+"""`colibri-stream serve CONTAINER`: the OpenAI- and Anthropic-compatible HTTP server (serve/server.py).
 
     colibri-stream serve model.coli --ram-budget 600MB                 # http://127.0.0.1:8000/v1
     colibri-stream serve model.coli --ram-budget auto --port 8080 --model-name colibri
 
-Then any OpenAI client: `OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="unused")`.
+Then any OpenAI client: `OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="unused")`, or
+Anthropic's: `Anthropic(base_url="http://127.0.0.1:8000", api_key="unused")`.
 """
 
 from __future__ import annotations
@@ -22,17 +23,23 @@ from .run import _open_engine, engine_options
 @click.option("--keep-sessions", type=click.IntRange(min=0), default=4, show_default=True,
               help="Chat sessions kept between requests, so a resent conversation prefills only its new turn; "
               "each holds its KV cache beyond --ram-budget (0: none).")
+@click.option("--chat-template", "chat_template", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="A Jinja chat template file (transformers' kind) to use instead of the container's, e.g. one "
+              "that renders `tools`.")
 @click.option("--verbose", is_flag=True, help="Log every request (and tracebacks of server errors) to stderr.")
 @engine_options(required_budget=True)
-def serve(container, host, port, model_name, keep_sessions, verbose, **options):
-    """Serve CONTAINER over an OpenAI-compatible HTTP API: /v1/chat/completions and
-    /v1/completions (stream: true for server-sent events), /v1/models."""
+def serve(container, host, port, model_name, keep_sessions, chat_template, verbose, **options):
+    """Serve CONTAINER over HTTP: OpenAI's /v1/chat/completions, /v1/completions, /v1/responses
+    and /v1/models, Anthropic's /v1/messages (stream: true for server-sent events)."""
+    from pathlib import Path
+
     from ..serve.server import make_server
 
     engine = _open_engine(container, options)
     with engine:
         try:
-            server = make_server(engine, host, port, model_name, verbose, keep_sessions)
+            template = Path(chat_template).read_text(encoding="utf-8") if chat_template else None
+            server = make_server(engine, host, port, model_name, verbose, keep_sessions, template)
         except OSError as exc:
             raise click.UsageError(f"cannot listen on {host}:{port} ({exc.strerror or exc})") from None
         click.echo(f"serving {server.model_name} at {server.url} (Ctrl-C stops)", err=True)
