@@ -239,3 +239,25 @@ def test_native_engine_holds_resident_projections_as_stored(tmp_path, resident_d
         assert native.stats.resident_bytes == sum(native.opened_plan.footprint.resident_by_dtype.values())
         got = native.logits(ids)
     assert_near_reference(got, expected)
+
+
+@pytest.mark.parametrize(("encoding", "zeros", "fp16"), [("q4", True, False), ("q4", False, True), ("q8", False, False)])
+def test_many_rows_take_dequantized_blocks_and_a_dense_matmul(monkeypatch, encoding, zeros, fp16):
+    rng = np.random.default_rng(11)
+    rows, cols, group = 72, 256, 64
+    if encoding == "q4":
+        weights, scales, zero, weight = _random_q4(rows, cols, group, rng, zeros, fp16)
+    else:
+        data = rng.integers(-128, 128, (rows, cols)).astype(np.int8)
+        dtype = torch.float16 if fp16 else torch.bfloat16
+        half = torch.from_numpy(rng.uniform(0.001, 0.01, (rows, cols // group)).astype(np.float32)).to(dtype)
+        weights, scales, zero = torch.from_numpy(data), half.view(torch.int16), None
+        weight = data * np.repeat(half.double().numpy(), group, 1)
+    monkeypatch.setattr(native_kernel, "DEQUANT_BLOCK_WEIGHTS", 20 * cols)  # several blocks, the last one short
+    x = torch.from_numpy(rng.normal(0, 1, (native_kernel.DENSE_FROM_ROWS + 3, cols)).astype(np.float32))
+    got = native_kernel.matmul(x, weights, scales, zero, group, encoding, fp16).double().numpy()
+    expected = x.double().numpy() @ weight.T  # the stored weights exactly, f32 activations
+    assert np.abs(got - expected).max() < 1e-4 * max(1.0, np.abs(expected).max())
+    few = native_kernel.matmul(x[:2], weights, scales, zero, group, encoding, fp16)  # the int8 kernel
+    assert torch.equal(few, native_kernel.matmul(QuantizedActivations(x[:2]), weights, scales, zero, group,
+                                                 encoding, fp16))

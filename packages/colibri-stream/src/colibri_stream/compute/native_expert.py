@@ -4,7 +4,8 @@ q4 bytes (compute/native_kernel.py).
 Preparing a missed expert is a copy of what was read (gate and up stacked into one [2F, d]
 matrix, as `Int4Expert` fuses them), not a repack into another layout. Activations enter as int8
 blocks (`QuantizedActivations`): the decode path quantizes a layer's input once and every expert
-of the token reads it; `forward` also takes a plain tensor.
+of the token reads it; `forward` also takes a plain tensor, and many rows of it (a prefill chunk's
+tokens routed here) go through dequantized blocks and a dense matmul (native_kernel.matmul).
 
 The weights are the container's exactly; the activations are rounded to int8 per 32 columns (one
 f32 scale each), as llama.cpp's Q4_0 x Q8_0 products do: about 0.5% relative error of a matrix
@@ -19,7 +20,7 @@ from colibri_int4 import ExpertBlob, ExpertBlobLayout
 from colibri_model import ExpertGlu
 
 from ..cache.slab import aligned, place
-from .native_kernel import BLOCK, QuantizedActivations, kernel_unavailable, q4_matmul
+from .native_kernel import BLOCK, QuantizedActivations, kernel_unavailable, matmul
 
 _PARTS = ("gate_up", "gate_up_scales", "gate_up_zeros", "down", "down_scales", "down_zeros",
           "gate_up_bias", "down_bias")
@@ -77,15 +78,13 @@ class NativeQ4Expert:
 
     def forward(self, x: torch.Tensor | QuantizedActivations) -> torch.Tensor:
         """down(act(gate x, up x)) in f32, for x [M, d] (a tensor, or already quantized)."""
-        if not isinstance(x, QuantizedActivations):
-            x = QuantizedActivations(x)
-        gate_up = q4_matmul(x, self.gate_up, self.gate_up_scales, self.gate_up_zeros, self.group_gate_up,
-                            self.fp16_scales)
+        gate_up = matmul(x, self.gate_up, self.gate_up_scales, self.gate_up_zeros, self.group_gate_up, "q4",
+                         self.fp16_scales)
         if self.gate_up_bias is not None:
             gate_up += self.gate_up_bias
         gate, up = gate_up.split(self.expert_dim, dim=-1)
-        hidden = QuantizedActivations(self.glu(gate, up))
-        out = q4_matmul(hidden, self.down, self.down_scales, self.down_zeros, self.group_down, self.fp16_scales)
+        hidden = self.glu(gate, up)
+        out = matmul(hidden, self.down, self.down_scales, self.down_zeros, self.group_down, "q4", self.fp16_scales)
         return out if self.down_bias is None else out.add_(self.down_bias)
 
 

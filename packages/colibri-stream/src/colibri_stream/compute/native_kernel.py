@@ -75,6 +75,8 @@ def _library() -> ctypes.CDLL:
                                           pointer, pointer, i32, i64, i64, pointer, i32, i32]
     library.colibri_q8w_matmul.argtypes = [pointer, pointer, i64, i64, pointer, pointer, i32, i64, i64, pointer, i32,
                                            i32]
+    library.colibri_dequantize_rows.argtypes = [pointer, i32, pointer, pointer, i32, i64, i64, i64, i64, pointer]
+    library.colibri_dequantize_rows.restype = i32
     library.colibri_q8_quantize.restype = library.colibri_q4_matmul.restype = i32
     library.colibri_q8w_matmul.restype = i32
     library.colibri_q4_cpu_level.restype = i32
@@ -168,4 +170,45 @@ def q8_matmul(x: QuantizedActivations, weights: torch.Tensor, scales: torch.Tens
         cpu_level() if level is None else level)
     if status != 0:
         raise ValueError(f"the native kernel refused {x.cols} columns in groups of {group} (multiples of {BLOCK})")
+    return out
+
+
+# From this many activation rows on, `matmul` dequantizes a block of weight rows at a time and
+# runs a dense f32 matmul: one matrix-vector product per row costs the kernel's full time per row
+# (about 75 us for 1024 x 1024 on one AVX2 core), while dequantizing costs about that once and
+# the dense product of many rows runs near the CPU's peak.
+DENSE_FROM_ROWS = 16
+DEQUANT_BLOCK_WEIGHTS = 1 << 18  # weights dequantized at a time (1 MB of f32): bounded scratch
+
+
+def matmul(x: torch.Tensor | QuantizedActivations, weights: torch.Tensor, scales: torch.Tensor,
+           zeros: torch.Tensor | None, group: int, encoding: str, fp16_scales: bool = False) -> torch.Tensor:
+    """x [M, K] @ W.T -> [M, N] f32 for a q4 or q8 matrix W: the int8 kernel for a few rows,
+    blocks of dequantized rows and a dense matmul for many (`DENSE_FROM_ROWS`)."""
+    if isinstance(x, torch.Tensor) and x.shape[0] >= DENSE_FROM_ROWS:
+        return dense_matmul(x, weights, scales, zeros, group, encoding == "q8", fp16_scales)
+    if isinstance(x, torch.Tensor):
+        x = QuantizedActivations(x)
+    if encoding == "q8":
+        return q8_matmul(x, weights, scales, group, fp16_scales)
+    return q4_matmul(x, weights, scales, zeros, group, fp16_scales)
+
+
+def dense_matmul(x: torch.Tensor, weights: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None,
+                 group: int, q8: bool, fp16_scales: bool = False) -> torch.Tensor:
+    """x [M, K] f32 @ W.T with W dequantized `DEQUANT_BLOCK_WEIGHTS` at a time (exact weights)."""
+    x = x.detach().to(torch.float32).contiguous()
+    rows, cols = weights.shape[0], x.shape[1]
+    out = torch.empty(x.shape[0], rows, dtype=torch.float32)
+    step = max(1, DEQUANT_BLOCK_WEIGHTS // cols)
+    block = torch.empty(min(step, rows), cols, dtype=torch.float32)
+    library = _library()
+    for start in range(0, rows, step):
+        stop = min(rows, start + step)
+        status = library.colibri_dequantize_rows(
+            weights.data_ptr(), int(q8), scales.data_ptr(), 0 if zeros is None else zeros.data_ptr(),
+            int(fp16_scales), cols, group, start, stop, block.data_ptr())
+        if status != 0:
+            raise ValueError(f"the native kernel refused {cols} columns in groups of {group}")
+        out[:, start:stop] = x @ block[: stop - start].T
     return out

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .native_kernel import BLOCK, QuantizedActivations, q4_matmul, q8_matmul
+from .native_kernel import BLOCK, matmul
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -49,11 +49,8 @@ class NativeLinear(nn.Module):
         self.bias = nn.Parameter(torch.empty(self.out_features, device="meta")) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = QuantizedActivations(x.reshape(-1, self.in_features))
-        if self.encoding == "q4":
-            out = q4_matmul(rows, self.data, self.scales, self.zeros, self.group, self.fp16_scales)
-        else:
-            out = q8_matmul(rows, self.data, self.scales, self.group, self.fp16_scales)
+        out = matmul(x.reshape(-1, self.in_features), self.data, self.scales, self.zeros, self.group, self.encoding,
+                     self.fp16_scales)
         if self.bias is not None:
             out += self.bias
         return out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)

@@ -11,7 +11,7 @@ and the result accumulated, so one layer needs only one slot at a time beyond wh
 One decode token (N = 1) takes a shorter path with the same arithmetic: its top-k experts are
 distinct, so there is no union to find or rows to gather, and each expert's output is added in
 the same ascending order (bitwise the batched result). With the native kernel (`quantize` set),
-the layer's input is quantized once and shared by all its experts.
+the token's input is quantized once and shared by all its experts.
 
 `reference_forward` is the obvious per-(token, slot) loop, kept to test the batched path.
 """
@@ -54,10 +54,10 @@ class StreamedExperts(ExpertBackend):
         if self.predictor is not None:
             self.predictor.before_layer(self.layer_index, x, distinct)
         out = torch.zeros(x.shape[0], self.d_model, dtype=torch.float32, device=x.device)
-        started = time.perf_counter()
-        inputs = x if self.quantize is None else self.quantize(x)
-        self.stats.compute_seconds += time.perf_counter() - started
         if x.shape[0] == 1 and len(distinct) == expert_ids.shape[1]:
+            started = time.perf_counter()
+            inputs = x if self.quantize is None else self.quantize(x)
+            self.stats.compute_seconds += time.perf_counter() - started
             self._one_token(inputs, expert_ids[0].tolist(), gates[0].float(), out[0], pinned, keys, prefetcher)
             return out.to(x.dtype)
         for i, expert in enumerate(distinct):
@@ -66,7 +66,7 @@ class StreamedExperts(ExpertBackend):
                 prefetcher.issue_needed(keys[i + 1 :])
             started = time.perf_counter()
             tokens, slots = torch.nonzero(expert_ids == expert, as_tuple=True)
-            y = prepared.forward(inputs[tokens])
+            y = prepared.forward(x[tokens])
             out.index_add_(0, tokens, y.float() * gates[tokens, slots].unsqueeze(-1).float())
             self.stats.compute_seconds += time.perf_counter() - started
         return out.to(x.dtype)

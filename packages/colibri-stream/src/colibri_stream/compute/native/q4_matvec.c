@@ -320,3 +320,31 @@ int colibri_q4_cpu_level(void) {
     return 0;
 #endif
 }
+
+/* Rows [start, stop) of a q4 (packed, nibbles) or q8 (int8) matrix as f32 [stop - start, K]: for
+ * products of many activation rows (prefill), where a dense matmul of the dequantized rows beats
+ * one matrix-vector product per row. Plain loops: the compiler vectorises them. */
+int colibri_dequantize_rows(const void *weights, int q8, const uint16_t *scales, const uint16_t *zeros, int fp16,
+                            int64_t K, int64_t G, int64_t start, int64_t stop, float *out) {
+    if (K % G) return -1;
+    int64_t groups = K / G;
+    for (int64_t n = start; n < stop; n++) {
+        float *row = out + (n - start) * K;
+        for (int64_t g = 0; g < groups; g++) {
+            float s = half_to_f32(scales[n * groups + g], fp16);
+            float z = zeros ? half_to_f32(zeros[n * groups + g], fp16) : 0.f;
+            float *dst = row + g * G;
+            if (q8) {
+                const int8_t *w = (const int8_t *)weights + n * K + g * G;
+                for (int64_t i = 0; i < G; i++) dst[i] = (float)w[i] * s;
+            } else {
+                const uint8_t *p = (const uint8_t *)weights + n * (K / 2) + g * G / 2;
+                for (int64_t j = 0; j < G / 2; j++) {
+                    dst[2 * j] = (float)((p[j] & 15) - 8) * s + z;
+                    dst[2 * j + 1] = (float)((p[j] >> 4) - 8) * s + z;
+                }
+            }
+        }
+    }
+    return 0;
+}
