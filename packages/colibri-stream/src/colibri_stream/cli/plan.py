@@ -38,7 +38,7 @@ def plan(container, quant, group, trace_path, hit_rate, as_json, **options):
     from colibri_int4.import_hf import is_hf_config, planned_container, sizes_by_quant
 
     from ..engine import Engine
-    from ..io.memory_cap import RUNTIME_FILE_BYTES, process_charged_bytes
+    from ..io.memory_cap import RUNTIME_FILE_BYTES, process_anon_bytes
 
     if (trace_path is None) != (hit_rate is None):
         raise click.UsageError("--trace and --hit-rate go together")
@@ -55,7 +55,7 @@ def plan(container, quant, group, trace_path, hit_rate, as_json, **options):
             raise click_error(exc) from None
     result = _engine_call(lambda: Engine.plan(source, ram_budget, trace=trace_path, hit_rate=hit_rate,
                                               **options), container)
-    process = process_charged_bytes()
+    process = process_anon_bytes()
     if as_json:
         out = result.to_dict()
         out["kv_cache_by_context"] = {str(n): result.kv_cache_at(n) for n in _kv_contexts(result)}

@@ -1,10 +1,11 @@
 """`ram_budget="auto"`: the budget that fits under this process's memory cap.
 
 A memory cgroup charges a process its anonymous memory *and* the file-backed pages it faults in
-(shared libraries, files read through the page cache). Page cache the process reads once is
-reclaimable; the pages it keeps touching are not, in effect: reclaimed, they are read again on
-the next touch (the seed's 11.7-minute thrash under a 1.0 GB cap read 392 GB: torch's libraries,
-over and over). So the room an engine has is
+(shared libraries, files read through the page cache). Anonymous memory stays charged; file
+pages are reclaimable, and under the limit the kernel takes the cold ones back (torch's libraries
+are mostly code run once at import). Only the file pages a run keeps touching must stay, or they
+are read again on every touch (the seed's 11.7-minute thrash under a 1.0 GB cap read 392 GB:
+torch's libraries, over and over). So the room an engine has is
 
     room   = limit - charged now - runtime file pages
     budget = room - margin
@@ -13,26 +14,23 @@ over and over). So the room an engine has is
   ancestor up to the mount (the smallest counts), found through /proc/self/cgroup and
   /proc/self/mountinfo. Without a limit, `MemAvailable` of /proc/meminfo stands in (it already
   leaves out what this process holds, so "charged now" is 0 there).
-- charged now: what stays charged whatever the engine does: the larger of this process's
-  RssAnon + RssFile + RssShmem (/proc/self/status; its libraries counted as if charged to it,
-  which they are when it faulted them in first) and the cgroup's own anon + mapped file
-  (memory.stat; other processes of the same cgroup).
-- runtime file pages: library code a run touches after the open (kernels, OpenMP). Measured on
-  this machine (AMD EPYC, torch 2.13 CPU, 1 thread, 16 tokens): RssFile grew 19 MB from before
-  `Engine.open` to after the generation, for the tiny test container and NanoColibri shapes
-  alike, and 28 MB counted from right after `import torch`. `RUNTIME_FILE_BYTES` (40 MiB) covers
-  both with room.
+- charged now: what stays charged whatever the kernel reclaims: the larger of this process's
+  RssAnon + RssShmem (/proc/self/status) and the cgroup's own anon + shmem (memory.stat; other
+  processes of the same cgroup).
+- runtime file pages: the library pages a run keeps touching, which must stay resident.
+  Measured (AMD EPYC, torch 2.13 CPU, 1 thread; `/proc/self/clear_refs`, then the `Referenced`
+  pages of file-backed mappings in /proc/self/smaps): of 108 MB file-backed RSS after opening a
+  24-layer x 64-expert container, 12 MB were touched by 16 decode steps and a 37-token prefill.
+  The RssFile growth during a run, measured before, was 19 MB from before `Engine.open` to after
+  a generation and 28 MB from right after `import torch`. `RUNTIME_FILE_BYTES` (40 MiB) covers
+  all of them with room.
 - margin: `MARGIN_FRACTION` of the room, at least `MIN_MARGIN_BYTES`: the peak anonymous RSS
   growth was measured at 1.04-1.07x the budget at NanoColibri's smallest budgets (bench/RESULTS.md), and
   the kernel starts reclaiming before the hard limit.
 
-Figures (this machine, /proc/self/status): `import torch` alone is 151 MB anonymous + 136 MB
-file-backed; after `import colibri_stream`, 169 + 147 MB. A NanoColibri-shaped engine (bf16,
-budget 966 MB, 10% of the experts cached) then grew RssAnon by 933 MB (0.97 of the budget) and
-RssFile by 19 MB. Under real v1 caps (studies/memory_cgroup.py, bench/ram_budget.py --caps):
-1.0 GB is refused with the numbers (charged 290 MB + 42 MB + margin leaves 602 MB, below the
-smallest bf16 budget, 733 MB); 1.2 GB runs at 781 MB (bf16, prefill_chunk 32), 1.4 GB at 961 MB,
-neither near the limit (cgroup peaks 968 and 1103 MB), engine bytes = OS read_bytes.
+Counting every faulted file page as charged (as this did before) left a third of a small cap
+unused: under a 777 MB cap it offered 433 MB where 700 MB ran (bench/RESULTS.md has the runs
+under real caps with the rule as it is now).
 """
 
 from __future__ import annotations
@@ -97,7 +95,7 @@ def read_memory_cap(proc: str | os.PathLike = "/proc") -> MemoryCap:
     """The cap of this process (see module doc). `proc` is /proc, or a copy of its files
     (self/cgroup, self/mountinfo, self/status, meminfo) for tests."""
     proc = Path(proc)
-    process = process_charged_bytes(proc / "self" / "status")
+    process = process_anon_bytes(proc / "self" / "status")
     found = cgroup_memory_dir(proc)
     if found is not None:
         version, directory, mount = found
@@ -108,9 +106,10 @@ def read_memory_cap(proc: str | os.PathLike = "/proc") -> MemoryCap:
     return MemoryCap(f"{proc / 'meminfo'} MemAvailable", None, _mem_available(proc / "meminfo"), 0)
 
 
-def process_charged_bytes(status: str | os.PathLike = "/proc/self/status") -> int:
-    """RssAnon + RssFile + RssShmem of /proc/self/status: what a cgroup charges this process at most."""
-    fields = _kib_fields(status, ("RssAnon", "RssFile", "RssShmem"))
+def process_anon_bytes(status: str | os.PathLike = "/proc/self/status") -> int:
+    """RssAnon + RssShmem of /proc/self/status: what stays charged to this process under a cgroup
+    (its file-backed pages are reclaimable)."""
+    fields = _kib_fields(status, ("RssAnon", "RssShmem"))
     return sum(fields.values())
 
 
@@ -175,7 +174,7 @@ def _effective_limit(version: str, directory: Path, mount: Path) -> int | None:
 
 
 def _cgroup_charged(version: str, directory: Path) -> int:
-    names = ("anon", "file_mapped", "shmem") if version == "v2" else ("total_rss", "total_mapped_file", "total_shmem")
+    names = ("anon", "shmem") if version == "v2" else ("total_rss", "total_shmem")
     try:
         lines = (directory / "memory.stat").read_text().splitlines()
     except OSError:
