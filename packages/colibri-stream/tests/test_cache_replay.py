@@ -66,7 +66,7 @@ def test_bench_sweep_is_honest_and_bounded_by_belady(tiny):
         bandwidth_bytes=1 << 20,
         prefill_chunk=16,
     )
-    assert report["bench_version"] == "2.0" and report["disk_bandwidth"]["bytes_per_s"] > 0
+    assert report["bench_version"] == "2.1" and report["disk_bandwidth"]["bytes_per_s"] > 0
     small, full = report["points"]
     assert small["cache_slots"] < full["cache_slots"] == full["total_experts"] == 48
     for point in (small, full):

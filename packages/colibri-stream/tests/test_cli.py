@@ -165,6 +165,21 @@ def test_bench_exits_1_when_the_disk_honesty_check_fails(tiny, monkeypatch):
     assert result.exit_code == 1 and "page cache" in result.output and "Traceback" not in result.output
 
 
+def test_bench_reports_prefill_and_decode_apart_like_llama_bench(tiny):
+    result = run("bench", tiny[0], "--budgets", "100%", "-p", "24", "-n", "4", "--runs", "1", "--bandwidth-mb", "1",
+                 "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert report["bench_version"] == "2.1" and report["prompt_tokens"] == 24 and report["max_new_tokens"] == 4
+    point = report["points"][0]
+    assert point["prefill_tokens_per_s"] > 0 and point["tokens_per_s"] > 0
+    assert point["prefill_tokens_per_s"] == pytest.approx(24 / point["ttft_s"], rel=1e-6)
+    table = run("bench", tiny[0], "--budgets", "100%", "-p", "24", "-n", "4", "--runs", "1", "--bandwidth-mb", "1")
+    assert "pp t/s" in table.output and "tg t/s" in table.output and "prefill of 24 tokens" in table.output
+    both = run("bench", tiny[0], "--prompt", "hi", "-p", "8")
+    assert both.exit_code == 2 and "not both" in both.output
+
+
 def test_top_k_is_sampling_and_the_expert_count_has_its_own_name(tiny):
     """`--top-k 40` means what it means in every other tool: sample from the 40 likeliest tokens.
     It used to run 40 experts per token; the expert count is --experts-per-token, and a count

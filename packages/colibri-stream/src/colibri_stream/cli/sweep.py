@@ -25,7 +25,11 @@ from ..sizes import parse_size
     help="Comma-separated budgets: a percentage of the experts that fit (on top of the fixed part) or a SIZE.",
 )
 @click.option("--prompt", default=None, help="Prompt text (default: a built-in paragraph).")
-@click.option("--max-new-tokens", type=click.IntRange(min=1), default=32, show_default=True)
+@click.option("-p", "--prompt-tokens", type=click.IntRange(min=1), default=None,
+              help="A prompt of exactly N tokens instead of text (llama-bench's -p; ids drawn from the vocabulary, "
+                   "seeded).")
+@click.option("-n", "--max-new-tokens", type=click.IntRange(min=1), default=32, show_default=True,
+              help="Tokens generated per run (llama-bench's -n).")
 @click.option(
     "--runs", type=click.IntRange(min=1), default=3, show_default=True, help="Interleaved runs per point."
 )
@@ -48,6 +52,7 @@ def bench(
     container,
     budgets,
     prompt,
+    prompt_tokens,
     max_new_tokens,
     runs,
     bandwidth_mb,
@@ -59,7 +64,10 @@ def bench(
     threads,
     as_json,
 ):
-    """Tokens/s, hit rate vs Belady and disk-honesty checks over a sweep of RAM budgets.
+    """Prefill and decode tokens/s, hit rate vs Belady and disk-honesty checks over a sweep of RAM budgets.
+
+    Reports prefill (pp, prompt tokens over the time to the first token) and decode (tg) apart, as
+    llama-bench does: `-p 512 -n 128` measures a 512-token prefill and 128 generated tokens.
 
     Exits 1 (after the report) when the disk-honesty check fails: the engine's byte counter and
     /proc/self/io disagree, so the misses were served by the page cache.
@@ -70,7 +78,9 @@ def bench(
 
     if threads:
         torch.set_num_threads(threads)
-    prompt = prompt or BENCH_PROMPT
+    if prompt is not None and prompt_tokens is not None:
+        raise click.UsageError("give --prompt or --prompt-tokens, not both")
+    prompt = synthetic_prompt(container, prompt_tokens) if prompt_tokens else (prompt or BENCH_PROMPT)
     labels = [b.strip() for b in budgets.split(",") if b.strip()]
     for label in labels:
         if not label.endswith("%"):
@@ -111,6 +121,18 @@ def bench(
             err=True,
         )
         sys.exit(EXIT_CHECK_FAILED)
+
+
+def synthetic_prompt(container: str, length: int, seed: int = 0) -> list[int]:
+    """`length` token ids drawn from the container's vocabulary (seeded): a prompt of a given size."""
+    import random
+
+    from colibri_int4 import Container
+
+    with Container.open(container) as opened:
+        vocab = int(opened.header.config["vocab_size"])
+    rng = random.Random(seed)
+    return [rng.randrange(vocab) for _ in range(length)]
 
 
 BENCH_PROMPT = (

@@ -31,7 +31,9 @@ from ..studies.disk_bandwidth import measure_read_bandwidth
 
 # 2.0: `lru_vs_belady` became `hit_vs_belady` (the engine's policy, LFU by default, is not
 # always LRU), None when prefetch is on; each point names its `policy` and `prefetch` mode.
-BENCH_VERSION = "2.0"
+# 2.1: each point adds `prefill_tokens_per_s` (prompt tokens over the time to first token) beside
+# the decode `tokens_per_s`, as llama-bench reports pp and tg apart; a prompt may be token ids.
+BENCH_VERSION = "2.1"
 
 
 def os_read_bytes() -> int | None:
@@ -63,7 +65,8 @@ class BenchPoint:
     ram_budget: int
     cache_slots: int
     total_experts: int
-    tokens_per_s: float = 0.0
+    tokens_per_s: float = 0.0  # decode: tokens after the first over the time they took
+    prefill_tokens_per_s: float = 0.0  # prompt tokens over the time to the first token
     ttft_s: float = 0.0
     hit_rate: float = 0.0
     belady_hit_rate: float = 0.0
@@ -91,13 +94,14 @@ def _budget_for(fraction: float, plan) -> int:
 def run_bench(
     path,
     budgets: list[str],
-    prompt: str,
+    prompt: str | list[int],
     max_new_tokens: int = 32,
     runs: int = 3,
     bandwidth_bytes: int = 256 << 20,
     **engine_options,
 ) -> dict:
-    """Run the sweep; returns the JSON-ready report (see module docstring)."""
+    """Run the sweep; returns the JSON-ready report (see module docstring). `prompt`: text, or
+    token ids (a prompt of a given length, as llama-bench's `-p`)."""
     engine_options = {**engine_options, "record_trace": True}
     plan = Engine.plan(path, **engine_options)
     with Engine.open(path, ram_budget=plan.full_budget, **engine_options) as probe:
@@ -107,7 +111,7 @@ def run_bench(
             budget = _budget_for(float(text[:-1]) / 100, plan) if text.endswith("%") else text
             points.append((text, budget))
         bandwidth = measure_disk_bandwidth(probe, bandwidth_bytes)
-        prompt_ids = probe.encode(prompt)
+        prompt_ids = list(prompt) if isinstance(prompt, list) else probe.encode(prompt)
         expert_bytes = probe.container.expert_bytes
     results = {label: BenchPoint(label, 0, 0, 0) for label, _ in points}
     for _ in range(runs):  # interleaved: run r of every point before run r + 1 of any
@@ -144,6 +148,7 @@ def _one_run(path, budget, prompt_ids, max_new_tokens, engine_options) -> dict:
             "cache_slots": eng.budget.slots,
             "total_experts": eng.budget.total_experts,
             "tokens_per_s": result.tokens_per_s,
+            "prefill_tokens_per_s": len(prompt_ids) / result.prefill_seconds if result.prefill_seconds else 0.0,
             "ttft_s": result.prefill_seconds,
             "new_tokens": len(result.token_ids),
             "hits": s.hits,
@@ -175,6 +180,7 @@ def _summarise(point: BenchPoint, bandwidth: float) -> BenchPoint:
         first["total_experts"],
     )
     point.tokens_per_s, point.ttft_s = median("tokens_per_s"), median("ttft_s")
+    point.prefill_tokens_per_s = median("prefill_tokens_per_s")
     point.hit_rate, point.belady_hit_rate = median("hit_rate"), median("belady_hit_rate")
     point.policy, point.prefetch = first["policy"], first["prefetch"]
     # Belady's MIN bounds demand paging; prefetched experts count as hits without a demand miss
@@ -203,8 +209,9 @@ def format_table(report: dict) -> str:
     bw = report["disk_bandwidth"]
     lines = [
         f"disk: {bw['bytes_per_s'] / 1e6:.0f} MB/s O_DIRECT ({bw['io_mode']}), "
-        f"experts on disk {report['expert_bytes_on_disk'] / 1e6:.1f} MB, runs {report['runs']} (medians)",
-        f"{'budget':>10} {'slots':>7} {'tok/s':>7} {'TTFT s':>7} {'hit':>6} {'belady':>6} {'ratio':>6} "
+        f"experts on disk {report['expert_bytes_on_disk'] / 1e6:.1f} MB, runs {report['runs']} (medians); "
+        f"pp: prefill of {report['prompt_tokens']} tokens, tg: decode of {report['max_new_tokens']}",
+        f"{'budget':>10} {'slots':>7} {'pp t/s':>7} {'tg t/s':>7} {'TTFT s':>7} {'hit':>6} {'belady':>6} {'ratio':>6} "
         f"{'MB/tok':>7} {'IO-bound':>9} {'engine MB':>10} {'OS MB':>8}  check",
     ]
     for p in report["points"]:
@@ -217,7 +224,8 @@ def format_table(report: dict) -> str:
         bound = "-" if p["io_bound_tokens_per_s"] is None else f"{p['io_bound_tokens_per_s']:.1f}"
         ratio = "-" if p["hit_vs_belady"] is None else f"{p['hit_vs_belady']:.2f}"
         lines.append(
-            f"{p['label']:>10} {p['cache_slots']:>3}/{p['total_experts']:<3} {p['tokens_per_s']:>7.2f} "
+            f"{p['label']:>10} {p['cache_slots']:>3}/{p['total_experts']:<3} {p['prefill_tokens_per_s']:>7.1f} "
+            f"{p['tokens_per_s']:>7.2f} "
             f"{p['ttft_s']:>7.3f} {p['hit_rate']:>6.1%} {p['belady_hit_rate']:>6.1%} {ratio:>6} "
             f"{p['bytes_read_per_token'] / 1e6:>7.2f} {bound:>9} {p['bytes_read_engine'] / 1e6:>10.1f} {os_mb:>8}  {check}"
         )
