@@ -107,6 +107,10 @@ def test_studies_on_a_tiny_container(tiny):
     pf = prefetch_study(tiny[0], ["The river town grew slowly."], 0.25, 1, 12, log=lambda m: None)
     assert pf["predict"]["prefetch_issued"] == 0 and 0 <= pf["predict"]["prefetch_accuracy"] <= 1
     assert pf["on"]["prefetch_issued"] > 0 and pf["off"]["prefetch_issued"] == 0
+    layers = pf["predict"]["per_layer"]  # every MoE layer after the first is predicted from the one before
+    assert set(layers) == {"1", "2", "3"} and layers["1"]["prefetch_accuracy"] == 0.0
+    assert all(0 <= layers[k]["prefetch_accuracy"] <= 1 for k in ("2", "3"))
+    assert pf["off"]["bytes_read_per_token"] > 0
     warm = warm_run(tiny[0], ["The river town grew slowly."], 6)
     assert warm["misses"] == 0 and warm["hits"] > 0 and 0 <= warm["outside_compute_fraction"] <= 1
 

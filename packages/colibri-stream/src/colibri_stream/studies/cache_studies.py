@@ -166,7 +166,7 @@ def _cold_run(container, ram_budget: int, texts: Sequence[str], max_tokens: int,
                 tokens += len(ids)
         stats = eng.stats.to_dict()
         io = meter.window(stats["bytes_read"])
-    return {"tokens_per_s": tokens / seconds if seconds else 0.0, "stats": stats, **io.to_dict()}
+    return {"tokens_per_s": tokens / seconds if seconds else 0.0, "tokens": tokens, "stats": stats, **io.to_dict()}
 
 
 def budget_for_fraction(container, fraction: float, **engine_options) -> tuple[int, int]:
@@ -200,6 +200,11 @@ def prefetch_study(container, texts: Sequence[str], fraction: float, repeats: in
             "prefetch_issued": s[0]["prefetch_issued"],
             "prefetch_used": s[0]["prefetch_used"],
             "prefetch_wasted": s[0]["prefetch_wasted"],
+            # per MoE layer: the share of its experts predicted one layer ahead (precision too:
+            # the guess has as many experts as the layer uses), and its hit rate
+            "per_layer": {layer: {"prefetch_accuracy": c["prefetch_accuracy"], "hit_rate": c["hit_rate"]}
+                          for layer, c in s[0]["per_layer"].items()},
+            "bytes_read_per_token": round(statistics.median(r["bytes_read_engine"] / r["tokens"] for r in mode_runs)),
             "bytes_read_engine": sum(r["bytes_read_engine"] for r in mode_runs),
             "bytes_read_os": sum(r["bytes_read_os"] for r in mode_runs),
             "page_cache_contaminated": any(r["page_cache_contaminated"] for r in mode_runs),
