@@ -242,7 +242,7 @@ def test_native_engine_holds_resident_projections_as_stored(tmp_path, resident_d
 
 
 @pytest.mark.parametrize(("encoding", "zeros", "fp16"), [("q4", True, False), ("q4", False, True), ("q8", False, False)])
-def test_many_rows_take_dequantized_blocks_and_a_dense_matmul(monkeypatch, encoding, zeros, fp16):
+def test_many_rows_can_take_dequantized_blocks_and_a_dense_matmul(monkeypatch, encoding, zeros, fp16):
     rng = np.random.default_rng(11)
     rows, cols, group = 72, 256, 64
     if encoding == "q4":
@@ -254,10 +254,20 @@ def test_many_rows_take_dequantized_blocks_and_a_dense_matmul(monkeypatch, encod
         weights, scales, zero = torch.from_numpy(data), half.view(torch.int16), None
         weight = data * np.repeat(half.double().numpy(), group, 1)
     monkeypatch.setattr(native_kernel, "DEQUANT_BLOCK_WEIGHTS", 20 * cols)  # several blocks, the last one short
-    x = torch.from_numpy(rng.normal(0, 1, (native_kernel.DENSE_FROM_ROWS + 3, cols)).astype(np.float32))
+    monkeypatch.setattr(native_kernel, "DENSE_FROM_ROWS", 16)
+    x = torch.from_numpy(rng.normal(0, 1, (19, cols)).astype(np.float32))
     got = native_kernel.matmul(x, weights, scales, zero, group, encoding, fp16).double().numpy()
     expected = x.double().numpy() @ weight.T  # the stored weights exactly, f32 activations
     assert np.abs(got - expected).max() < 1e-4 * max(1.0, np.abs(expected).max())
     few = native_kernel.matmul(x[:2], weights, scales, zero, group, encoding, fp16)  # the int8 kernel
     assert torch.equal(few, native_kernel.matmul(QuantizedActivations(x[:2]), weights, scales, zero, group,
                                                  encoding, fp16))
+
+
+def test_by_default_a_row_gets_what_it_gets_alone():
+    rng = np.random.default_rng(5)
+    packed, scales, _, _ = _random_q4(32, 128, 64, rng, False, False)
+    x = torch.from_numpy(rng.normal(0, 1, (40, 128)).astype(np.float32))
+    together = native_kernel.matmul(x, packed, scales, None, 64, "q4")
+    assert all(torch.equal(together[i], native_kernel.matmul(x[i : i + 1], packed, scales, None, 64, "q4")[0])
+               for i in (0, 17, 39))

@@ -173,19 +173,21 @@ def q8_matmul(x: QuantizedActivations, weights: torch.Tensor, scales: torch.Tens
     return out
 
 
-# From this many activation rows on, `matmul` dequantizes a block of weight rows at a time and
-# runs a dense f32 matmul: one matrix-vector product per row costs the kernel's full time per row
+# From this many activation rows on, `matmul` may dequantize a block of weight rows at a time and
+# run a dense f32 matmul: one matrix-vector product per row costs the kernel's full time per row
 # (about 75 us for 1024 x 1024 on one AVX2 core), while dequantizing costs about that once and
-# the dense product of many rows runs near the CPU's peak.
-DENSE_FROM_ROWS = 16
+# the dense product of many rows runs near the CPU's peak. Off by default (None): a row's result
+# would then depend on how many rows share its call (int8 vs f32 activations), and a padded batch,
+# a packed scoring row or a server's batched choices must give each row what it gets alone.
+DENSE_FROM_ROWS: int | None = None
 DEQUANT_BLOCK_WEIGHTS = 1 << 18  # weights dequantized at a time (1 MB of f32): bounded scratch
 
 
 def matmul(x: torch.Tensor | QuantizedActivations, weights: torch.Tensor, scales: torch.Tensor,
            zeros: torch.Tensor | None, group: int, encoding: str, fp16_scales: bool = False) -> torch.Tensor:
-    """x [M, K] @ W.T -> [M, N] f32 for a q4 or q8 matrix W: the int8 kernel for a few rows,
-    blocks of dequantized rows and a dense matmul for many (`DENSE_FROM_ROWS`)."""
-    if isinstance(x, torch.Tensor) and x.shape[0] >= DENSE_FROM_ROWS:
+    """x [M, K] @ W.T -> [M, N] f32 for a q4 or q8 matrix W: the int8 kernel row by row, or, from
+    `DENSE_FROM_ROWS` rows on where that is set, blocks of dequantized rows and a dense matmul."""
+    if isinstance(x, torch.Tensor) and DENSE_FROM_ROWS is not None and x.shape[0] >= DENSE_FROM_ROWS:
         return dense_matmul(x, weights, scales, zeros, group, encoding == "q8", fp16_scales)
     if isinstance(x, torch.Tensor):
         x = QuantizedActivations(x)
