@@ -92,8 +92,10 @@ def kernel_unavailable() -> str | None:
     return None
 
 
+@lru_cache(maxsize=1)
 def cpu_level() -> int:
-    """The kernel level to run: AVX2 where the CPU has it and torch's capability is not forced below."""
+    """The kernel level to run: AVX2 where the CPU has it and torch's capability is not forced below
+    (fixed for the process: torch reads ATEN_CPU_CAPABILITY once; cached, as every matmul asks)."""
     forced = torch.backends.cpu.get_cpu_capability().upper()
     if forced in ("DEFAULT", "NO AVX", "ZVECTOR", "VSX") or not forced.startswith("AVX"):
         return SCALAR
