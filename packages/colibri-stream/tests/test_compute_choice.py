@@ -7,7 +7,13 @@ import torch
 from colibri_int4 import Container
 from colibri_stream import Engine
 from colibri_stream.compute import choice as compute_choice
-from colibri_stream.compute.choice import DEQUANT_MARGIN, MIN_SHAPE, NATIVE_MARGIN, ComputeTiming, time_compute
+from colibri_stream.compute.choice import (
+    DEQUANT_MARGIN,
+    MIN_SHAPE,
+    NATIVE_MARGIN,
+    ComputeTiming,
+    time_compute,
+)
 from colibri_stream.compute.native_kernel import kernel_unavailable
 
 needs_kernel = pytest.mark.skipif(

@@ -12,7 +12,14 @@ from colibri_stream import Engine
 from colibri_stream.compute import native_kernel
 from colibri_stream.compute.expert_compute import DequantExpert
 from colibri_stream.compute.native_expert import NativeQ4Expert, native_nbytes, native_supported
-from colibri_stream.compute.native_kernel import AVX2, SCALAR, QuantizedActivations, q4_matmul, q8_matmul
+from colibri_stream.compute.native_kernel import (
+    AVX2,
+    SCALAR,
+    QuantizedActivations,
+    q4_experts,
+    q4_matmul,
+    q8_matmul,
+)
 from colibri_stream.compute.streamed_experts import StreamedExperts
 from colibri_stream.stats import StreamStats
 
@@ -58,7 +65,9 @@ def _random_q4(rows: int, cols: int, group: int, rng, zeros: bool, fp16: bool):
     weight = (nibbles - 8) * np.repeat(scales.double().numpy(), group, 1)
     if zeros:
         weight = weight + np.repeat(zero.double().numpy(), group, 1)
-    bits = (lambda t: None if t is None else t.view(torch.int16))
+    def bits(t):
+        return None if t is None else t.view(torch.int16)
+
     return packed, bits(scales), bits(zero), weight
 
 
@@ -73,8 +82,8 @@ def test_matmul_is_the_q4_times_q8_definition(level, group, zeros, fp16):
     q, xscale = _q8_definition(x.double().numpy())
     exact_x = (q * xscale[..., None].astype(np.float64)).reshape(5, cols)  # the int8 activations, exactly
     # the zeros multiply the activations' float sums (not the rounded ones)
-    expected = exact_x @ ((weight - (np.repeat(zero.view(torch.float16 if fp16 else torch.bfloat16).double().numpy(),
-                                                group, 1) if zeros else 0))).T
+    expected = exact_x @ (weight - (np.repeat(zero.view(torch.float16 if fp16 else torch.bfloat16).double().numpy(),
+                                                group, 1) if zeros else 0)).T
     if zeros:
         expected += x.double().numpy() @ np.repeat(zero.view(torch.float16 if fp16 else torch.bfloat16)
                                                    .double().numpy(), group, 1).T
@@ -120,6 +129,30 @@ def test_levels_agree_and_threads_do_not_change_a_bit():
         torch.set_num_threads(threads)
 
 
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize(("group", "zeros"), [(32, False), (64, True), (128, False)])
+def test_rows_in_tiles_and_experts_together_are_bitwise_each_alone(level, group, zeros):
+    """Rows share weight loads 4 at a time and a token's experts share one call; neither may change
+    a bit of any row's result (7 rows: a full tile and a short one)."""
+    rng = np.random.default_rng(group)
+    matrices = [_random_q4(40, 256, group, rng, zeros, False)[:3] for _ in range(3)]
+    x = QuantizedActivations(torch.from_numpy(rng.normal(0, 1, (7, 256)).astype(np.float32)))
+    alone = [[q4_matmul(x[torch.tensor([i])], *m, group, level=level)[0] for i in range(7)] for m in matrices]
+    together = q4_matmul(x, *matrices[0], group, level=level)
+    assert all(torch.equal(together[i], alone[0][i]) for i in range(7))
+    every = q4_experts(x, matrices, group, row_each=False, level=level).reshape(3, 7, -1)
+    assert all(torch.equal(every[e, i], alone[e][i]) for e in range(3) for i in range(7))
+    each = q4_experts(x[torch.arange(3)], matrices, group, row_each=True, level=level)
+    assert all(torch.equal(each[e], alone[e][e]) for e in range(3))
+    weights = torch.from_numpy(rng.integers(-128, 128, (40, 256)).astype(np.int8))
+    scales = torch.from_numpy(rng.uniform(0.001, 0.01, (40, 256 // group)).astype(np.float32)).to(torch.bfloat16)
+    rows8 = q8_matmul(x, weights, scales.view(torch.int16), group, level=level)
+    assert all(torch.equal(rows8[i], q8_matmul(x[torch.tensor([i])], weights, scales.view(torch.int16), group,
+                                               level=level)[0]) for i in range(7))
+    with pytest.raises(ValueError, match="3 matrices, one row each, but 7"):
+        q4_experts(x, matrices, group, row_each=True)
+
+
 def test_bad_shapes_are_refused_with_the_shapes():
     x = QuantizedActivations(torch.randn(1, 64))
     with pytest.raises(ValueError, match="do not fit 64 columns"):
@@ -158,8 +191,9 @@ class _OneSlotCache:
         return self.experts[expert]
 
 
-def test_one_token_decode_path_is_bitwise_the_batched_path():
-    scheme = QuantScheme(group_size=32)
+@pytest.mark.parametrize("group", [32, 64])  # 64: the two-block path
+def test_one_token_decode_path_is_bitwise_the_batched_path(group):
+    scheme = QuantScheme(group_size=group)
     experts = {}
     for e in range(4):
         blob, _ = make_blob(64, 64, scheme, seed=e)

@@ -73,6 +73,10 @@ def _library() -> ctypes.CDLL:
     library.colibri_q8_quantize.argtypes = [pointer, i64, i64, pointer, pointer, pointer, pointer, pointer, pointer]
     library.colibri_q4_matmul.argtypes = [pointer, pointer, pointer, pointer, pointer, pointer, i64, i64, pointer,
                                           pointer, pointer, i32, i64, i64, pointer, i32, i32]
+    library.colibri_q4_experts.argtypes = [pointer, pointer, pointer, pointer, pointer, pointer, i64, i64, i64,
+                                           pointer, pointer, pointer, pointer, pointer, i32, i64, i64, pointer, i32,
+                                           i32]
+    library.colibri_q4_experts.restype = i32
     library.colibri_q8w_matmul.argtypes = [pointer, pointer, i64, i64, pointer, pointer, i32, i64, i64, pointer, i32,
                                            i32]
     library.colibri_dequantize_rows.argtypes = [pointer, i32, pointer, pointer, i32, i64, i64, i64, i64, pointer]
@@ -147,11 +151,47 @@ def q4_matmul(x: QuantizedActivations, packed: torch.Tensor, scales: torch.Tenso
                          f"{x.cols} columns in groups of {group}")
     out = torch.empty(x.rows, rows, dtype=torch.float32)
     status = _library().colibri_q4_matmul(
-        x.q.data_ptr(), x.scales.data_ptr(), x.sums.data_ptr(), x.float_sums.data_ptr(),
-        x.pairs.data_ptr() if x.pairs.numel() else None, x.pair_scales.data_ptr() if x.pairs.numel() else None,
-        x.rows, x.cols,
-        packed.data_ptr(), scales.data_ptr(), 0 if zeros is None else zeros.data_ptr(), int(fp16_scales), rows,
+        *_activation_pointers(x), packed.data_ptr(), scales.data_ptr(), 0 if zeros is None else zeros.data_ptr(), int(fp16_scales), rows,
         group, out.data_ptr(), torch.get_num_threads(), cpu_level() if level is None else level)
+    if status != 0:
+        raise ValueError(f"the native kernel refused {x.cols} columns in groups of {group} (multiples of {BLOCK})")
+    return out
+
+
+def _activation_pointers(x: QuantizedActivations) -> tuple:
+    paired = x.pairs.numel() > 0
+    return (x.q.data_ptr(), x.scales.data_ptr(), x.sums.data_ptr(), x.float_sums.data_ptr(),
+            x.pairs.data_ptr() if paired else None, x.pair_scales.data_ptr() if paired else None, x.rows, x.cols)
+
+
+def q4_experts(x: QuantizedActivations, matrices: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]],
+               group: int, row_each: bool, fp16_scales: bool = False, level: int | None = None) -> torch.Tensor:
+    """Several q4 matrices of one shape (a token's experts) in one call, as (packed, scales, zeros).
+
+    `row_each=False`: every matrix times every row of x -> [E * M, N], matrix e's rows first.
+    `row_each=True`: matrix e times row e of x (M == E) -> [E, N].
+    Each result row is bitwise what `q4_matmul` gives for that matrix and row."""
+    count = len(matrices)
+    packed, scales = matrices[0][0], matrices[0][1]
+    rows = packed.shape[0]
+    for p, s, _ in matrices:
+        if p.shape != packed.shape or s.shape != scales.shape or p.shape[1] * 2 != x.cols \
+                or s.shape != (rows, x.cols // group):
+            raise ValueError(f"q4 matrix {tuple(p.shape)} / scales {tuple(s.shape)} do not fit {x.cols} columns "
+                             f"in groups of {group}, or differ from the first {tuple(packed.shape)}")
+    if row_each and x.rows != count:
+        raise ValueError(f"{count} matrices, one row each, but {x.rows} activation rows")
+    per = 1 if row_each else x.rows
+    act_rows = list(range(count)) if row_each else list(range(x.rows)) * count
+    pointers = ctypes.c_void_p * count
+    zeros = [z for _, _, z in matrices]
+    out = torch.empty(count * per, rows, dtype=torch.float32)
+    status = _library().colibri_q4_experts(
+        *_activation_pointers(x), count, pointers(*(p.data_ptr() for p, _, _ in matrices)),
+        pointers(*(s.data_ptr() for _, s, _ in matrices)),
+        None if all(z is None for z in zeros) else pointers(*(0 if z is None else z.data_ptr() for z in zeros)),
+        (ctypes.c_int64 * len(act_rows))(*act_rows), (ctypes.c_int64 * (count + 1))(*range(0, count * per + 1, per)),
+        int(fp16_scales), rows, group, out.data_ptr(), torch.get_num_threads(), cpu_level() if level is None else level)
     if status != 0:
         raise ValueError(f"the native kernel refused {x.cols} columns in groups of {group} (multiples of {BLOCK})")
     return out

@@ -9,6 +9,12 @@ norms, routers and biases stay as they are (a lookup, or a few KB).
 
 `native_linear_name` is the one rule for which tensors go this way; the footprint and the model
 builder both read it, so the plan counts exactly what the engine holds.
+
+Projections that read the same input (q, k and v of one attention; gate and up of one FFN) share
+its int8 quantization: the last quantized input is remembered with the tensor it came from (and
+its version counter, where it has one), so another tensor, or an in-place change outside
+inference mode, quantizes anew. NOTE: inference tensors have no version counter; the model's
+forward never changes a projection's input in place between two projections, and must not.
 """
 
 from __future__ import annotations
@@ -17,7 +23,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from .native_kernel import BLOCK, matmul
+from . import native_kernel
+from .native_kernel import BLOCK, QuantizedActivations, matmul
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -49,7 +56,7 @@ class NativeLinear(nn.Module):
         self.bias = nn.Parameter(torch.empty(self.out_features, device="meta")) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = matmul(x.reshape(-1, self.in_features), self.data, self.scales, self.zeros, self.group, self.encoding,
+        out = matmul(_quantized(x, self.in_features), self.data, self.scales, self.zeros, self.group, self.encoding,
                      self.fp16_scales)
         if self.bias is not None:
             out += self.bias
@@ -57,6 +64,26 @@ class NativeLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, {self.encoding} group {self.group}"
+
+
+# (input tensor, its version, its quantization): one entry, read and replaced whole, so threads
+# running other sessions at worst quantize again; holding the tensor keeps its identity unique
+_last_input: tuple = (None, -1, None)
+
+
+def _quantized(x: torch.Tensor, cols: int) -> torch.Tensor | QuantizedActivations:
+    global _last_input
+    rows = x.reshape(-1, cols)
+    limit = native_kernel.DENSE_FROM_ROWS
+    if limit is not None and rows.shape[0] >= limit:
+        return rows  # the dense path takes the tensor itself
+    version = -1 if x.is_inference() else x._version
+    tensor, last_version, quantized = _last_input
+    if tensor is x and last_version == version:
+        return quantized
+    quantized = QuantizedActivations(rows)
+    _last_input = (x, version, quantized)
+    return quantized
 
 
 def install(model: nn.Module, name: str, raw) -> None:

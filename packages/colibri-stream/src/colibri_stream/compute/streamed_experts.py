@@ -5,13 +5,14 @@
 Batch-union: the distinct experts of all N tokens (a prefill chunk, or one decode token) are
 fetched once each, in ascending id order, and each computes all of its rows at once; so a
 prefill reads every distinct expert of a layer exactly once. Experts are used one at a time
-and the result accumulated, so one layer needs only one slot at a time beyond what is cached
-(the budget still reserves top_k slots: the experts of one token).
+and the result accumulated, so a prefill needs only one slot at a time beyond what is cached; a
+decode token holds its top_k experts at once (the budget reserves top_k slots for that).
 
 One decode token (N = 1) takes a shorter path with the same arithmetic: its top-k experts are
 distinct, so there is no union to find or rows to gather, and each expert's output is added in
 the same ascending order (bitwise the batched result). With the native kernel (`quantize` set),
-the token's input is quantized once and shared by all its experts.
+the token's input is quantized once and its experts run together (`NativeQ4Expert.forward_each`:
+three kernel calls per layer, not two matmuls and a quantization per expert).
 
 `reference_forward` is the obvious per-(token, slot) loop, kept to test the batched path.
 """
@@ -74,13 +75,21 @@ class StreamedExperts(ExpertBackend):
     def _one_token(self, inputs, ids: list[int], gates: torch.Tensor, row: torch.Tensor, pinned, keys,
                    prefetcher) -> None:
         slot_of = {expert: slot for slot, expert in enumerate(ids)}
+        prepared = []
         for i, (_, expert) in enumerate(keys):  # ascending, as the batched path
-            prepared = self.cache.get(self.layer_index, expert, pinned)
+            prepared.append(self.cache.get(self.layer_index, expert, pinned))  # pinned: all stay while used
             if prefetcher is not None:
                 prefetcher.issue_needed(keys[i + 1 :])
-            started = time.perf_counter()
-            row += prepared.forward(inputs)[0].float() * gates[slot_of[expert]]
-            self.stats.compute_seconds += time.perf_counter() - started
+        started = time.perf_counter()
+        kind = type(prepared[0])
+        forward_each = getattr(kind, "forward_each", None)
+        if forward_each is not None and all(type(p) is kind for p in prepared):
+            outputs = forward_each(prepared, inputs)  # the token's experts in one go (native kernel)
+        else:
+            outputs = [p.forward(inputs)[0] for p in prepared]
+        for (_, expert), y in zip(keys, outputs):  # accumulated in ascending order, as the batched path
+            row += y.float() * gates[slot_of[expert]]
+        self.stats.compute_seconds += time.perf_counter() - started
 
     def reference_forward(
         self, x: torch.Tensor, expert_ids: torch.Tensor, gates: torch.Tensor

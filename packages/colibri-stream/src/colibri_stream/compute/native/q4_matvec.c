@@ -18,6 +18,7 @@
 #include <stdint.h>
 #include <string.h>
 #include <math.h>
+#include <stdlib.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -174,28 +175,46 @@ static float row8_scalar(const int8_t *w, const uint16_t *s, int fp16, int64_t b
 }
 
 #ifdef COLIBRI_X86
-__attribute__((target("avx2,fma")))
-static float row8_avx2(const int8_t *w, const uint16_t *s, int fp16, int64_t blocks, int64_t per_group,
-                       const int8_t *xq, const float *dx) {
+/* R activation rows (1..4) times one q8 weight row; each row runs the one-row sequence exactly */
+__attribute__((target("avx2,fma"), always_inline))
+static inline void rows8_avx2(const int8_t *w, const uint16_t *s, int fp16, int64_t blocks, int64_t per_group,
+                              int R, const int8_t *const *xq, const float *const *dx, float *const *out) {
     const __m256i ones = _mm256_set1_epi16(1);
-    __m256 acc = _mm256_setzero_ps();
+    __m256 acc[4];
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     for (int64_t g = 0; g * per_group < blocks; g++) {
-        __m256 group = _mm256_setzero_ps();
+        __m256 group[4];
+        for (int r = 0; r < R; r++) group[r] = _mm256_setzero_ps();
         for (int64_t b = g * per_group; b < (g + 1) * per_group; b++) {
             __m256i wv = _mm256_loadu_si256((const __m256i *)(w + b * BLOCK));
-            __m256i x = _mm256_loadu_si256((const __m256i *)(xq + b * BLOCK));
-            /* |w| * (x with w's sign): unsigned by signed, as vpmaddubsw needs (a -128 reads as 128) */
-            __m256i pairs = _mm256_madd_epi16(
-                _mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(x, wv)), ones);
-            group = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pairs), _mm256_set1_ps(dx[b]), group);
+            __m256i magnitude = _mm256_sign_epi8(wv, wv);
+            for (int r = 0; r < R; r++) {
+                __m256i x = _mm256_loadu_si256((const __m256i *)(xq[r] + b * BLOCK));
+                /* |w| * (x with w's sign): unsigned by signed, as vpmaddubsw needs (a -128 reads as 128) */
+                __m256i pairs = _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(x, wv)), ones);
+                group[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pairs), _mm256_set1_ps(dx[r][b]), group[r]);
+            }
         }
-        acc = _mm256_fmadd_ps(group, _mm256_set1_ps(half_to_f32(s[g], fp16)), acc);
+        __m256 scale = _mm256_set1_ps(half_to_f32(s[g], fp16));
+        for (int r = 0; r < R; r++) acc[r] = _mm256_fmadd_ps(group[r], scale, acc[r]);
     }
-    return hsum256(acc);
+    for (int r = 0; r < R; r++) *out[r] = hsum256(acc[r]);
+}
+
+__attribute__((target("avx2,fma")))
+static void tile8_avx2(const int8_t *w, const uint16_t *s, int fp16, int64_t blocks, int64_t per_group, int R,
+                       const int8_t *const *xq, const float *const *dx, float *const *out) {
+    switch (R) {
+    case 4: rows8_avx2(w, s, fp16, blocks, per_group, 4, xq, dx, out); break;
+    case 3: rows8_avx2(w, s, fp16, blocks, per_group, 3, xq, dx, out); break;
+    case 2: rows8_avx2(w, s, fp16, blocks, per_group, 2, xq, dx, out); break;
+    default: rows8_avx2(w, s, fp16, blocks, per_group, 1, xq, dx, out); break;
+    }
 }
 #endif
 
-/* y [M, N] f32 = x [M, K] @ w[N, K].T for q8 weights w (int8 [N, K], scales [N, K/G]). */
+/* y [M, N] f32 = x [M, K] @ w[N, K].T for q8 weights w (int8 [N, K], scales [N, K/G]): blocks of
+ * 16 weight rows in parallel, activation rows 4 at a time over each block (weights read once). */
 int colibri_q8w_matmul(const int8_t *xq, const float *dx, int64_t M, int64_t K, const int8_t *weights,
                        const uint16_t *scales, int fp16, int64_t N, int64_t G, float *y, int threads, int level) {
     if (K % BLOCK || G % BLOCK || K % G) return -1;
@@ -203,18 +222,25 @@ int colibri_q8w_matmul(const int8_t *xq, const float *dx, int64_t M, int64_t K, 
 #ifndef COLIBRI_X86
     level = 0;
 #endif
-    for (int64_t m = 0; m < M; m++) {
-        const int8_t *q = xq + m * K;
-        const float *d = dx + m * blocks;
-        float *out = y + m * N;
+    int64_t row_blocks = (N + 15) / 16;
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
-        for (int64_t n = 0; n < N; n++) {
-            const int8_t *w = weights + n * K;
-            const uint16_t *s = scales + n * groups;
+    for (int64_t task = 0; task < row_blocks; task++) {
+        int64_t n0 = task * 16, n1 = n0 + 16 < N ? n0 + 16 : N;
+        for (int64_t m = 0; m < M; m += 4) {
+            int R = M - m < 4 ? (int)(M - m) : 4;
+            const int8_t *q[4];
+            const float *d[4];
+            for (int r = 0; r < R; r++) { q[r] = xq + (m + r) * K; d[r] = dx + (m + r) * blocks; }
+            for (int64_t n = n0; n < n1; n++) {
+                const int8_t *w = weights + n * K;
+                const uint16_t *s = scales + n * groups;
+                float *out[4];
+                for (int r = 0; r < R; r++) out[r] = y + (m + r) * N + n;
 #ifdef COLIBRI_X86
-            if (level >= 1) { out[n] = row8_avx2(w, s, fp16, blocks, per_group, q, d); continue; }
+                if (level >= 1) { tile8_avx2(w, s, fp16, blocks, per_group, R, q, d, out); continue; }
 #endif
-            out[n] = row8_scalar(w, s, fp16, blocks, per_group, q, d);
+                for (int r = 0; r < R; r++) *out[r] = row8_scalar(w, s, fp16, blocks, per_group, q[r], d[r]);
+            }
         }
     }
     return 0;
@@ -236,79 +262,199 @@ static void row_scales_avx2(const uint16_t *s, int64_t groups, int fp16, float *
 
 /* Two blocks per step (a 32-byte load): for groups of 64 columns or more, with the activations
  * in pair order (colibri_q8_quantize's `pairs`). The row's scales are converted up front and
- * folded into each step's activation scales, so a group costs no more than its pairs. */
-__attribute__((target("avx2,fma,f16c")))
-static float row_pairs_avx2(const uint8_t *p, const uint16_t *s, const uint16_t *z, int fp16, int64_t blocks,
-                            int64_t per_group, const int8_t *pairs, const float *pair_scales, const float *offset,
-                            const float *xgroup, float *scales, float *zeros) {
+ * folded into each step's activation scales, so a group costs no more than its pairs.
+ *
+ * R activation rows (1..TILE) share each load and unpack of the weight row. Each row keeps its own
+ * accumulators and runs exactly the one-row sequence of operations, so a row's result does not
+ * depend on how many rows share the call (a padded batch, a prefill chunk, one decode token). */
+#define TILE 4
+
+__attribute__((target("avx2,fma,f16c"), always_inline))
+static inline void rows_pairs_avx2(const uint8_t *p, const float *scales, const float *zeros, int64_t blocks,
+                                   int64_t per_group, int R, const int8_t *const *pairs,
+                                   const float *const *pair_scales, const float *const *offset,
+                                   const float *const *xgroup, float *const *out) {
     const __m256i low = _mm256_set1_epi8(15);
     const __m256i ones = _mm256_set1_epi16(1);
     int64_t groups = blocks / per_group;
-    row_scales_avx2(s, groups, fp16, scales);
-    if (z) row_scales_avx2(z, groups, fp16, zeros);
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    __m256 acc0[TILE], acc1[TILE];
+    for (int r = 0; r < R; r++) acc0[r] = acc1[r] = _mm256_setzero_ps();
     for (int64_t g = 0; g < groups; g++) {
         __m256 scale = _mm256_set1_ps(scales[g]);
         for (int64_t b = g * per_group; b < (g + 1) * per_group; b += 2) {
             __m256i raw = _mm256_loadu_si256((const __m256i *)(p + b * 16));
             __m256i even = _mm256_and_si256(raw, low), odd = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
-            const int8_t *x = pairs + b * BLOCK;
-            __m256i sums = _mm256_add_epi16(_mm256_maddubs_epi16(even, _mm256_loadu_si256((const __m256i *)x)),
-                                            _mm256_maddubs_epi16(odd, _mm256_loadu_si256((const __m256i *)(x + 32))));
-            __m256 d = _mm256_mul_ps(_mm256_loadu_ps(pair_scales + (b / 2) * 8), scale);
-            __m256 v = _mm256_cvtepi32_ps(_mm256_madd_epi16(sums, ones));
-            if (b & 2) acc1 = _mm256_fmadd_ps(v, d, acc1); else acc0 = _mm256_fmadd_ps(v, d, acc0);
+            for (int r = 0; r < R; r++) {
+                const int8_t *x = pairs[r] + b * BLOCK;
+                __m256i sums = _mm256_add_epi16(
+                    _mm256_maddubs_epi16(even, _mm256_loadu_si256((const __m256i *)x)),
+                    _mm256_maddubs_epi16(odd, _mm256_loadu_si256((const __m256i *)(x + 32))));
+                __m256 d = _mm256_mul_ps(_mm256_loadu_ps(pair_scales[r] + (b / 2) * 8), scale);
+                __m256 v = _mm256_cvtepi32_ps(_mm256_madd_epi16(sums, ones));
+                if (b & 2) acc1[r] = _mm256_fmadd_ps(v, d, acc1[r]); else acc0[r] = _mm256_fmadd_ps(v, d, acc0[r]);
+            }
         }
     }
-    float scalar = 0.f;
-    for (int64_t g = 0; g < groups; g++) {
-        scalar -= scales[g] * offset[g];  /* the -8 of every nibble */
-        if (z) scalar += zeros[g] * xgroup[g];
+    for (int r = 0; r < R; r++) {
+        float scalar = 0.f;
+        for (int64_t g = 0; g < groups; g++) {
+            scalar -= scales[g] * offset[r][g];  /* the -8 of every nibble */
+            if (zeros) scalar += zeros[g] * xgroup[r][g];
+        }
+        *out[r] = hsum256(_mm256_add_ps(acc0[r], acc1[r])) + scalar;
     }
-    return hsum256(_mm256_add_ps(acc0, acc1)) + scalar;
+}
+
+/* the tile sizes as constants, so the compiler keeps every row's accumulators in registers */
+__attribute__((target("avx2,fma,f16c")))
+static void tile_pairs_avx2(const uint8_t *p, const uint16_t *s, const uint16_t *z, int fp16, int64_t blocks,
+                            int64_t per_group, int R, const int8_t *const *pairs, const float *const *pair_scales,
+                            const float *const *offset, const float *const *xgroup, float *const *out) {
+    int64_t groups = blocks / per_group;
+    float scales[groups], zeros[groups];
+    row_scales_avx2(s, groups, fp16, scales);
+    if (z) row_scales_avx2(z, groups, fp16, zeros);
+    const float *zf = z ? zeros : 0;
+    switch (R) {
+    case 4: rows_pairs_avx2(p, scales, zf, blocks, per_group, 4, pairs, pair_scales, offset, xgroup, out); break;
+    case 3: rows_pairs_avx2(p, scales, zf, blocks, per_group, 3, pairs, pair_scales, offset, xgroup, out); break;
+    case 2: rows_pairs_avx2(p, scales, zf, blocks, per_group, 2, pairs, pair_scales, offset, xgroup, out); break;
+    default: rows_pairs_avx2(p, scales, zf, blocks, per_group, 1, pairs, pair_scales, offset, xgroup, out); break;
+    }
 }
 #endif
+
+/* One activation row as the kernel reads it (pointers into colibri_q8_quantize's output), with the
+ * per-group sums every weight row shares: offset[g] = 8 * sum(dx * xs), xgroup[g] = sum(x). */
+typedef struct {
+    const int8_t *q, *pairs;
+    const float *dx, *xf, *pair_scales;
+    const int32_t *xs;
+    float *offset, *xgroup;
+} act_row;
+
+static void act_row_init(act_row *a, const int8_t *xq, const float *dx, const int32_t *xs, const float *xf,
+                         const int8_t *pairs, const float *pair_scales, int64_t m, int64_t K, int64_t per_group,
+                         int64_t groups, float *sums) {
+    int64_t blocks = K / BLOCK;
+    a->q = xq + m * K;
+    a->dx = dx + m * blocks;
+    a->xs = xs ? xs + m * blocks : 0;
+    a->xf = xf ? xf + m * blocks : 0;
+    a->pairs = pairs ? pairs + m * K : 0;
+    a->pair_scales = pair_scales ? pair_scales + m * blocks * 4 : 0;
+    a->offset = sums;
+    a->xgroup = sums + groups;
+    for (int64_t g = 0; g < groups; g++) {
+        float o = 0.f, t = 0.f;
+        for (int64_t b = g * per_group; b < (g + 1) * per_group; b++) {
+            if (a->xs) o += 8.f * a->dx[b] * (float)a->xs[b];
+            if (a->xf) t += a->xf[b];
+        }
+        a->offset[g] = o;
+        a->xgroup[g] = t;
+    }
+}
+
+/* rows `acts[0..R)` times one q4 weight row, each result to *out[r] */
+static void q4_tile(const act_row *const *acts, int R, const uint8_t *p, const uint16_t *s, const uint16_t *z,
+                    int fp16, int64_t blocks, int64_t per_group, float *const *out, int level) {
+#ifdef COLIBRI_X86
+    if (level >= 1 && acts[0]->pairs && per_group % 2 == 0) {
+        const int8_t *pairs[TILE];
+        const float *pair_scales[TILE], *offset[TILE], *xgroup[TILE];
+        for (int r = 0; r < R; r++) {
+            pairs[r] = acts[r]->pairs;
+            pair_scales[r] = acts[r]->pair_scales;
+            offset[r] = acts[r]->offset;
+            xgroup[r] = acts[r]->xgroup;
+        }
+        tile_pairs_avx2(p, s, z, fp16, blocks, per_group, R, pairs, pair_scales, offset, xgroup, out);
+        return;
+    }
+#endif
+    for (int r = 0; r < R; r++) {
+        const act_row *a = acts[r];
+#ifdef COLIBRI_X86
+        if (level >= 1) { *out[r] = row_avx2(p, s, z, fp16, blocks, per_group, a->q, a->dx, a->offset, a->xgroup); continue; }
+#endif
+        *out[r] = row_scalar(p, s, z, fp16, blocks, per_group, a->q, a->dx, a->xs, a->xf);
+    }
+}
+
+/* Weight rows per step of the parallel loop: about 8 KB of q4 at 1024 columns, so a block stays in
+ * L1 while every activation row passes over it (the weights are read from memory once). */
+#define ROW_BLOCK 16
+
+/* The products of E weight matrices (the same shape [N, K], group G) with activation rows:
+ * matrix e takes rows rows_of[e][0..count[e]) of the quantized activations, and its results go
+ * to y + first_out[e] * N, one row of N per activation row. Rows of all the matrices share one
+ * parallel loop, so the experts of one token (E matrices, one row each) keep every thread busy. */
+static int q4_products(const int8_t *xq, const float *dx, const int32_t *xs, const float *xf, const int8_t *pairs,
+                       const float *pair_scales, int64_t M, int64_t K, int64_t E, const uint8_t *const *packed,
+                       const uint16_t *const *scales, const uint16_t *const *zeros, const int64_t *act_rows,
+                       const int64_t *row_start, int fp16, int64_t N, int64_t G, float *y, int threads, int level) {
+    if (K % BLOCK || G % BLOCK || K % G) return -1;
+    int64_t blocks = K / BLOCK, per_group = G / BLOCK, groups = K / G;
+#ifndef COLIBRI_X86
+    level = 0;
+#endif
+    /* per activation row: its per-group sums, computed once for every weight row */
+    float *sums = (float *)malloc(sizeof(float) * (size_t)(M * 2 * (groups > 0 ? groups : 1)));
+    act_row *acts = (act_row *)malloc(sizeof(act_row) * (size_t)(M > 0 ? M : 1));
+    if (!sums || !acts) { free(sums); free(acts); return -2; }
+    for (int64_t m = 0; m < M; m++)
+        act_row_init(&acts[m], xq, dx, xs, xf, pairs, pair_scales, m, K, per_group, groups, sums + m * 2 * groups);
+    int64_t row_blocks = (N + ROW_BLOCK - 1) / ROW_BLOCK;
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+    for (int64_t task = 0; task < E * row_blocks; task++) {
+        int64_t e = task / row_blocks, n0 = (task % row_blocks) * ROW_BLOCK;
+        int64_t n1 = n0 + ROW_BLOCK < N ? n0 + ROW_BLOCK : N;
+        for (int64_t i = row_start[e]; i < row_start[e + 1]; i += TILE) {
+            int R = row_start[e + 1] - i < TILE ? (int)(row_start[e + 1] - i) : TILE;
+            const act_row *tile[TILE];
+            for (int r = 0; r < R; r++) tile[r] = &acts[act_rows[i + r]];
+            for (int64_t n = n0; n < n1; n++) {
+                float *out[TILE];
+                for (int r = 0; r < R; r++) out[r] = y + (i + r) * N + n;
+                q4_tile(tile, R, packed[e] + n * (K / 2), scales[e] + n * groups, zeros[e] ? zeros[e] + n * groups : 0,
+                        fp16, blocks, per_group, out, level);
+            }
+        }
+    }
+    free(sums);
+    free(acts);
+    return 0;
+}
 
 /* y [M, N] f32 = x [M, K] @ w[N, K].T, from colibri_q8_quantize's output. level: 0 scalar, 1 AVX2.
  * group: G (a multiple of 32 dividing K). zeros may be NULL. Returns 0, or -1 on bad shapes. */
 int colibri_q4_matmul(const int8_t *xq, const float *dx, const int32_t *xs, const float *xf, const int8_t *pairs,
                       const float *pair_scales, int64_t M, int64_t K, const uint8_t *packed, const uint16_t *scales,
                       const uint16_t *zeros, int fp16, int64_t N, int64_t G, float *y, int threads, int level) {
-    if (K % BLOCK || G % BLOCK || K % G) return -1;
-    int64_t blocks = K / BLOCK, per_group = G / BLOCK, groups = K / G;
-#ifndef COLIBRI_X86
-    level = 0;
-#endif
-    for (int64_t m = 0; m < M; m++) {
-        const int8_t *q = xq + m * K;
-        const float *d = dx + m * blocks, *f = xf + m * blocks;
-        const int32_t *sums = xs + m * blocks;
-        /* per group: 8 * sum(dx * xs) and sum(x), shared by every row */
-        float offset[groups > 0 ? groups : 1], xgroup[groups > 0 ? groups : 1];
-        for (int64_t g = 0; g < groups; g++) {
-            float o = 0.f, t = 0.f;
-            for (int64_t b = g * per_group; b < (g + 1) * per_group; b++) { o += 8.f * d[b] * (float)sums[b]; t += f[b]; }
-            offset[g] = o;
-            xgroup[g] = t;
-        }
-        float *out = y + m * N;
-#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
-        for (int64_t n = 0; n < N; n++) {
-            const uint8_t *p = packed + n * (K / 2);
-            const uint16_t *s = scales + n * groups, *z = zeros ? zeros + n * groups : 0;
-#ifdef COLIBRI_X86
-            if (level >= 1 && pairs && per_group % 2 == 0) {
-                float row_scales[groups], row_zeros[groups];
-                out[n] = row_pairs_avx2(p, s, z, fp16, blocks, per_group, pairs + m * K, pair_scales + m * blocks * 4,
-                                        offset, xgroup, row_scales, row_zeros);
-                continue;
-            }
-            if (level >= 1) { out[n] = row_avx2(p, s, z, fp16, blocks, per_group, q, d, offset, xgroup); continue; }
-#endif
-            out[n] = row_scalar(p, s, z, fp16, blocks, per_group, q, d, sums, f);
-        }
-    }
-    return 0;
+    int64_t *rows = (int64_t *)malloc(sizeof(int64_t) * (size_t)(M > 0 ? M : 1));
+    if (!rows) return -2;
+    for (int64_t m = 0; m < M; m++) rows[m] = m;
+    int64_t start[2] = {0, M};
+    int status = q4_products(xq, dx, xs, xf, pairs, pair_scales, M, K, 1, &packed, &scales, &zeros, rows, start,
+                             fp16, N, G, y, threads, level);
+    free(rows);
+    return status;
+}
+
+/* E q4 matrices of one shape at once: matrix e times activation rows act_rows[row_start[e] ..
+ * row_start[e + 1]), into rows row_start[e].. of y [row_start[E], N]. zeros: an array of E
+ * pointers (NULL entries for symmetric matrices), or NULL. */
+int colibri_q4_experts(const int8_t *xq, const float *dx, const int32_t *xs, const float *xf, const int8_t *pairs,
+                       const float *pair_scales, int64_t M, int64_t K, int64_t E, const uint8_t *const *packed,
+                       const uint16_t *const *scales, const uint16_t *const *zeros, const int64_t *act_rows,
+                       const int64_t *row_start, int fp16, int64_t N, int64_t G, float *y, int threads, int level) {
+    for (int64_t i = 0; i < row_start[E]; i++)
+        if (act_rows[i] < 0 || act_rows[i] >= M) return -1;
+    const uint16_t *none[E > 0 ? E : 1];
+    for (int64_t e = 0; e < E; e++) none[e] = 0;
+    return q4_products(xq, dx, xs, xf, pairs, pair_scales, M, K, E, packed, scales, zeros ? zeros : none, act_rows,
+                       row_start, fp16, N, G, y, threads, level);
 }
 
 /* 1 when this CPU runs the AVX2 path */
