@@ -14,6 +14,7 @@ from colibri_stream.compute.expert_compute import DequantExpert
 from colibri_stream.compute.native_expert import NativeQ4Expert, native_nbytes, native_supported
 from colibri_stream.compute.native_kernel import (
     AVX2,
+    AVX512_VNNI,
     SCALAR,
     QuantizedActivations,
     q4_experts,
@@ -25,14 +26,30 @@ from colibri_stream.stats import StreamStats
 
 from .test_expert_compute import make_blob
 
-LEVELS = [SCALAR, AVX2] if native_kernel._library().colibri_q4_cpu_level() >= AVX2 else [SCALAR]
+LEVELS = list(range(native_kernel._library().colibri_q4_cpu_level() + 1))  # each level this CPU runs
 
 
 def test_every_x86_machine_we_run_on_has_the_avx2_path():
     import platform
 
     if platform.machine() in ("x86_64", "AMD64"):
-        assert LEVELS == [SCALAR, AVX2]  # CI runs AVX2 to AVX-512 machines: the fast path must be tested
+        assert LEVELS[:2] == [SCALAR, AVX2]  # CI runs AVX2 to AVX-512 machines: the fast path must be tested
+
+
+def test_the_vnni_level_gives_the_avx2_bits():
+    """AVX-512 VNNI sums the same int32 lanes as AVX2's multiply-adds, so a level change on a
+    capable machine changes no result (q4 in its one- and two-block paths, and q8)."""
+    if AVX512_VNNI not in LEVELS:
+        pytest.skip("this CPU has no AVX-512 VNNI (the AVX2 path is tested on its own)")
+    rng = np.random.default_rng(3)
+    x = QuantizedActivations(torch.from_numpy(rng.normal(0, 1, (6, 256)).astype(np.float32)))
+    for group, zeros in ((32, False), (64, True), (128, False)):
+        packed, scales, zero, _ = _random_q4(24, 256, group, rng, zeros, False)
+        assert torch.equal(q4_matmul(x, packed, scales, zero, group, level=AVX2),
+                           q4_matmul(x, packed, scales, zero, group, level=AVX512_VNNI))
+    weights = torch.from_numpy(rng.integers(-128, 128, (24, 256)).astype(np.int8))
+    bits = torch.full((24, 4), 0.01).to(torch.bfloat16).view(torch.int16)
+    assert torch.equal(q8_matmul(x, weights, bits, 64, level=AVX2), q8_matmul(x, weights, bits, 64, level=AVX512_VNNI))
 
 
 def _q8_definition(x: np.ndarray):

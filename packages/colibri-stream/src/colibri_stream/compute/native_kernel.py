@@ -32,7 +32,7 @@ import torch
 SOURCE = Path(__file__).with_name("native") / "q4_matvec.c"
 FLAGS = ("-O3", "-shared", "-fPIC", "-fopenmp")
 BLOCK = 32  # activation columns per int8 scale (the kernel's BLOCK)
-SCALAR, AVX2 = 0, 1
+SCALAR, AVX2, AVX512_VNNI = 0, 1, 2  # the kernel's levels (AVX512_VNNI: the same bits as AVX2, faster)
 
 
 class NativeKernelError(RuntimeError):
@@ -98,12 +98,14 @@ def kernel_unavailable() -> str | None:
 
 @lru_cache(maxsize=1)
 def cpu_level() -> int:
-    """The kernel level to run: AVX2 where the CPU has it and torch's capability is not forced below
-    (fixed for the process: torch reads ATEN_CPU_CAPABILITY once; cached, as every matmul asks)."""
+    """The kernel level to run: the fastest this CPU has, but never above torch's own capability
+    (`ATEN_CPU_CAPABILITY=avx2` runs the AVX2 path here, `default` the portable C). Fixed for the
+    process: torch reads ATEN_CPU_CAPABILITY once; cached, as every matmul asks."""
     forced = torch.backends.cpu.get_cpu_capability().upper()
     if forced in ("DEFAULT", "NO AVX", "ZVECTOR", "VSX") or not forced.startswith("AVX"):
         return SCALAR
-    return min(AVX2, _library().colibri_q4_cpu_level())
+    ceiling = AVX512_VNNI if forced.startswith("AVX512") else AVX2
+    return min(ceiling, _library().colibri_q4_cpu_level())
 
 
 class QuantizedActivations:
