@@ -16,14 +16,20 @@ size as its RAM budget, decodes `--tokens` tokens one at a time, and reports:
 
 Random weights route close to uniformly, so the hit rate is the worst case of real routing.
 
+With `--cap`, the run happens in a child process inside a memory cgroup limited to `--share` of
+the container's size, with `ram_budget="auto"` (what the cap leaves); the report adds the cap,
+the budget auto chose, the child's peak RSS and the cgroup's OOM kills. The container is dropped
+from the page cache first (a cold start, as after a reboot).
+
     nice python bench/real_shape_decode.py packages/colibri-stream/tests/fixtures/qwen3_30b_a3b/config.json \
-        --dir /var/tmp --share 0.25 --tokens 16 [--policy lfu] [--json]
+        --dir /var/tmp --share 0.25 --tokens 16 [--policy lfu] [--compute native] [--cap] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -33,6 +39,7 @@ from colibri_int4.import_hf import read_hf_config
 from colibri_stream import Engine, belady
 from colibri_stream.cache.expert_cache import ExpertCache
 from colibri_stream.compute.expert_compute import Int4Expert
+from colibri_stream.compute.native_expert import NativeQ4Expert
 from colibri_stream.io.accounting import ReadBytesCounter
 
 
@@ -48,8 +55,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--prefetch", default="off", choices=["auto", "off", "predict", "on"],
                         help="off (default) keeps every read on the model thread, so the split below is exact")
+    parser.add_argument("--compute", default="auto", help="the engine's compute route (auto, native, int4, dequant)")
+    parser.add_argument("--cap", action="store_true",
+                        help="run inside a memory cgroup of --share x the container, budget auto")
     parser.add_argument("--keep", action="store_true", help="keep the container (for a rerun)")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     config, _, _ = read_hf_config(args.config)
@@ -60,24 +71,48 @@ def main() -> None:
             write_synthetic_container(path, config, SYNTHETIC_SCHEME)
             print(f"wrote {path} ({path.stat().st_size / 1e9:.2f} GB) in {time.perf_counter() - started:.0f} s",
                   flush=True)
-        budget = int(args.share * path.stat().st_size)
-        report = run(path, budget, args)
+        if args.child:  # inside the cgroup: one JSON line for the parent
+            print(json.dumps(run(path, "auto", args)))
+            return
+        report = capped(path, args) if args.cap else run(path, int(args.share * path.stat().st_size), args)
     finally:
-        if not args.keep:
+        if not args.keep and not args.child:
             path.unlink(missing_ok=True)
     print(json.dumps(report, indent=None if args.json else 2))
 
 
+def capped(path: Path, args) -> dict:
+    """This run again in a child inside a memory cgroup of share x the container (budget auto)."""
+    from llama_cpp_side_by_side import drop_from_page_cache, run_measured
+
+    cap = int(args.share * path.stat().st_size)
+    drop_from_page_cache(path)
+    command = [sys.executable, __file__, args.config, "--dir", args.dir, "--share", args.share, "--tokens",
+               args.tokens, "--warmup", args.warmup, "--threads", args.threads, "--prefetch", args.prefetch,
+               "--compute", args.compute, "--child"] + (["--policy", args.policy] if args.policy else [])
+    done = run_measured(command, cap, timeout=3600)
+    row = {"cap_gb": round(cap / 1e9, 3), "max_rss_gb": round(done["max_rss"] / 1e9, 3),
+           "oom_kills": done["oom_kills"], "returncode": done["returncode"]}
+    if done["returncode"] != 0:
+        lines = done["stderr"].strip().splitlines()
+        return row | {"error": lines[-1] if lines else "no output"}
+    return row | json.loads(done["stdout"].strip().splitlines()[-1])
+
+
 def run(path: Path, budget: int, args) -> dict:
     bookkeeping, slot_copy = [0.0], [0.0]
-    original_get, original_move = ExpertCache.get, Int4Expert.move_into
+    original_get = ExpertCache.get
+    prepared_kinds = (Int4Expert, NativeQ4Expert)
+    original_moves = [kind.move_into for kind in prepared_kinds]
 
-    def timed_move(self, slot):  # the copy into the slab slot, first touch of its pages included
-        started = time.perf_counter()
-        try:
-            return original_move(self, slot)
-        finally:
-            slot_copy[0] += time.perf_counter() - started
+    def timed(original_move):
+        def timed_move(self, slot):  # the copy into the slab slot, first touch of its pages included
+            started = time.perf_counter()
+            try:
+                return original_move(self, slot)
+            finally:
+                slot_copy[0] += time.perf_counter() - started
+        return timed_move
 
     def timed_get(self, layer, expert, pinned=()):
         io, verify, copied_before = self.stats.io_seconds, self.stats.verify_seconds, slot_copy[0]
@@ -88,10 +123,13 @@ def run(path: Path, budget: int, args) -> dict:
             spent = time.perf_counter() - started - (slot_copy[0] - copied_before)
             bookkeeping[0] += spent - (self.stats.io_seconds - io) - (self.stats.verify_seconds - verify)
 
-    ExpertCache.get, Int4Expert.move_into = timed_get, timed_move
+    ExpertCache.get = timed_get
+    for kind, original_move in zip(prepared_kinds, original_moves):
+        kind.move_into = timed(original_move)
     try:
         with Engine.open(path, ram_budget=budget, cache_policy=args.policy, record_trace=True, prefill_chunk=1,
-                         prefetch=args.prefetch) as eng:
+                         prefetch=args.prefetch, compute=args.compute) as eng:
+            budget = eng.budget.ram_budget
             session = eng.session()
             session.append([1, 2, 3, 4])  # a short prompt; every measured step below is one decode token
             token = 5
@@ -109,15 +147,17 @@ def run(path: Path, budget: int, args) -> dict:
             os_read = os_counter.since()
             delta = {k: getattr(s, k) - v for k, v in before.items()}
             trace, total_hits, total_lookups = list(s.trace), s.hits, s.hits + s.misses
-            slots, policy = eng.budget.slots, s.policy
+            slots, policy, compute = eng.budget.slots, s.policy, s.compute_mode
     finally:
-        ExpertCache.get, Int4Expert.move_into = original_get, original_move
+        ExpertCache.get = original_get
+        for kind, original_move in zip(prepared_kinds, original_moves):
+            kind.move_into = original_move
     lookups = delta["hits"] + delta["misses"]
     ceiling = belady(trace, slots).hit_rate
     per_token = wall / args.tokens
     return {
         "container_gb": round(path.stat().st_size / 1e9, 2), "ram_budget_gb": round(budget / 1e9, 2),
-        "slots": slots, "policy": policy, "prefetch": args.prefetch, "tokens": args.tokens, "threads": args.threads,
+        "slots": slots, "policy": policy, "compute": compute, "prefetch": args.prefetch, "tokens": args.tokens, "threads": args.threads,
         "decode_tok_s": round(args.tokens / wall, 3),
         "hit_rate_measured_tokens": round(delta["hits"] / lookups, 4),
         "hit_rate_whole_run": round(total_hits / total_lookups, 4), "belady_whole_run": round(ceiling, 4),

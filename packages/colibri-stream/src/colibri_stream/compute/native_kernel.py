@@ -121,14 +121,19 @@ class QuantizedActivations:
         if self.cols % BLOCK:
             raise ValueError(f"the native kernel needs a multiple of {BLOCK} columns, got {self.cols}")
         blocks = self.cols // BLOCK
-        self.q = torch.empty(self.rows, self.cols, dtype=torch.int8)
-        self.scales = torch.empty(self.rows, blocks, dtype=torch.float32)
-        self.sums = torch.empty(self.rows, blocks, dtype=torch.int32)
-        self.float_sums = torch.empty(self.rows, blocks, dtype=torch.float32)
         # the same int8 in the order q4 bytes unpack to, 64 columns at a time (the kernel's fast path)
         paired = self.cols % (2 * BLOCK) == 0
-        self.pairs = torch.empty(self.rows, self.cols if paired else 0, dtype=torch.int8)
-        self.pair_scales = torch.empty(self.rows, 4 * blocks if paired else 0, dtype=torch.float32)
+        # two allocations, each array a contiguous [rows, n] piece of one (the kernel's row strides);
+        # a decode step quantizes about a hundred inputs, so six allocations each would show
+        m, cols = self.rows, self.cols
+        bytes_ = torch.empty(m * cols * (2 if paired else 1), dtype=torch.int8)
+        words = torch.empty(m * blocks * (7 if paired else 3), dtype=torch.float32)
+        self.q = bytes_[: m * cols].view(m, cols)
+        self.pairs = bytes_[m * cols :].view(m, cols if paired else 0)
+        self.scales = words[: m * blocks].view(m, blocks)
+        self.float_sums = words[m * blocks : 2 * m * blocks].view(m, blocks)
+        self.sums = words[2 * m * blocks : 3 * m * blocks].view(torch.int32).view(m, blocks)
+        self.pair_scales = words[3 * m * blocks :].view(m, 4 * blocks if paired else 0)
         _library().colibri_q8_quantize(x.data_ptr(), self.rows, self.cols, self.q.data_ptr(), self.scales.data_ptr(),
                                        self.sums.data_ptr(), self.float_sums.data_ptr(),
                                        self.pairs.data_ptr() if paired else None,
