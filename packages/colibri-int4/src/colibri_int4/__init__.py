@@ -39,7 +39,14 @@ _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in nam
 if TYPE_CHECKING:  # the same names, for type checkers and IDEs (tests hold the two lists equal)
     from .container import Container, VerifyReport
     from .dequantize import dequantize_container
-    from .errors import CheckpointError, ChecksumError, ContainerError, GGUFImportError, HFImportError, Int4Error
+    from .errors import (
+        CheckpointError,
+        ChecksumError,
+        ContainerError,
+        GGUFImportError,
+        HFImportError,
+        Int4Error,
+    )
     from .estimate import SizeEstimate, estimate_container_size
     from .expert_blob import ExpertBlob, decode_expert_blob, encode_expert_blob
     from .export import ContainerFileWriter, ExportReport, export_checkpoint
