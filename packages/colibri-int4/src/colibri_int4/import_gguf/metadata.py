@@ -130,6 +130,8 @@ def hf_config_from_gguf(metadata: dict, tensor_shapes: dict[str, tuple[int, ...]
     if arch == "llama":
         config["intermediate_size"] = keys.integer("feed_forward_length")
         if n_experts:  # Mixtral: llama attention, every layer MoE, experts feed_forward_length wide
+            if not config.pop("norm_topk_prob"):  # Mixtral's router always renormalises
+                keys.refuse("expert_weights_norm", False, "Mixtral's router renormalises the top-k weights")
             config |= {"model_type": "mixtral", "num_local_experts": n_experts}
     elif arch == "olmoe":
         config |= {"intermediate_size": keys.integer("feed_forward_length"), "num_experts": _moe(keys, n_experts)}
