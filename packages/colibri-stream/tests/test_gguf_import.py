@@ -37,21 +37,22 @@ COMMON = dict(vocab_size=VOCAB, num_hidden_layers=2, num_attention_heads=4, num_
 
 
 def family_config(family: str, d: int = 64):
-    """The tiny model of each family; `d` = 256 for the K-quants (their rows are 256-weight blocks)."""
-    f = d // 64
+    """The tiny model of each family; `d` = 256 for the K-quants: every row a whole number of their
+    256-weight blocks."""
+    dense, expert, head, shared = (96, 32, 16, 64) if d == 64 else (512, 256, 64, 256)
     common = dict(COMMON, hidden_size=d)
     return {
-        "llama": lambda: transformers.LlamaConfig(**common, intermediate_size=96 * f, tie_word_embeddings=True),
+        "llama": lambda: transformers.LlamaConfig(**common, intermediate_size=dense, tie_word_embeddings=True),
         "qwen3_moe": lambda: transformers.Qwen3MoeConfig(
-            **common, head_dim=16 * f, intermediate_size=96 * f, moe_intermediate_size=32 * f, num_experts=8,
+            **common, head_dim=head, intermediate_size=dense, moe_intermediate_size=expert, num_experts=8,
             num_experts_per_tok=2, norm_topk_prob=True),
         "qwen2_moe": lambda: transformers.Qwen2MoeConfig(
-            **common, intermediate_size=96 * f, moe_intermediate_size=32 * f, shared_expert_intermediate_size=64 * f,
+            **common, intermediate_size=dense, moe_intermediate_size=expert, shared_expert_intermediate_size=shared,
             num_experts=8, num_experts_per_tok=2, norm_topk_prob=False),
         "olmoe": lambda: transformers.OlmoeConfig(
-            **common, intermediate_size=32 * f, num_experts=8, num_experts_per_tok=2, norm_topk_prob=False),
+            **common, intermediate_size=expert, num_experts=8, num_experts_per_tok=2, norm_topk_prob=False),
         "mixtral": lambda: transformers.MixtralConfig(
-            **common, intermediate_size=32 * f, num_local_experts=8, num_experts_per_tok=2,
+            **common, intermediate_size=expert, num_local_experts=8, num_experts_per_tok=2,
             rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}),
     }[family]()
 
@@ -78,7 +79,7 @@ def encode(weights: np.ndarray, kind: str, rng) -> tuple[np.ndarray, np.ndarray]
         fields, largest = K_QUANTS[kind]
         block, size = gguf.GGML_QUANT_SIZES[qtype]
         raw = rng.integers(0, 256, (*weights.shape[:-1], weights.shape[-1] // block, size), dtype=np.uint8)
-        scale = np.float16(3 * weights.std() / largest).view(np.uint8)
+        scale = np.array([3 * weights.std() / largest], dtype=np.float16).view(np.uint8)
         for offset in fields:
             raw[..., offset:offset + 2] = scale
         raw = raw.reshape(*weights.shape[:-1], -1)
@@ -277,7 +278,7 @@ def test_tokenizer_json_encodes_as_transformers_gguf_tokenizer_does(tmp_path):
              "naïve café — déjà vu ✓ 日本語", "def f(x):\n    return x**2  # ok", "it's we'll THEY'RE"]
     for text in texts:
         assert ours.encode(text).ids == theirs(text, add_special_tokens=False)["input_ids"], text
-        assert ours.decode(ours.encode(text).ids) == text
+        assert ours.decode(ours.encode(text).ids, skip_special_tokens=False) == text
     assert config.eos_token == "<|im_end|>" and config.chat_template.startswith("{% for message in messages %}")
     assert not config.add_bos_token
 
