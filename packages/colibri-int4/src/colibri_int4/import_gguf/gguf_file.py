@@ -123,8 +123,12 @@ class GGUFFile:
 
 
 def _value(field):
-    """A metadata field as a Python value: gguf-py's `contents()`, arrays as lists."""
+    """A metadata field as a Python value: gguf-py's `contents()`, arrays as lists. A float32
+    scalar becomes the shortest decimal that rounds to it (1e-06, not 9.99999997e-07): the number
+    config.json had before the converter stored it in 32 bits."""
     value = field.contents()
     if isinstance(value, np.generic):
-        return value.item()
+        value = value.item()
+    if isinstance(value, float) and field.types and field.types[0].name == "FLOAT32":
+        value = float(str(np.float32(value)))
     return value
