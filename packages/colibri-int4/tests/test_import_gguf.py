@@ -206,8 +206,12 @@ def test_metadata_that_would_change_the_math_is_refused_by_name(tmp_path, key, v
     _refused(tmp_path, match, extra_keys={key: value})
 
 
-def test_sentencepiece_vocabulary_is_refused_by_name(tmp_path):
-    _refused(tmp_path, r"metadata key 'tokenizer\.ggml\.model' = 'llama' is not supported", tokenizer_model="llama")
+def test_unknown_tokenizer_model_is_refused_by_name(tmp_path):
+    _refused(tmp_path, r"metadata key 'tokenizer\.ggml\.model' = 't5' is not supported", tokenizer_model="t5")
+
+
+def test_sentencepiece_vocabulary_without_scores_is_refused_by_name(tmp_path):
+    _refused(tmp_path, r"metadata key 'tokenizer\.ggml\.scores' is missing", tokenizer_model="llama")
 
 
 def test_missing_gguf_package_says_how_to_install_it(tmp_path, monkeypatch):

@@ -300,3 +300,36 @@ def test_unsupported_tensor_type_is_refused_by_name(tmp_path):
                                               r"does not read \(supported: F32, F16, BF16"):
         import_gguf(path, tmp_path / "out.coli", quant_scheme("bf16"))
     assert not (tmp_path / "out.coli").exists()
+
+
+def test_sentencepiece_vocabulary_encodes_as_transformers_gguf_tokenizer_does(tmp_path):
+    """Llama 2 / Mistral / Mixtral GGUFs: a sentencepiece vocabulary with scores and byte tokens,
+    no merges. Ours must encode and decode as transformers' GGUF loader does, unknown
+    characters through the byte fallback, BOS prepended."""
+    from colibri_int4.import_gguf import GGUFFile, tokenizer_from_gguf
+
+    pieces = ["▁", "t", "h", "e", "a", "n", "d", "o", "r", "s", "he", "▁t", "▁the", "an", "▁an", "▁a", "nd", "▁and",
+              "or", "▁o", "▁or", "re", "er", "▁he", "▁s", "es", "▁d", "do", "▁do"]
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + pieces
+    writer = gguf.GGUFWriter(str(tmp_path / "spm.gguf"), "llama")
+    writer.add_block_count(1)
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_scores([0.0] * 259 + [-float(i) for i in range(len(pieces))])
+    writer.add_token_types([2, 3, 3] + [6] * 256 + [1] * len(pieces))
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_unk_token_id(0)
+    writer.add_tensor("token_embd.weight", np.zeros((len(tokens), 32), np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with GGUFFile(tmp_path / "spm.gguf") as file:
+        data, config = tokenizer_from_gguf(file.metadata, "spm.gguf")
+    ours = Tokenizer.from_str(data.decode())
+    theirs = transformers.AutoTokenizer.from_pretrained(tmp_path, gguf_file="spm.gguf")
+    for text in ["the and or", "  he does  ", "Thé dog ✓", "and\nthe</s>"]:
+        assert ours.encode(text).ids == theirs(text)["input_ids"], text
+        assert ours.decode(ours.encode(text).ids) == theirs.decode(theirs(text)["input_ids"], skip_special_tokens=True)
+    assert config.add_bos_token and config.bos_token == "<s>" and config.eos_token_ids == [2]
