@@ -54,11 +54,20 @@ def family_config(family: str, d: int = 64):
         "mixtral": lambda: transformers.MixtralConfig(
             **common, intermediate_size=expert, num_local_experts=8, num_experts_per_tok=2,
             rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}),
+        # sinks, a window shorter than the prompt on even layers, q/k/v/o, router and expert biases,
+        # yarn RoPE; llama.cpp fixes the SwiGLU clamp at transformers' default 7.0
+        "gpt_oss": lambda: transformers.GptOssConfig(
+            **common, head_dim=head, intermediate_size=expert, num_local_experts=8, num_experts_per_tok=2,
+            sliding_window=8,
+            rope_parameters={"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                             "truncate": False, "original_max_position_embeddings": 16, "rope_theta": 150000.0}),
     }[family]()
 
 
-ARCH = {"llama": "llama", "mixtral": "llama", "qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe", "olmoe": "olmoe"}
-PRE = {"llama": "smollm", "mixtral": "gpt-2", "qwen3_moe": "qwen2", "qwen2_moe": "qwen2", "olmoe": "olmo"}
+ARCH = {"llama": "llama", "mixtral": "llama", "qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe", "olmoe": "olmoe",
+        "gpt_oss": "gpt-oss"}
+PRE = {"llama": "smollm", "mixtral": "gpt-2", "qwen3_moe": "qwen2", "qwen2_moe": "qwen2", "olmoe": "olmo",
+       "gpt_oss": "gpt-4o"}
 # (byte offsets of the fp16 scale fields in a block, the largest |code product|): random blocks
 # whose scales are set so that the decoded weights stay near the model's own magnitude
 K_QUANTS = {"Q2_K": ((80, 82), 45), "Q3_K": ((108,), 128), "Q4_K": ((0, 2), 945), "Q5_K": ((0, 2), 1953),
@@ -103,15 +112,25 @@ def write_gguf(path, family: str, model, kind: str, rng) -> dict[str, np.ndarray
     writer.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
     writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    if family == "qwen3_moe":
+    if family in ("qwen3_moe", "gpt_oss"):
         writer.add_key_length(head_dim)
         writer.add_value_length(head_dim)
+    if family == "gpt_oss":
+        writer.add_sliding_window(cfg.sliding_window)
+        writer.add_expert_feed_forward_length(cfg.intermediate_size)
     if arch == "llama":
         writer.add_vocab_size(cfg.vocab_size)
         writer.add_rope_dimension_count(head_dim)
-    if cfg.rope_parameters.get("rope_type") == "linear":
+    rope = cfg.rope_parameters
+    if rope.get("rope_type") == "linear":
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
-        writer.add_rope_scaling_factor(cfg.rope_parameters["factor"])
+        writer.add_rope_scaling_factor(rope["factor"])
+    if rope.get("rope_type") == "yarn":
+        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(rope["factor"])
+        writer.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+        writer.add_rope_scaling_yarn_beta_fast(rope["beta_fast"])
+        writer.add_rope_scaling_yarn_beta_slow(rope["beta_slow"])
     n_experts = getattr(cfg, "num_experts", None) or getattr(cfg, "num_local_experts", 0)
     if n_experts:
         writer.add_expert_count(n_experts)
@@ -132,8 +151,8 @@ def write_gguf(path, family: str, model, kind: str, rng) -> dict[str, np.ndarray
                                cfg.num_hidden_layers)
     values: dict[str, np.ndarray] = {}
 
-    def add(gguf_name: str, weights: np.ndarray, permute_heads: int = 0) -> np.ndarray:
-        if weights.ndim == 1:  # llama.cpp keeps norms and biases in F32
+    def add(gguf_name: str, weights: np.ndarray, permute_heads: int = 0, bias: bool = False) -> np.ndarray:
+        if weights.ndim == 1 or bias:  # llama.cpp keeps norms and biases in F32
             raw, decoded = weights, weights
             writer.add_tensor(gguf_name, weights)
             return decoded
@@ -146,6 +165,29 @@ def write_gguf(path, family: str, model, kind: str, rng) -> dict[str, np.ndarray
     for hf_name, tensor in model.state_dict().items():
         array = tensor.float().numpy()
         if hf_name == "lm_head.weight" and cfg.tie_word_embeddings:
+            continue
+        if family == "gpt_oss" and ".experts." in hf_name:
+            # transformers' GPT-OSS: gate_up_proj [E, d, 2F] (x @ W), gate and up interleaved;
+            # llama.cpp's converter transposes and de-interleaves them (biases alike)
+            prefix = hf_name[: hf_name.index("experts.") + len("experts.")]
+            base = {part: names.get_name(prefix + part) for part in ("gate_proj", "up_proj", "down_proj")}
+            if hf_name.endswith("gate_up_proj"):
+                both = array.transpose(0, 2, 1)
+                gate = add(base["gate_proj"] + ".weight", np.ascontiguousarray(both[:, ::2]))
+                up = add(base["up_proj"] + ".weight", np.ascontiguousarray(both[:, 1::2]))
+                values[hf_name] = np.stack([gate, up], axis=2).reshape(both.shape).transpose(0, 2, 1)
+            elif hf_name.endswith("gate_up_proj_bias"):
+                gate = add(base["gate_proj"] + ".bias", np.ascontiguousarray(array[:, ::2]), bias=True)
+                up = add(base["up_proj"] + ".bias", np.ascontiguousarray(array[:, 1::2]), bias=True)
+                values[hf_name] = np.stack([gate, up], axis=2).reshape(array.shape)
+            elif hf_name.endswith("down_proj"):
+                values[hf_name] = add(base["down_proj"] + ".weight", np.ascontiguousarray(array.transpose(0, 2, 1)))
+                values[hf_name] = values[hf_name].transpose(0, 2, 1)
+            else:
+                values[hf_name] = add(base["down_proj"] + ".bias", array, bias=True)
+            continue
+        if hf_name.endswith(".sinks"):  # the converter names the parameter ".weight"
+            values[hf_name] = add(names.get_name(hf_name) + ".weight", array)
             continue
         if hf_name.endswith("experts.gate_up_proj"):  # [E, 2I, d], gate rows first
             prefix = hf_name[: -len("gate_up_proj")]
@@ -236,6 +278,11 @@ def test_each_family_from_q8_0_computes_transformers_logits_and_greedy_tokens(tm
 def test_every_tensor_type_computes_transformers_logits(tmp_path, family, kind):
     """The K-quants' blocks are 256 weights: those models are 256 wide."""
     _import_and_compare(tmp_path, family, kind, d=256 if kind in K_QUANTS else 64, steps=4)
+
+
+def test_gpt_oss_mxfp4_experts_compute_transformers_logits(tmp_path):
+    """llama.cpp's GPT-OSS files keep the experts in MXFP4 (gguf-py quantizes and decodes them)."""
+    _import_and_compare(tmp_path, "gpt_oss", "MXFP4")
 
 
 def test_int4_container_from_a_gguf_keeps_top1_and_kl_close_to_the_dequantized_weights(tmp_path, capsys):

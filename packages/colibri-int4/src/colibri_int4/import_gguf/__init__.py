@@ -7,8 +7,9 @@ read and what is refused.
     tokenizer_json.py  tokenizer.* metadata -> tokenizer.json, chat template and special tokens
     convert.py         names through gguf-py's TensorNameMap, q/k un-permuted, the exporter's body writer
 
-Architectures: llama (dense, and Mixtral's experts), qwen3moe, qwen2moe, olmoe; tensors in F32,
-F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and the K-quants Q2_K..Q6_K, requantized to the scheme.
+Architectures: llama (dense, and Mixtral's experts), qwen3moe, qwen2moe, olmoe, gpt-oss; tensors
+in F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, the K-quants Q2_K..Q6_K and MXFP4, requantized to
+the scheme.
 """
 
 from .convert import GGUFImportReport, colibri_config_from_gguf, import_gguf

@@ -83,18 +83,21 @@ class GGUFTensors:
             if arch == "llama" and name.endswith(("attn.q_proj.weight", "attn.k_proj.weight")):
                 heads = shape.n_heads if ".q_proj" in name else shape.n_kv_heads
                 self.row_order[name] = _q_k_rows(dims[0], heads)
-        self.experts: dict[int, tuple[str, str, str]] = {}
+        self.experts: dict[int, tuple[str, ...]] = {}
         for name, dims in table.items():
             if name.endswith("moe.experts.gate_proj"):
                 n_experts, expert_dim, d = dims
                 layer = int(name.split(".")[1])
-                stacked = tuple(
-                    self._gguf_name(f"model.layers.{layer}.{self.names.moe}.experts.{part}", f"layer {layer} experts", ".weight")
-                    for part in self.names.parts)
-                for gguf_name, dims in zip(stacked, ((n_experts, expert_dim, d), (n_experts, expert_dim, d),
-                                                     (n_experts, d, expert_dim))):
+                bases = [self._gguf_name(f"model.layers.{layer}.{self.names.moe}.experts.{part}", f"layer {layer} experts")
+                         for part in self.names.parts]
+                stacked = [base + ".weight" for base in bases]
+                shapes = [(n_experts, expert_dim, d), (n_experts, expert_dim, d), (n_experts, d, expert_dim)]
+                if shape.expert_proj_bias:  # GPT-OSS: [gate, up, down] then their biases
+                    stacked += [base + ".bias" for base in bases]
+                    shapes += [(n_experts, expert_dim), (n_experts, expert_dim), (n_experts, d)]
+                for gguf_name, dims in zip(stacked, shapes):
                     self._check(gguf_name, dims, f"layer {layer} routed experts")
-                self.experts[layer] = stacked
+                self.experts[layer] = tuple(stacked)
                 used |= set(stacked)
         unused = sorted(set(file.tensors) - used)
         if "rope_freqs.weight" in unused:
@@ -106,11 +109,14 @@ class GGUFTensors:
                 "the metadata describes a different architecture"
             )
 
-    def _gguf_name(self, hf_name: str, what: str, suffix: str = "") -> str:
-        base = self.map.get_name(hf_name, try_suffixes=(".weight", ".bias"))
-        if base is None:
+    def _gguf_name(self, hf_name: str, what: str) -> str:
+        name = self.map.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        if name is None:
             raise GGUFImportError(f"{self.file.path}: no GGUF tensor name for {what} ({hf_name}) in gguf's table")
-        return base + suffix
+        # a parameter without a suffix in HF (GPT-OSS's sinks) is stored with ".weight"
+        if name not in self.file.tensors and name + ".weight" in self.file.tensors and hf_name.endswith("sinks"):
+            return name + ".weight"
+        return name
 
     def _check(self, gguf_name: str, dims: tuple[int, ...], what: str) -> None:
         if gguf_name not in self.file.tensors:
@@ -139,7 +145,7 @@ class GGUFTensors:
         return self.file.rows(gguf_name, rows), self._bytes(gguf_name, (stop - start) / total)
 
     def read_expert(self, layer: int, expert: int) -> tuple[list[np.ndarray], int]:
-        names = self.experts[layer]
+        names = self.experts[layer]  # [gate, up, down] (+ their biases)
         n_experts = self.file.shape(names[0])[0]
         return ([self.file.expert(n, expert) for n in names],
                 sum(self._bytes(n, 1 / n_experts) for n in names))

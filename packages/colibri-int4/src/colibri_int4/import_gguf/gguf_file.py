@@ -23,7 +23,7 @@ from ..errors import GGUFImportError
 # Tensor types read here: gguf-py dequantizes each (no block decoding of our own), and the tests
 # write each one (the K-quants as raw blocks, since gguf-py only decodes those).
 SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K",
-                   "Q5_K", "Q6_K")
+                   "Q5_K", "Q6_K", "MXFP4")
 
 
 def gguf_module():
@@ -118,7 +118,8 @@ class GGUFFile:
         return self._decode(name, data, (data.shape[0], *shape[1:]))
 
     def expert(self, name: str, index: int) -> np.ndarray:
-        """`tensor[index]` of a stacked `(n_experts, out, in)` tensor, reading only that slice."""
+        """`tensor[index]` of a stacked `(n_experts, out, in)` tensor (or `(n_experts, out)` biases),
+        reading only that slice."""
         return self._decode(name, self.tensors[name].data[index], self.shape(name)[1:])
 
 

@@ -22,13 +22,11 @@ from ..errors import GGUFImportError
 _MISSING = object()
 
 # GGUF's general.architecture -> transformers' model_type (llama with experts is Mixtral's layout)
-ARCHITECTURES = {"llama": "llama", "qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe", "olmoe": "olmoe"}
+ARCHITECTURES = {"llama": "llama", "qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe", "olmoe": "olmoe",
+                 "gpt-oss": "gpt_oss"}
 # llama.cpp renormalises the chosen experts' weights for these (its build_moe_ffn norm_w argument)
-_NORM_TOPK = {"llama": True, "qwen3moe": True, "qwen2moe": False, "olmoe": False}
-_NOT_YET = {
-    "deepseek2": "multi-head latent attention stored as split attn_k_b/attn_v_b",
-    "gpt-oss": "MXFP4 expert blocks, attention sinks and per-expert biases",
-}
+_NORM_TOPK = {"llama": True, "qwen3moe": True, "qwen2moe": False, "olmoe": False, "gpt-oss": True}
+_NOT_YET = {"deepseek2": "multi-head latent attention stored as split attn_k_b/attn_v_b"}
 # Keys that describe the file or the model's provenance, never its math.
 _INFORMATIONAL_PREFIXES = ("general.", "quantize.", "tokenizer.")
 # {arch}.* keys that are bookkeeping here: checked elsewhere or implied by the tensors.
@@ -138,6 +136,8 @@ def hf_config_from_gguf(metadata: dict, tensor_shapes: dict[str, tuple[int, ...]
         clamp = keys.get("attention.clamp_kqv", None)
         if clamp:
             keys.refuse("attention.clamp_kqv", clamp, "clamping q, k and v is not implemented")
+    elif arch == "gpt-oss":
+        _gpt_oss(keys, config, n_experts, tensor_shapes)
     else:  # qwen3moe, qwen2moe: every layer MoE in llama.cpp
         expert_dim = keys.integer("expert_feed_forward_length")
         config |= {"num_experts": _moe(keys, n_experts), "moe_intermediate_size": expert_dim,
@@ -147,6 +147,23 @@ def hf_config_from_gguf(metadata: dict, tensor_shapes: dict[str, tuple[int, ...]
             config["qkv_bias"] = "blk.0.attn_q.bias" in tensor_shapes
     keys.finish()
     return config
+
+
+def _gpt_oss(keys: MetadataKeys, config: dict, n_experts: int, tensor_shapes: dict) -> None:
+    """GPT-OSS as llama.cpp runs it: sliding-window attention on even layers (its swa pattern 2,
+    transformers' default layer_types), the clamped SwiGLU at alpha 1.702 and limit 7.0 (fixed in
+    llama.cpp's graph), q/k/v/o biases, sinks, expert biases; YaRN without truncation, as the
+    released model's config sets it."""
+    top_k = config.pop("num_experts_per_tok")
+    config.pop("norm_topk_prob")  # the router's softmax over the top-k logits renormalises by itself
+    config |= {"num_local_experts": _moe(keys, n_experts), "num_experts_per_tok": top_k,
+               "intermediate_size": keys.integer("expert_feed_forward_length"),
+               "sliding_window": keys.integer("attention.sliding_window"),
+               "attention_bias": "blk.0.attn_q.bias" in tensor_shapes}
+    keys.get("feed_forward_length", None)  # the converter writes intermediate_size twice
+    scaling = config.get("rope_scaling")
+    if scaling is not None and scaling["rope_type"] == "yarn":
+        scaling["truncate"] = False
 
 
 def _moe(keys: MetadataKeys, n_experts: int) -> int:
