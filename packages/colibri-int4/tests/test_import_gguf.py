@@ -171,7 +171,7 @@ def test_truncated_file_is_refused(tmp_path):
 
 
 def test_unknown_architecture_is_refused_by_name(tmp_path):
-    _refused(tmp_path, r"bad\.gguf: general\.architecture='gemma3' is not supported; supported: llama, olmoe",
+    _refused(tmp_path, r"bad\.gguf: general\.architecture='gemma3' is not supported; supported: gpt-oss, llama, olmoe",
              arch_name="gemma3")
 
 
