@@ -1,10 +1,10 @@
 """One GGUF file seen through the `gguf` package (llama.cpp's gguf-py): metadata as Python values,
 tensors in torch's dimension order, dequantized to fp32 by `gguf.quants.dequantize`.
 
-GGUFReader memory-maps the file, so opening reads only the key/value section and the tensor
-table; `rows`/`expert` dequantize the blocks of the rows (or the one expert slice) asked for, so
-converting a file holds one tensor block in fp32, never the whole file (the mapped pages it touched
-are page cache, dropped by the kernel as needed).
+GGUFReader parses the key/value section and the tensor table (it memory-maps the file but touches
+only those pages); tensor bytes are then read with `pread`, only the rows (or the one expert slice)
+asked for, and dequantized, so converting a file holds one block of one tensor, never the file:
+no mapped page of the weights stays in the process's resident set.
 
 gguf's numpy arrays are in torch's order already (GGUF lists dimensions innermost first, `ne0`
 = the row length; the reader reverses them), so a `[out, in]` projection reads as `(out, in)` and
@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import GGUFImportError
+from ..positional_read import read_into
 
 # Tensor types read here: gguf-py dequantizes each (no block decoding of our own), and the tests
 # write each one (the K-quants as raw blocks, since gguf-py only decodes those).
@@ -69,10 +70,12 @@ class GGUFFile:
         for tensor in self.tensors.values():
             if tensor.data_offset + tensor.n_bytes > size:
                 raise GGUFImportError(f"{self.path}: tensor '{tensor.name}' ends past the end of the file (truncated)")
+        self._fd = os.open(self.path, os.O_RDONLY)
 
     def close(self) -> None:
-        self._reader = None
-        self.tensors = {}
+        if getattr(self, "_fd", -1) >= 0:
+            os.close(self._fd)
+        self._fd, self._reader, self.tensors = -1, None, {}
 
     def __enter__(self) -> GGUFFile:
         return self
@@ -107,20 +110,38 @@ class GGUFFile:
             raise GGUFImportError(f"{self.path}: tensor '{name}': cannot dequantize ({exc})") from None
         return np.ascontiguousarray(array, dtype=np.float32).reshape(shape)
 
+    def _raw(self, name: str, first: int, count: int) -> np.ndarray:
+        """The stored bytes of `tensor[first:first + count]` (along the outermost dimension), one pread.
+        gguf-py's array for the tensor gives the layout (dtype, block bytes per row) without reading it."""
+        layout = self.tensors[name].data
+        stride = layout.nbytes // layout.shape[0]
+        out = np.empty((count, *layout.shape[1:]), dtype=layout.dtype)
+        try:
+            read_into(self._fd, out, self.tensors[name].data_offset + first * stride, f"{self.path}: tensor '{name}'")
+        except EOFError as exc:
+            raise GGUFImportError(f"{exc} (truncated)") from None
+        return out
+
     def tensor(self, name: str) -> np.ndarray:
         """The whole tensor in fp32, torch's shape."""
-        return self._decode(name, self.tensors[name].data, self.shape(name))
+        shape = self.shape(name)
+        return self._decode(name, self._raw(name, 0, shape[0]), shape)
 
     def rows(self, name: str, rows: slice | np.ndarray) -> np.ndarray:
         """fp32 rows of a 2-D tensor: a slice, or an index array (a gather; llama's q/k permutation)."""
         shape = self.shape(name)
-        data = self.tensors[name].data[rows]
+        if isinstance(rows, slice):
+            start, stop, _ = rows.indices(shape[0])
+            data = self._raw(name, start, stop - start)
+        else:
+            low = int(rows.min())
+            data = self._raw(name, low, int(rows.max()) + 1 - low)[rows - low]
         return self._decode(name, data, (data.shape[0], *shape[1:]))
 
     def expert(self, name: str, index: int) -> np.ndarray:
         """`tensor[index]` of a stacked `(n_experts, out, in)` tensor (or `(n_experts, out)` biases),
         reading only that slice."""
-        return self._decode(name, self.tensors[name].data[index], self.shape(name)[1:])
+        return self._decode(name, self._raw(name, index, 1)[0], self.shape(name)[1:])
 
 
 def _value(field):
