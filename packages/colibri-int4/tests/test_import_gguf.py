@@ -230,3 +230,18 @@ def test_cli_writes_the_container_and_refuses_bad_input_in_one_line(tmp_path):
     result = CliRunner().invoke(main, ["import-gguf", str(tmp_path / "bad.gguf"), str(tmp_path / "x.coli")])
     assert result.exit_code == 2 and "bad.gguf" in result.output and "Traceback" not in result.output
     assert len(result.output.strip().splitlines()) == 1
+
+
+def test_cli_suggests_asym_int4_for_a_grid_with_minimums(tmp_path):
+    _write_gguf(tmp_path / "q41.gguf", kind="Q4_1")
+    runner = CliRunner()
+    for extra, hinted in (([], True), (["--asym", "--group", "32"], False), (["--quant", "bf16"], False)):
+        result = runner.invoke(main, ["import-gguf", str(tmp_path / "q41.gguf"), str(tmp_path / "m.coli"), *extra])
+        assert result.exit_code == 0, result.output
+        assert ("note: Q4_1 blocks have a minimum" in result.output) == hinted, (extra, result.output)
+    _write_gguf(tmp_path / "dense.gguf", arch="llama", kind="Q4_1")  # --quant int4 leaves a dense model int8
+    result = runner.invoke(main, ["import-gguf", str(tmp_path / "dense.gguf"), str(tmp_path / "d.coli")])
+    assert result.exit_code == 0 and "note:" not in result.output
+    result = runner.invoke(main, ["import-gguf", str(tmp_path / "dense.gguf"), str(tmp_path / "d.coli"),
+                                  "--resident-dtype", "int4"])
+    assert result.exit_code == 0 and "note: Q4_1 blocks have a minimum" in result.output
