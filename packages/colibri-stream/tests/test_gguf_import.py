@@ -61,13 +61,34 @@ def family_config(family: str, d: int = 64):
             sliding_window=8,
             rope_parameters={"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
                              "truncate": False, "original_max_position_embeddings": 16, "rope_theta": 150000.0}),
+        # MLA with a q latent, interleaved yarn RoPE (llama.cpp takes mscale = mscale_all_dim), sigmoid
+        # routing with a selection bias limited to the best 2 of 4 groups, a leading dense layer,
+        # a shared expert and a routed scaling factor
+        "deepseek_v3": lambda: transformers.DeepseekV3Config(
+            **{**common, "num_key_value_heads": 4}, intermediate_size=dense, moe_intermediate_size=expert,
+            n_routed_experts=8, num_experts_per_tok=2, n_group=4, topk_group=2, n_shared_experts=1,
+            first_k_dense_replace=1, routed_scaling_factor=2.5, norm_topk_prob=True, q_lora_rank=32, kv_lora_rank=32,
+            qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, rope_interleave=True,
+            rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 24,
+                             "beta_fast": 32, "beta_slow": 1, "mscale": 0.8, "mscale_all_dim": 0.8,
+                             "rope_theta": 10000.0}),
+        # DeepSeek-V2-Lite's shape: MLA without a q latent, a softmax router, plain top-k, gates
+        # scaled and not renormalised
+        "deepseek_v2": lambda: transformers.DeepseekV2Config(
+            **{**common, "num_key_value_heads": 4}, intermediate_size=dense, moe_intermediate_size=expert,
+            n_routed_experts=8, num_experts_per_tok=3, topk_method="greedy", n_group=1, topk_group=1,
+            n_shared_experts=2, first_k_dense_replace=1, routed_scaling_factor=1.5, q_lora_rank=None,
+            kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+            rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 24,
+                             "beta_fast": 32, "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 0.707,
+                             "rope_theta": 10000.0}),
     }[family]()
 
 
 ARCH = {"llama": "llama", "mixtral": "llama", "qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe", "olmoe": "olmoe",
-        "gpt_oss": "gpt-oss"}
+        "gpt_oss": "gpt-oss", "deepseek_v3": "deepseek2", "deepseek_v2": "deepseek2"}
 PRE = {"llama": "smollm", "mixtral": "gpt-2", "qwen3_moe": "qwen2", "qwen2_moe": "qwen2", "olmoe": "olmo",
-       "gpt_oss": "gpt-4o"}
+       "gpt_oss": "gpt-4o", "deepseek_v3": "qwen2", "deepseek_v2": "qwen2"}
 # (byte offsets of the fp16 scale fields in a block, the largest |code product|): random blocks
 # whose scales are set so that the decoded weights stay near the model's own magnitude
 K_QUANTS = {"Q2_K": ((80, 82), 45), "Q3_K": ((108,), 128), "Q4_K": ((0, 2), 945), "Q5_K": ((0, 2), 1953),
@@ -108,7 +129,7 @@ def write_gguf(path, family: str, model, kind: str, rng) -> dict[str, np.ndarray
     writer.add_embedding_length(cfg.hidden_size)
     writer.add_feed_forward_length(cfg.intermediate_size)
     writer.add_head_count(cfg.num_attention_heads)
-    writer.add_head_count_kv(cfg.num_key_value_heads)
+    writer.add_head_count_kv(1 if arch == "deepseek2" else cfg.num_key_value_heads)  # MLA as one shared head
     writer.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
     writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
@@ -121,6 +142,27 @@ def write_gguf(path, family: str, model, kind: str, rng) -> dict[str, np.ndarray
     if arch == "llama":
         writer.add_vocab_size(cfg.vocab_size)
         writer.add_rope_dimension_count(head_dim)
+    if arch == "deepseek2":  # what convert_hf_to_gguf.py's DeepseekV2Model writes
+        writer.add_leading_dense_block_count(cfg.first_k_dense_replace)
+        writer.add_vocab_size(cfg.vocab_size)
+        if cfg.q_lora_rank is not None:
+            writer.add_q_lora_rank(cfg.q_lora_rank)
+        writer.add_kv_lora_rank(cfg.kv_lora_rank)
+        writer.add_key_length(cfg.kv_lora_rank + cfg.qk_rope_head_dim)
+        writer.add_value_length(cfg.kv_lora_rank)
+        writer.add_key_length_mla(cfg.qk_nope_head_dim + cfg.qk_rope_head_dim)
+        writer.add_value_length_mla(cfg.v_head_dim)
+        writer.add_expert_feed_forward_length(cfg.moe_intermediate_size)
+        writer.add_expert_shared_count(cfg.n_shared_experts)
+        writer.add_expert_weights_scale(cfg.routed_scaling_factor)
+        if cfg.norm_topk_prob:
+            writer.add_expert_weights_norm(cfg.norm_topk_prob)
+        v3 = family == "deepseek_v3"
+        writer.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID if v3 else gguf.ExpertGatingFuncType.SOFTMAX)
+        writer.add_expert_group_count(cfg.n_group)
+        writer.add_expert_group_used_count(cfg.topk_group)
+        writer.add_rope_dimension_count(cfg.qk_rope_head_dim)
+        writer.add_rope_scaling_yarn_log_mul(0.1 * cfg.rope_parameters["mscale_all_dim"])
     rope = cfg.rope_parameters
     if rope.get("rope_type") == "linear":
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
@@ -131,7 +173,8 @@ def write_gguf(path, family: str, model, kind: str, rng) -> dict[str, np.ndarray
         writer.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
         writer.add_rope_scaling_yarn_beta_fast(rope["beta_fast"])
         writer.add_rope_scaling_yarn_beta_slow(rope["beta_slow"])
-    n_experts = getattr(cfg, "num_experts", None) or getattr(cfg, "num_local_experts", 0)
+    n_experts = (getattr(cfg, "num_experts", None) or getattr(cfg, "num_local_experts", 0)
+                 or getattr(cfg, "n_routed_experts", 0))
     if n_experts:
         writer.add_expert_count(n_experts)
         writer.add_expert_used_count(cfg.num_experts_per_tok)
@@ -152,10 +195,10 @@ def write_gguf(path, family: str, model, kind: str, rng) -> dict[str, np.ndarray
     values: dict[str, np.ndarray] = {}
 
     def add(gguf_name: str, weights: np.ndarray, permute_heads: int = 0, bias: bool = False) -> np.ndarray:
-        if weights.ndim == 1 or bias:  # llama.cpp keeps norms and biases in F32
-            raw, decoded = weights, weights
-            writer.add_tensor(gguf_name, weights)
-            return decoded
+        block = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[kind]][0]
+        if weights.ndim == 1 or bias or weights.shape[-1] % block:  # llama.cpp keeps these in F32
+            writer.add_tensor(gguf_name, np.ascontiguousarray(weights))
+            return weights
         raw, decoded = encode(weights, kind, rng)
         if permute_heads:
             raw = llama_cpp_permute(raw, permute_heads)
@@ -185,6 +228,18 @@ def write_gguf(path, family: str, model, kind: str, rng) -> dict[str, np.ndarray
                 values[hf_name] = values[hf_name].transpose(0, 2, 1)
             else:
                 values[hf_name] = add(base["down_proj"] + ".bias", array, bias=True)
+            continue
+        if hf_name.endswith("e_score_correction_bias"):  # renamed to a ".bias" by the converter
+            values[hf_name] = add(names.get_name(hf_name[: -len("_bias")]) + ".bias", array)
+            continue
+        if hf_name.endswith("kv_b_proj.weight"):  # split for MLA's weight absorption, k_b transposed
+            heads, nope, v_dim = cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.v_head_dim
+            kv_b = array.reshape(heads, nope + v_dim, -1)
+            base = hf_name.replace("kv_b_proj", "{}_proj")
+            k_b = add(names.get_name(base.format("k_b"), try_suffixes=(".weight",)),
+                      np.ascontiguousarray(kv_b[:, :nope].transpose(0, 2, 1)))
+            v_b = add(names.get_name(base.format("v_b"), try_suffixes=(".weight",)), np.ascontiguousarray(kv_b[:, nope:]))
+            values[hf_name] = np.concatenate([k_b.transpose(0, 2, 1), v_b], axis=1).reshape(array.shape)
             continue
         if hf_name.endswith(".sinks"):  # the converter names the parameter ".weight"
             values[hf_name] = add(names.get_name(hf_name) + ".weight", array)
@@ -217,6 +272,9 @@ def reference_model(family: str, d: int = 64):
         if name.endswith(".bias"):  # transformers initialises biases to zero: a test of them needs them not to be
             parameter.normal_(std=0.08)
         parameter.copy_(parameter.to(torch.bfloat16))  # bf16 weights, as checkpoints ship
+    for name, buffer in model.named_buffers():
+        if name.endswith("e_score_correction_bias"):  # a zero selection bias would test nothing
+            buffer.normal_(0.0, 0.1)
     return model
 
 

@@ -197,7 +197,8 @@ def import_gguf_command(gguf_file: Path, out: Path, quant: str, group_size: str,
     """Convert a GGUF file (llama.cpp's format) into the container OUT, one tensor at a time.
     Needs the gguf package: pip install 'colibri-int4[gguf]'.
 
-    Architectures: llama (dense, and Mixtral's experts), qwen3moe, qwen2moe, olmoe, gpt-oss.
+    Architectures: llama (dense, and Mixtral's experts), qwen3moe, qwen2moe, olmoe, gpt-oss,
+    deepseek2 (DeepSeek-V2/V3).
     Tensors in F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, the K-quants Q2_K..Q6_K or MXFP4 are
     dequantized by gguf-py, then re-quantized to --quant. The tokenizer and chat template come from the file's
     metadata. A metadata key, tensor or tensor type Colibri has no place for is refused by name (exit 2).

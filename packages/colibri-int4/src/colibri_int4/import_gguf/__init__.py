@@ -7,7 +7,8 @@ read and what is refused.
     tokenizer_json.py  tokenizer.* metadata -> tokenizer.json, chat template and special tokens
     convert.py         names through gguf-py's TensorNameMap, q/k un-permuted, the exporter's body writer
 
-Architectures: llama (dense, and Mixtral's experts), qwen3moe, qwen2moe, olmoe, gpt-oss; tensors
+Architectures: llama (dense, and Mixtral's experts), qwen3moe, qwen2moe, olmoe, gpt-oss, deepseek2
+(DeepSeek-V2/V3); tensors
 in F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, the K-quants Q2_K..Q6_K and MXFP4, requantized to
 the scheme.
 """

@@ -72,11 +72,15 @@ class GGUFTensors:
         self.row_order: dict[str, np.ndarray] = {}
         self.resident: dict[str, str] = {}
         used: set[str] = set()
+        self.kv_split: dict[str, tuple[str, str]] = {}
         for name, dims in table.items():
             if ".moe.experts." in name:
                 continue
             hf_name = self.names.resident(name)
             gguf_name = self._gguf_name(hf_name, name)
+            if name.endswith("attn.kv_b_proj.weight") and gguf_name not in file.tensors:
+                used |= self._split_kv_b(name, gguf_name, dims, shape)
+                continue
             self._check(gguf_name, dims, f"Colibri tensor '{name}'")
             self.resident[name] = gguf_name
             used.add(gguf_name)
@@ -109,7 +113,27 @@ class GGUFTensors:
                 "the metadata describes a different architecture"
             )
 
+    def _split_kv_b(self, name: str, gguf_name: str, dims: tuple[int, ...], shape) -> set[str]:
+        """MLA's kv_b_proj as llama.cpp stores it for weight absorption: per head, k_b transposed
+        (`attn_k_b` [heads, kv_lora_rank, nope]) and v_b (`attn_v_b` [heads, v, kv_lora_rank])."""
+        k_b, v_b = gguf_name.replace("attn_kv_b", "attn_k_b"), gguf_name.replace("attn_kv_b", "attn_v_b")
+        heads, rank = shape.n_heads, shape.kv_lora_rank
+        self._check(k_b, (heads, rank, shape.qk_nope_head_dim), f"Colibri tensor '{name}' (its k half)")
+        self._check(v_b, (heads, shape.v_head_dim, rank), f"Colibri tensor '{name}' (its v half)")
+        self.kv_split[name] = (k_b, v_b)
+        return {k_b, v_b}
+
+    def _kv_b(self, name: str) -> np.ndarray:
+        """kv_b_proj [heads * (nope + v), rank] rebuilt from its halves (kept for the row blocks)."""
+        if getattr(self, "_kv_cached", (None,))[0] != name:
+            k_b, v_b = (self.file.tensor(n) for n in self.kv_split[name])
+            both = np.concatenate([k_b.transpose(0, 2, 1), v_b], axis=1)
+            self._kv_cached = (name, both.reshape(self.table[name]))
+        return self._kv_cached[1]
+
     def _gguf_name(self, hf_name: str, what: str) -> str:
+        if hf_name.endswith("e_score_correction_bias"):  # the converter renames it to a ".bias"
+            hf_name = hf_name[: -len("_bias")] + ".bias"
         name = self.map.get_name(hf_name, try_suffixes=(".weight", ".bias"))
         if name is None:
             raise GGUFImportError(f"{self.file.path}: no GGUF tensor name for {what} ({hf_name}) in gguf's table")
@@ -132,6 +156,8 @@ class GGUFTensors:
         return int(self.file.tensors[gguf_name].n_bytes * fraction)
 
     def read(self, name: str) -> tuple[np.ndarray, int]:
+        if name in self.kv_split:
+            return self._kv_b(name), sum(self._bytes(n) for n in self.kv_split[name])
         gguf_name = self.resident[name]
         if name in self.row_order:
             return self.file.rows(gguf_name, self.row_order[name]), self._bytes(gguf_name)
@@ -139,6 +165,9 @@ class GGUFTensors:
         return array.reshape(self.table[name]), self._bytes(gguf_name)  # a [d] gate read as [1, d]
 
     def read_rows(self, name: str, start: int, stop: int) -> tuple[np.ndarray, int]:
+        if name in self.kv_split:
+            rows = self._kv_b(name)
+            return rows[start:stop], sum(self._bytes(n, (stop - start) / rows.shape[0]) for n in self.kv_split[name])
         gguf_name = self.resident[name]
         rows = self.row_order[name][start:stop] if name in self.row_order else slice(start, stop)
         total = self.file.shape(gguf_name)[0]

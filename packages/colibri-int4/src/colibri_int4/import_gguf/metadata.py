@@ -23,10 +23,9 @@ _MISSING = object()
 
 # GGUF's general.architecture -> transformers' model_type (llama with experts is Mixtral's layout)
 ARCHITECTURES = {"llama": "llama", "qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe", "olmoe": "olmoe",
-                 "gpt-oss": "gpt_oss"}
+                 "gpt-oss": "gpt_oss", "deepseek2": "deepseek_v3"}  # deepseek_v2 when its router is a softmax
 # llama.cpp renormalises the chosen experts' weights for these (its build_moe_ffn norm_w argument)
-_NORM_TOPK = {"llama": True, "qwen3moe": True, "qwen2moe": False, "olmoe": False, "gpt-oss": True}
-_NOT_YET = {"deepseek2": "multi-head latent attention stored as split attn_k_b/attn_v_b"}
+_NORM_TOPK = {"llama": True, "qwen3moe": True, "qwen2moe": False, "olmoe": False, "gpt-oss": True, "deepseek2": False}
 # Keys that describe the file or the model's provenance, never its math.
 _INFORMATIONAL_PREFIXES = ("general.", "quantize.", "tokenizer.")
 # {arch}.* keys that are bookkeeping here: checked elsewhere or implied by the tensors.
@@ -88,9 +87,8 @@ def architecture(metadata: dict, where: str) -> str:
     arch = metadata.get("general.architecture")
     if arch in ARCHITECTURES:
         return arch
-    extra = f" ({_NOT_YET[arch]} are not implemented)" if arch in _NOT_YET else ""
     raise GGUFImportError(
-        f"{where}: general.architecture={arch!r} is not supported{extra}; supported: {', '.join(sorted(ARCHITECTURES))}"
+        f"{where}: general.architecture={arch!r} is not supported; supported: {', '.join(sorted(ARCHITECTURES))}"
     )
 
 
@@ -108,6 +106,8 @@ def hf_config_from_gguf(metadata: dict, tensor_shapes: dict[str, tuple[int, ...]
         keys.refuse("vocab_size", declared, f"token_embd.weight has {vocab_size} rows")
     d = keys.integer("embedding_length")
     n_heads = keys.integer("attention.head_count")
+    if arch == "deepseek2":
+        return _deepseek(keys, vocab_size, d, n_heads, tensor_shapes)
     config = {
         "model_type": ARCHITECTURES[arch], "vocab_size": vocab_size, "hidden_size": d,
         "num_hidden_layers": keys.integer("block_count"), "num_attention_heads": n_heads,
@@ -164,6 +164,65 @@ def _gpt_oss(keys: MetadataKeys, config: dict, n_experts: int, tensor_shapes: di
     scaling = config.get("rope_scaling")
     if scaling is not None and scaling["rope_type"] == "yarn":
         scaling["truncate"] = False
+
+
+def _deepseek(keys: MetadataKeys, vocab_size: int, d: int, n_heads: int, tensor_shapes: dict) -> dict:
+    """DeepSeek-V2/V3 (llama.cpp's deepseek2). llama.cpp runs MLA as one shared key/value head
+    (head_count_kv 1, key_length kv_lora_rank + rope dims); the per-head sizes are the *_mla keys
+    (older files: key_length / value_length themselves). V3 is the sigmoid router
+    (expert_gating_func 2) with its selection bias `exp_probs_b`; V2 the softmax one. YaRN's
+    softmax correction is `rope.scaling.yarn_log_multiplier` = 0.1 x mscale_all_dim, and llama.cpp
+    takes mscale = mscale_all_dim (no attention factor on cos/sin)."""
+    rope_dim = keys.integer("rope.dimension_count")
+    kv_rank = keys.integer("attention.kv_lora_rank")
+    key_length, value_length = keys.integer("attention.key_length"), keys.integer("attention.value_length")
+    kv_heads = keys.integer("attention.head_count_kv", n_heads)
+    if keys.get("attention.key_length_mla", None) is not None:
+        if kv_heads != 1 or key_length != kv_rank + rope_dim or value_length != kv_rank:
+            keys.refuse("attention.key_length", key_length, "an MLA file stores kv_lora_rank + rope dims with one kv head")
+        key_length, value_length = keys.integer("attention.key_length_mla"), keys.integer("attention.value_length_mla")
+    elif kv_heads != n_heads:
+        keys.refuse("attention.head_count_kv", kv_heads, f"MLA has one key per head: {n_heads}")
+    n_layers = keys.integer("block_count")
+    gating = keys.get("expert_gating_func", 1)
+    if gating not in (1, 2):
+        keys.refuse("expert_gating_func", gating, "1 (softmax, DeepSeek-V2) or 2 (sigmoid, DeepSeek-V3)")
+    groups, used = keys.integer("expert_group_count", 1), keys.integer("expert_group_used_count", 1)
+    rope_fields = _rope(keys)
+    theta, rope = rope_fields["rope_theta"], rope_fields.get("rope_scaling")
+    log_mul = keys.number("rope.scaling.yarn_log_multiplier", 0.0)
+    if rope is not None and rope["rope_type"] == "yarn":
+        rope |= {"mscale": log_mul / 0.1, "mscale_all_dim": log_mul / 0.1}
+    elif log_mul:
+        keys.refuse("rope.scaling.yarn_log_multiplier", log_mul, "only with yarn RoPE")
+    q_rank = keys.get("attention.q_lora_rank", None)
+    keys.get("nextn_predict_layers", 0)  # multi-token prediction layers: only for speculative decoding
+    config = {
+        "model_type": "deepseek_v3" if gating == 2 else "deepseek_v2", "vocab_size": vocab_size, "hidden_size": d,
+        "num_hidden_layers": n_layers, "num_attention_heads": n_heads, "num_key_value_heads": n_heads,
+        "max_position_embeddings": keys.integer("context_length"),
+        "rms_norm_eps": keys.number("attention.layer_norm_rms_epsilon"), "hidden_act": "silu",
+        "tie_word_embeddings": "output.weight" not in tensor_shapes, "rope_theta": theta, "rope_scaling": rope,
+        "q_lora_rank": q_rank, "kv_lora_rank": kv_rank, "qk_rope_head_dim": rope_dim,
+        "qk_nope_head_dim": key_length - rope_dim, "v_head_dim": value_length,
+        "first_k_dense_replace": keys.integer("leading_dense_block_count", 0, minimum=0),
+        "intermediate_size": keys.integer("feed_forward_length"),
+        "moe_intermediate_size": keys.integer("expert_feed_forward_length"),
+        "n_routed_experts": _moe(keys, keys.integer("expert_count", 0, minimum=0)),
+        "num_experts_per_tok": keys.integer("expert_used_count"),
+        "n_shared_experts": keys.integer("expert_shared_count", 0, minimum=0),
+        "routed_scaling_factor": keys.number("expert_weights_scale", 1.0),
+        "norm_topk_prob": bool(keys.get("expert_weights_norm", False)), "n_group": groups, "topk_group": used,
+    }
+    if gating == 2:
+        config |= {"topk_method": "noaux_tc", "scoring_func": "sigmoid"}
+    else:
+        if groups > 1:  # V2's own code scores a group by its best expert, V3's by its top-2 sum: not guessed
+            keys.refuse("expert_group_count", groups, "group-limited routing with a softmax router (DeepSeek-V2) "
+                        "is not mapped from GGUF: which group score the file means is not recorded")
+        config |= {"topk_method": "greedy", "scoring_func": "softmax"}
+    keys.finish()
+    return config
 
 
 def _moe(keys: MetadataKeys, n_experts: int) -> int:
