@@ -8,7 +8,8 @@ mapping of what each family means, not a second one for GGUF.
 
 What llama.cpp's own code decides rather than a key (it is the reference for what a GGUF
 computes) is set here per architecture: Qwen3-MoE and Mixtral renormalise the top-k router
-weights, Qwen2-MoE and OLMoE do not; tied embeddings are a GGUF without `output.weight`.
+weights, Qwen2-MoE and OLMoE do not; GPT-OSS's window pattern and SwiGLU clamp are fixed; DeepSeek's
+MLA is stored as one shared kv head; tied embeddings are a GGUF without `output.weight`.
 
 Every `{arch}.*` key is taken or refused by name and value, like config.json fields; `general.*`
 (names, licences, the file type), `quantize.*` (how the file was made) and `tokenizer.*`
