@@ -11,6 +11,10 @@ llama.cpp's converter would (Q8_0 and Q4_0): its KL figures are of random weight
 near-ties, not a trained model's.
 
     python bench/gguf_import.py [--windows 4 --window 256] [--workdir DIR]
+    python bench/gguf_import.py --memory-only   # peak RSS of import-gguf, 2 vs 8 layers of a 1024-wide MoE
+
+The memory check writes two random Qwen3-MoE GGUFs (Q8_0 blocks, hidden 1024, 32 experts of 768,
+2 and 8 layers) and imports each with `/usr/bin/time -v`: the peak should not grow with the file.
 
 Prints JSON.
 """
@@ -155,16 +159,79 @@ def synthetic_moe(work: Path) -> dict:
             "positions": len(ids), "rows": rows}
 
 
+def random_moe_gguf(path: Path, layers: int, d: int = 1024, experts: int = 32, expert_dim: int = 768) -> int:
+    """A Qwen3-MoE GGUF of random Q8_0 blocks (fp16 scales set small), written as llama.cpp names it."""
+    import gguf
+
+    rng = np.random.default_rng(layers)
+    q8 = gguf.GGMLQuantizationType.Q8_0
+    heads, head_dim, vocab = 16, 64, 4096
+
+    def blocks(*shape: int) -> np.ndarray:
+        raw = rng.integers(0, 256, (*shape[:-1], shape[-1] // 32, 34), dtype=np.uint8)
+        raw[..., :2] = np.array([2e-4], dtype=np.float16).view(np.uint8)
+        return raw.reshape(*shape[:-1], -1)
+
+    writer = gguf.GGUFWriter(str(path), "qwen3moe")
+    for add, value in ((writer.add_block_count, layers), (writer.add_context_length, 4096), (writer.add_embedding_length, d),
+                       (writer.add_feed_forward_length, 3072), (writer.add_head_count, heads), (writer.add_head_count_kv, 4),
+                       (writer.add_key_length, head_dim), (writer.add_value_length, head_dim), (writer.add_expert_count, experts),
+                       (writer.add_expert_used_count, 8), (writer.add_expert_feed_forward_length, expert_dim)):
+        add(value)
+    writer.add_rope_freq_base(1e6)
+    writer.add_layer_norm_rms_eps(1e-6)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("qwen2")
+    writer.add_token_list(["t", "0", "t0"] + [f"t{i}" for i in range(1, vocab - 2)])
+    writer.add_token_merges(["t 0"])  # gguf-py drops an empty array
+    writer.add_eos_token_id(1)
+    writer.add_tensor("token_embd.weight", blocks(vocab, d), raw_dtype=q8)
+    writer.add_tensor("output.weight", blocks(vocab, d), raw_dtype=q8)
+    writer.add_tensor("output_norm.weight", np.ones(d, np.float32))
+    for i in range(layers):
+        p = f"blk.{i}."
+        for name, shape in (("attn_q", (heads * head_dim, d)), ("attn_k", (4 * head_dim, d)), ("attn_v", (4 * head_dim, d)),
+                            ("attn_output", (d, heads * head_dim)), ("ffn_gate_inp", (experts, d)),
+                            ("ffn_gate_exps", (experts, expert_dim, d)), ("ffn_up_exps", (experts, expert_dim, d)),
+                            ("ffn_down_exps", (experts, d, expert_dim))):
+            writer.add_tensor(p + name + ".weight", blocks(*shape), raw_dtype=q8)
+        for name, n in (("attn_norm", d), ("ffn_norm", d), ("attn_q_norm", head_dim), ("attn_k_norm", head_dim)):
+            writer.add_tensor(p + name + ".weight", np.ones(n, np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path.stat().st_size
+
+
+def memory(work: Path) -> dict:
+    cli = str(Path(sys.executable).with_name("colibri-int4"))
+    rows = []
+    for layers in (2, 8):
+        path = work / f"moe{layers}.gguf"
+        size = random_moe_gguf(path, layers)
+        run = timed([cli, "import-gguf", str(path), str(work / f"moe{layers}.coli"), "--no-progress"])
+        rows.append({"layers": layers, "gguf_mb": round(size / 1e6, 1), **run})
+        path.unlink()
+        (work / f"moe{layers}.coli").unlink()
+    return {"model": "qwen3moe hidden 1024, 32 experts x 768, Q8_0 random blocks, --quant int4", "rows": rows,
+            "peak_rss_ratio_8_over_2_layers": round(rows[1]["peak_rss_mb"] / rows[0]["peak_rss_mb"], 3)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--windows", type=int, default=4)
     parser.add_argument("--window", type=int, default=256)
     parser.add_argument("--workdir", default=None)
     parser.add_argument("--skip-smollm2", action="store_true", help="only the synthetic MoE (seconds)")
+    parser.add_argument("--memory-only", action="store_true", help="only import-gguf's peak RSS against file size")
     args = parser.parse_args()
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory(prefix="gguf-import-", dir=args.workdir) as tmp:
         work = Path(tmp)
+        if args.memory_only:
+            print(json.dumps({"memory": memory(work)}, indent=1))
+            return
         result = {"synthetic_moe": synthetic_moe(work)}
         if not args.skip_smollm2:
             result["smollm2"] = smollm2(work, args.windows, args.window)
