@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml $(foreach p,$(PACKAGES),packages/colibri-$(p)/pyproject
 	$(PIP) install -q "$(TORCH_PIN)"
 	$(PIP) install -q "$(TORCH_PIN)" \
 		-e packages/colibri-relay \
-		-e packages/colibri-int4 \
+		-e "packages/colibri-int4[gguf]" \
 		-e "packages/colibri-model[data]" \
 		-e "packages/colibri-stream[hf]" \
 		-e "packages/colibri-eval[lm-eval,hf]" \

@@ -7,7 +7,7 @@ imports are resolved to absolute names. The rules, one per row of the table:
 | package | may import | never |
 |---|---|---|
 | colibri-relay | huggingface_hub, pydantic, click, filelock, stdlib | torch, any other colibri package |
-| colibri-int4 | numpy, pydantic, safetensors; torch only inside export | colibri-model, colibri-stream |
+| colibri-int4 | numpy, pydantic, safetensors; torch only inside export; gguf (extra) lazily in import_gguf | colibri-model, colibri-stream |
 | colibri-model | torch, safetensors, pydantic, numpy, tokenizers | relay, int4, stream, eval |
 | colibri-stream | colibri-int4, colibri-model, torch, numpy | relay, eval |
 | colibri-eval | lm-eval, numpy, click; adapters import colibri-model / colibri-stream / transformers lazily | relay |
@@ -66,9 +66,11 @@ RULES = {
     ),
     "colibri_int4": Rule(
         *_package("colibri_int4"),
-        third_party=frozenset({"numpy", "pydantic", "safetensors", "torch"}),
+        third_party=frozenset({"numpy", "pydantic", "safetensors", "torch", "gguf"}),
         never=frozenset({"colibri_model", "colibri_stream", "colibri_relay", "colibri_eval", "colibri"}),
-        only_in={"torch": ("export.py",)},
+        # gguf is the optional [gguf] extra: imported in one place, when a GGUF is opened
+        only_in={"torch": ("export.py",), "gguf": ("import_gguf/gguf_file.py",)},
+        only_lazily=frozenset({"gguf"}),
     ),
     "colibri_model": Rule(
         *_package("colibri_model"),

@@ -34,3 +34,9 @@ class HFImportError(CheckpointError):
     """A Hugging Face checkpoint directory that `import-hf` cannot convert: a missing or malformed
     file, an unknown `model_type`, or a config field whose value Colibri cannot represent (the
     message names the field and its value)."""
+
+
+class GGUFImportError(CheckpointError):
+    """A GGUF file that `import-gguf` cannot convert: unreadable or truncated, an architecture,
+    metadata key, tensor or tensor type Colibri has no place for (the message names it and the
+    file), or the optional `gguf` package missing."""
