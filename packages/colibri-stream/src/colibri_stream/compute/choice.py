@@ -29,8 +29,8 @@ torch's int4 kernel is more than `NATIVE_MARGIN` times faster on the expert alon
 wide because the expert's matmuls are not all a step pays: the native path computes from the
 bytes read, so each miss saves the repack into torch's layout (1.3-2.3x the read, bench/RESULTS.md),
 and it holds the resident projections as stored (q4/q8) instead of dequantized f32, so a step
-reads 4-8x fewer resident bytes and a budget keeps more experts. Measured on an AVX-512 AMD EPYC
-(Zen 4, 1 thread): torch's int4 SwiGLU was 1.1-1.45x faster than the native one per expert
+reads 4-8x fewer resident bytes and a budget keeps more experts. Measured on an AMD EPYC with
+AVX-512 VNNI (1 thread): torch's int4 SwiGLU was 1.1-1.45x faster than the native one per expert
 (NanoColibri to OLMoE shapes), yet a whole decode step of a 24 x 64 Qwen3-MoE ran 1.1-1.5x
 faster native; and an OLMoE-shaped container in a memory cgroup of half its size decoded 0.42
 tok/s on torch's route (26 experts cached beside its f32 resident part, 393 MB read per token)
