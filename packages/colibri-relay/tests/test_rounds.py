@@ -115,6 +115,10 @@ def test_close_admits_nothing_more_and_merge_records_every_contribution(tmp_path
     close_round(comp, 1, "m")
     assert not [p for p in comp.list_files(comp.head()) if p.startswith("rounds/000000/")]
     assert read_slots(comp, 0, close_commit)[0] == [0, 1, 2]
+    # a worker whose (lagging) view still shows round 0 cannot land in it once round 0's marker is gone
+    with pytest.raises(RoundClosed, match="rounds up to 1 are closed"):
+        post_contribution(comp, round=0, slot=3, worker="laggard", base_commit=view.head, base_digest="0" * 64,
+                          src_dir=_delta_dir(tmp_path, "laggard", 1), summary={})
 
 
 def test_a_deposed_merger_cannot_merge_the_round_again(tmp_path, fake_hub):
