@@ -9,6 +9,8 @@ import os
 import pytest
 from colibri_relay import Relay
 from colibri_relay.contribution import close_round, post_contribution, read_slots
+from colibri_relay.dashboard.page import render_page
+from colibri_relay.dashboard.reader import DashboardReader
 from colibri_relay.errors import (
     ModeMismatch,
     RoundClosed,
@@ -109,6 +111,9 @@ def test_close_admits_nothing_more_and_merge_records_every_contribution(tmp_path
     report = check_round_history(relay.store, comp, acks=[{"round": 0, "slot": 0, "nonce": a.nonce}],
                                  replay=replay_totals)
     assert report["violations"] == [] and report["rounds"] == 1
+    snap = DashboardReader(relay.store).read()
+    assert [(r.round, r.workers, r.rejected) for r in snap.rounds] == [(0, 1, 2)]
+    assert 'id="rounds"' in render_page(snap, refresh_s=30) and not snap.ledger
     # round 1's close removed round 0's files from the tree (the history keeps them)
     view = rounds.view()
     assert view.round == 1
