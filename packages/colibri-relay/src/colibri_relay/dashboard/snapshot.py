@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-DASHBOARD_VERSION = "1.0"
+DASHBOARD_VERSION = "1.1"
 
 # The estimate note is part of the data (not only the page) so JSON consumers see it too.
 LEASE_ESTIMATE_NOTE = (
