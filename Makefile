@@ -9,7 +9,7 @@ STAMP := $(VENV)/.colibri-installed
 PACKAGES := model relay int4 stream eval
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: setup demo test test-cpu-capabilities test-fast check-packages lint bench gpu-wheels gpu-check-smoke clean
+.PHONY: setup demo demo-parallel test test-cpu-capabilities test-fast check-packages lint bench gpu-wheels gpu-check-smoke clean
 
 setup: $(STAMP)
 
@@ -32,6 +32,10 @@ $(STAMP): pyproject.toml $(foreach p,$(PACKAGES),packages/colibri-$(p)/pyproject
 
 demo: setup
 	$(PY) -m colibri.demo
+
+# Parallel DiLoCo rounds: 2 workers, 2 rounds, one worker killed mid-round (offline, a few minutes).
+demo-parallel: setup
+	$(PY) -m colibri.demo_parallel
 
 # Tests whose result depends on which CPU kernels torch dispatches to (int4 pack layout and
 # kernels, grouped experts vs the reference loop): `make test` runs them again under every other

@@ -83,9 +83,31 @@ def main() -> None:
                    "bias_update_gamma) [default: the preset's, 1e-3, sized for runs of thousands of steps].")
 @click.option("--progress/--no-progress", default=None, callback=_resolve_progress,
               help="Progress bar on stderr [default: only when stderr is a terminal].")
+@click.option("--parallel", is_flag=True,
+              help="Join the run's parallel rounds (DiLoCo) as worker --slot, instead of training one leg.")
+@click.option("--slot", type=click.IntRange(min=0), help="Parallel: this worker's slot, 0..workers-1 (its data slice).")
+@click.option("--rounds", "n_rounds", type=click.IntRange(min=1), help="Parallel: work until the run has merged this "
+              "many rounds.")
+@click.option("--workers", type=click.IntRange(min=1), help="Parallel, new runs only: worker slots per round.")
+@click.option("--inner-steps", type=click.IntRange(min=1), help="Parallel, new runs only: optimizer steps per round (H).")
+@click.option("--round-time", type=click.FloatRange(min=0, min_open=True), default=1800.0, show_default=True,
+              help="Parallel, new runs only: seconds the merger waits for every slot before merging.")
+@click.option("--min-round-time", type=click.FloatRange(min=0),
+              help="Parallel, new runs only: the merger never merges sooner [default: half the round time].")
+@click.option("--companion", metavar="STORE", help="Parallel, new runs only: the contributions repo "
+              "[default: the relay's name + '-contributions'].")
+@click.option("--outer-lr", type=click.FloatRange(min=0, min_open=True), default=0.7, show_default=True,
+              help="Parallel, new runs only: the outer Nesterov SGD's learning rate.")
+@click.option("--outer-momentum", type=click.FloatRange(min=0, max=1, max_open=True), default=0.9,
+              show_default=True, help="Parallel, new runs only: the outer Nesterov SGD's momentum.")
+@click.option("--poll", type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True,
+              help="Parallel: seconds between reads of the repos while waiting.")
+@click.option("--no-plan-check", is_flag=True, help="Parallel: skip the check against the Hub's commit and API "
+              "limits (for test hubs with scaled quotas).")
 def train(relay_spec, preset, data_dir, sft, chat_files, leg_steps, leg_hours, decay, parallelism, work_dir, holder,
           lease_duration, heartbeat, claim_timeout, seq_len, batch_size, micro_batch, lr, warmup_steps,
-          eval_every, bias_gamma, progress):
+          eval_every, bias_gamma, progress, parallel, slot, n_rounds, workers, inner_steps, round_time,
+          min_round_time, companion, outer_lr, outer_momentum, poll, no_plan_check):
     """Train one leg: claim the baton, pull, train, push, release.
 
     \b
@@ -96,20 +118,34 @@ def train(relay_spec, preset, data_dir, sft, chat_files, leg_steps, leg_hours, d
       colibri train --relay hf://me/nano-run --sft --chat-data chat.jsonl --leg-steps 1500
       torchrun --nproc-per-node 8 -m colibri.cli train --relay hf://me/nano-run --data shards/ --leg-hours 6
 
+    Parallel rounds (ROUNDS.md): every worker trains H inner steps from the round's base on its
+    own data slice and posts its pseudo-gradient once; whoever holds the lease merges.
+
+    \b
+      colibri train --parallel --relay hf://me/run --data shards/ --slot 0 --rounds 100 \\
+          --preset nano --workers 4 --inner-steps 500 --round-time 1800
+      colibri train --parallel --relay hf://me/run --data shards/ --slot 1 --rounds 100
+
     Hyper-parameter options apply to a new run only; a resumed run keeps its own.
-    Exit codes: 0 leg pushed; 1 leg stopped without pushing (the lease was lost), training
-    diverged, or the relay refused; 2 bad usage or bad input (options, data, checkpoint, store).
+    Exit codes: 0 leg pushed (parallel: rounds done); 1 leg stopped without pushing (the lease was
+    lost), training diverged, or the relay refused; 2 bad usage or bad input (options, data,
+    checkpoint, store, a run of the other mode, a plan over the Hub's limits).
     """
+    overrides = {k: v for k, v in dict(seq_len=seq_len, batch_size=batch_size, micro_batch=micro_batch, lr=lr,
+                                       warmup_steps=warmup_steps, eval_every=eval_every).items() if v is not None}
+    if "batch_size" in overrides and "micro_batch" not in overrides:
+        overrides["micro_batch"] = overrides["batch_size"]
+    if parallel:
+        _train_parallel(relay_spec, preset, data_dir, work_dir, holder, lease_duration, heartbeat, overrides,
+                        bias_gamma, progress, slot, n_rounds, workers, inner_steps, round_time, min_round_time,
+                        companion, outer_lr, outer_momentum, poll, no_plan_check, sft or leg_steps or leg_hours)
+        return
     if leg_steps is None and leg_hours is None:
         raise click.UsageError("give --leg-steps N or --leg-hours H")
     from colibri_model.training import TrainingDivergedError
 
     from .relay_leg import LegError, LegOptions, run_leg
 
-    overrides = {k: v for k, v in dict(seq_len=seq_len, batch_size=batch_size, micro_batch=micro_batch, lr=lr,
-                                       warmup_steps=warmup_steps, eval_every=eval_every).items() if v is not None}
-    if "batch_size" in overrides and "micro_batch" not in overrides:
-        overrides["micro_batch"] = overrides["batch_size"]
     opts = LegOptions(relay=relay_spec, work_dir=work_dir, data_dir=data_dir, chat_files=list(chat_files), sft=sft,
                       preset=preset, leg_steps=leg_steps, leg_hours=leg_hours, decay=decay,
                       parallelism=parallelism, holder=holder,
@@ -131,6 +167,38 @@ def train(relay_spec, preset, data_dir, sft, chat_files, leg_steps, leg_hours, d
     if not outcome.ok:
         click.echo(f"leg not pushed: {outcome.reason}", err=True)
         sys.exit(EXIT_CHECK_FAILED)
+
+
+def _train_parallel(relay_spec, preset, data_dir, work_dir, holder, lease_duration, heartbeat, overrides, bias_gamma,
+                    progress, slot, n_rounds, workers, inner_steps, round_time, min_round_time, companion, outer_lr,
+                    outer_momentum, poll, no_plan_check, leg_only) -> None:
+    if leg_only:
+        raise click.UsageError("--parallel trains rounds: --sft, --leg-steps and --leg-hours are for sequential legs")
+    if slot is None or n_rounds is None or data_dir is None:
+        raise click.UsageError("--parallel needs --slot I, --rounds N and --data DIR")
+    from colibri_model.training import TrainingDivergedError
+
+    from .parallel_round import ParallelError, ParallelOptions, run_parallel
+
+    opts = ParallelOptions(relay=relay_spec, work_dir=work_dir, data_dir=data_dir, slot=slot, rounds=n_rounds,
+                           companion=companion, preset=preset, workers=workers, inner_steps=inner_steps,
+                           round_s=round_time, min_round_s=round_time / 2 if min_round_time is None else min_round_time,
+                           outer_lr=outer_lr, outer_momentum=outer_momentum, holder=holder,
+                           lease_duration_s=lease_duration, heartbeat_s=heartbeat, poll_s=poll,
+                           check_plan=not no_plan_check, train_overrides=overrides, progress=progress,
+                           model_overrides={} if bias_gamma is None else {"bias_update_gamma": bias_gamma},
+                           log=lambda msg: click.echo(msg, err=False))
+    try:
+        run_parallel(opts)
+    except TrainingDivergedError as exc:
+        raise _error(str(exc).splitlines()[0], EXIT_CHECK_FAILED) from None
+    except (ParallelError, ValueError, OSError) as exc:
+        raise _error(str(exc).splitlines()[0], EXIT_BAD_INPUT) from None
+    except Exception as exc:
+        error = _relay_error(exc)
+        if error is None:
+            raise
+        raise error from None
 
 
 @main.command()

@@ -35,6 +35,7 @@ from colibri_model.training import TrainConfig, Trainer, is_dcp_checkpoint, read
 from colibri_model.training.distributed import init_distributed
 from colibri_relay import LeaseLost, Relay, RelayError
 from colibri_relay.ledger import LegSummary
+from colibri_relay.relay_state import is_parallel
 
 METRICS_FILE = "metrics.jsonl"
 STATE_FILE = "training_state.json"
@@ -219,6 +220,9 @@ def check_options(opts: LegOptions, relay: Relay | None = None) -> None:
         raise LegError("a pretraining leg needs --data DIR (made by `colibri-model prepare`)")
     if relay is not None:
         _, state = relay.status()
+        if is_parallel(state):
+            raise LegError(f"{relay.store.spec} runs parallel rounds (relay_version {state.relay_version}): join it "
+                           "with `colibri train --parallel --slot I`, a sequential leg cannot mix into it")
         if not state.payload and opts.sft:
             raise LegError("an SFT leg needs a pretrained checkpoint on the relay; push a pretraining leg first")
         if not state.payload and not opts.preset:

@@ -9,6 +9,7 @@ import json
 
 from colibri_relay import Relay
 from colibri_relay.errors import FileNotFoundInStore
+from colibri_relay.relay_state import is_parallel
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -16,6 +17,10 @@ METRICS_FILE = "metrics.jsonl"
 def collect_status(spec: str) -> dict:
     relay = Relay(spec)
     head, state = relay.status()
+    if is_parallel(state):
+        from .round_status import collect_round_status
+
+        return collect_round_status(relay, head, state)
     entries = relay.ledger(head)
     latest: dict | None = None
     val: dict | None = None
@@ -53,6 +58,10 @@ def _brief(record: dict | None) -> dict | None:
 
 
 def render_status(info: dict) -> str:
+    if info.get("mode") == "parallel rounds":
+        from .round_status import render_round_status
+
+        return render_round_status(info)
     baton = info["baton"]
     lines = [
         f"relay   {info['store']} @ {info['head'][:12]}",

@@ -80,3 +80,14 @@ def test_every_window_once_per_epoch_and_resume_anywhere(lengths, seq_len, seed,
     part = head.next_windows(min(split, 2 * total))
     tail = PackedLoader(source, seq_len, position=head.position).next_windows(2 * total - len(part))
     assert part + tail == straight
+
+
+@pytest.mark.parametrize("index", [0, 3, 9, 10, 13, 14, 15, 31, 40])
+def test_position_at_equals_drawing_that_many_windows(index):
+    drawn = PackedLoader(_source(), seq_len=10, seed=5)
+    drawn.next_windows(index)
+    jumped = PackedLoader(_source(), seq_len=10, seed=5)
+    jumped.position = jumped.position_at(index)
+    assert jumped.next_windows(20) == drawn.next_windows(20)
+    with pytest.raises(LoaderError, match=">= 0"):
+        jumped.position_at(-1)

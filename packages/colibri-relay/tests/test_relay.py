@@ -205,11 +205,11 @@ def test_a_store_level_put_cannot_touch_relay_through_payload(store):
     # Sanity: RELAY.json written by a foreign tool with a bad version is refused by readers.
     a = make(store, "a")
     a.init()
-    bad = json.dumps({"relay_version": "2.0", "status": "free"}).encode()
+    bad = json.dumps({"relay_version": "3.0", "status": "free"}).encode()
     store.commit([PutFile(RELAY_FILE, bad)], parent=store.head(), message="m", nonce="f00d")
     from colibri_relay import SchemaVersionError
 
-    with pytest.raises(SchemaVersionError, match="2.0.*1.0"):
+    with pytest.raises(SchemaVersionError, match=r"3.0 is not supported by this reader \(supports 1.0, 2.0\)"):
         a.status()
 
 

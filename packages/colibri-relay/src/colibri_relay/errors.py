@@ -180,3 +180,47 @@ class PushNotVerified(RelayError):
         self.leg = leg
         self.commit = commit
         self.restored_commit = restored_commit
+
+
+# --- parallel rounds (ROUNDS.md) ----------------------------------------------------------------
+
+
+class ModeMismatch(RelayError):
+    """A sequential leg on a run of parallel rounds, or a parallel worker on a sequential run: the two
+    cannot mix in one run (RELAY.json's relay_version says which the run is)."""
+
+    exit_code = 2
+
+
+class RoundClosed(RelayError):
+    """The round was closed (its CLOSED.json landed in the companion repo) before this contribution
+    could land: it is late, nothing was written; train the next round from the new base.
+
+    Attributes:
+        round: the round that closed.
+    """
+
+    def __init__(self, message: str, round: int):
+        super().__init__(message)
+        self.round = round
+
+
+class SlotTaken(RelayError):
+    """Another contribution already landed for this (round, slot): two workers run with one slot, or
+    an earlier run of this same worker posted it before it was stopped.
+
+    Attributes:
+        worker: the worker whose contribution holds the slot.
+    """
+
+    exit_code = 2
+
+    def __init__(self, message: str, worker: str = ""):
+        super().__init__(message)
+        self.worker = worker
+
+
+class RoundPlanError(RelayError):
+    """A round configuration (workers, round length, heartbeat) would exceed the Hub's limits."""
+
+    exit_code = 2

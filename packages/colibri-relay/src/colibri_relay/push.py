@@ -29,6 +29,7 @@ from pathlib import Path
 
 from .errors import (
     CommitNotVerified,
+    ModeMismatch,
     PathIgnored,
     PayloadError,
     PushNotVerified,
@@ -47,7 +48,7 @@ from .ledger import (
     render_ledger_md,
 )
 from .payload import Snapshot, entry_matches, scan_payload, snapshot_payload
-from .relay_state import RelayState
+from .relay_state import RelayState, is_parallel
 from .repair import restore_verified_payload
 from .store import DeleteFile, PutFile, git_blob_sha1
 
@@ -65,6 +66,9 @@ class PushResult:
 def push_leg(leg, src_dir: str | Path, summary: LegSummary | dict | None) -> PushResult:
     """See `Leg.push`."""
     leg.check()
+    if is_parallel(leg.lease.state):
+        raise ModeMismatch(f"{leg.relay.store.spec} runs parallel rounds (relay_version {leg.lease.state.relay_version}): "
+                           "a sequential leg cannot be pushed into it; join with `colibri train --parallel`")
     summary = summary if isinstance(summary, LegSummary) else LegSummary.model_validate(summary or {})
     files = scan_payload(Path(src_dir))
     snap = snapshot_payload(files, Path(src_dir))

@@ -17,7 +17,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from .errors import RelayFileCorrupt, SchemaVersionError
 
 RELAY_FILE = "RELAY.json"
-RELAY_VERSION = "1.0"
+RELAY_VERSION = "1.0"  # sequential legs (the baton passes from one trainer to the next)
+# Parallel rounds (ROUNDS.md): the same lease, plus a `rounds` section. A reader that knows only
+# 1.x refuses it by its MAJOR, so an old client can never push a leg into a parallel run.
+PARALLEL_RELAY_VERSION = "2.0"
+SUPPORTED_RELAY_VERSIONS = (RELAY_VERSION, PARALLEL_RELAY_VERSION)
 
 
 class PayloadFile(BaseModel):
@@ -61,13 +65,21 @@ class RelayState(BaseModel):
         return (json.dumps(self.model_dump(), indent=2, sort_keys=True) + "\n").encode()
 
 
-def check_major(found: object, supported: str, what: str, where: str) -> None:
+def check_major(found: object, supported: str | tuple[str, ...], what: str, where: str) -> None:
+    """Refuse a version whose MAJOR is none of `supported`'s, naming both."""
+    versions = (supported,) if isinstance(supported, str) else tuple(supported)
     if not isinstance(found, str) or not found.split(".")[0].isdigit():
-        raise RelayFileCorrupt(f"{where}: {what} {found!r} is not a version string like {supported!r}")
-    if found.split(".")[0] != supported.split(".")[0]:
+        raise RelayFileCorrupt(f"{where}: {what} {found!r} is not a version string like {versions[0]!r}")
+    if found.split(".")[0] not in {v.split(".")[0] for v in versions}:
         raise SchemaVersionError(
-            f"{where}: {what} {found} is not supported by this reader (supports {supported}); upgrade colibri-relay"
+            f"{where}: {what} {found} is not supported by this reader (supports {', '.join(versions)}); "
+            "upgrade colibri-relay"
         )
+
+
+def is_parallel(state: RelayState) -> bool:
+    """Whether RELAY.json describes a run of parallel rounds (relay_version 2.x)."""
+    return state.relay_version.split(".")[0] == PARALLEL_RELAY_VERSION.split(".")[0]
 
 
 def parse_relay_state(raw: bytes, where: str) -> RelayState:
@@ -78,7 +90,7 @@ def parse_relay_state(raw: bytes, where: str) -> RelayState:
         raise RelayFileCorrupt(f"{where}: not valid JSON ({exc}); {len(raw)} bytes, possibly truncated") from None
     if not isinstance(data, dict):
         raise RelayFileCorrupt(f"{where}: expected a JSON object, got {type(data).__name__}")
-    check_major(data.get("relay_version"), RELAY_VERSION, "relay_version", where)
+    check_major(data.get("relay_version"), SUPPORTED_RELAY_VERSIONS, "relay_version", where)
     try:
         return RelayState.model_validate(data)
     except ValidationError as exc:

@@ -101,6 +101,20 @@ class PackedLoader:
             self._order_cache = {key: order}  # keep one shard's order: shards can hold 100k windows
         return self._order_cache[key]
 
+    def position_at(self, index: int) -> LoaderPosition:
+        """The position after drawing `index` windows from the start of this order (same seed), in
+        O(shards) without drawing them: how a parallel worker starts on its own slice of the stream."""
+        if index < 0:
+            raise LoaderError(f"a window index must be >= 0, got {index}")
+        epoch, rest = divmod(index, sum(self.windows))
+        for cursor, shard in enumerate(self._shard_order(epoch)):
+            n = self.windows[int(shard)]
+            if rest < n:
+                return LoaderPosition(epoch=epoch, shard_cursor=cursor, window_cursor=rest,
+                                      seed=self.position.seed, seq_len=self.seq_len)
+            rest -= n
+        raise AssertionError("unreachable: rest < the epoch's windows")
+
     def next_windows(self, count: int) -> list[tuple[int, int]]:
         """The next `count` (shard, start token) pairs; advances the position, wrapping epochs."""
         out: list[tuple[int, int]] = []

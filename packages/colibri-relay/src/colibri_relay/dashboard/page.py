@@ -166,6 +166,10 @@ def render_moe(snap: Snapshot) -> str:
 
 
 def render_ledger(snap: Snapshot) -> str:
+    if snap.rounds:
+        from .rounds_view import render_rounds
+
+        return render_rounds(snap)
     if not snap.ledger:
         return "<p class=\"empty\" id=\"ledger-empty\">No legs pushed yet.</p>"
     head = ("<tr><th class=\"num\">leg</th><th>holder</th><th>started (UTC)</th><th>finished (UTC)</th>"

@@ -27,7 +27,7 @@ from pydantic import ValidationError
 
 from ..errors import FileNotFoundInStore, RelayError, RelayFileCorrupt, StoreError
 from ..ledger import LEDGER_JSONL, LedgerEntry
-from ..relay_state import RELAY_FILE, RelayState, check_major, parse_relay_state
+from ..relay_state import RELAY_FILE, RelayState, check_major, is_parallel, parse_relay_state
 from ..store import RelayStore
 from .metrics_reader import METRICS_FILE, MetricsPoint, MetricsTail, ParsedMetrics, parse_metrics
 from .series_builder import build_moe, build_per_leg, build_series
@@ -245,6 +245,12 @@ class DashboardReader:
         except StoreError:
             pass  # reported by _renewal when it matters
         state = self._read_state(revision, problems)
+        if state is not None and is_parallel(state):  # rounds, not legs: its ledger has round entries
+            from .rounds_view import read_round_rows
+
+            rounds = read_round_rows(self.store, revision, problems)
+            return Snapshot(source=source, baton=self._baton(revision, state, problems), rounds=rounds,
+                            problems=problems)
         entries = self._read_ledger(revision, problems)
         baton = self._baton(revision, state, problems) if state else None
         try:

@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-DASHBOARD_VERSION = "1.0"
+DASHBOARD_VERSION = "1.1"
 
 # The estimate note is part of the data (not only the page) so JSON consumers see it too.
 LEASE_ESTIMATE_NOTE = (
@@ -105,6 +105,23 @@ class MoEView(BaseModel):
     dead_experts: Series = Field(description="dead experts summed over layers")
 
 
+class RoundRow(BaseModel):
+    """One merged round of a parallel run (ROUNDS.md's round ledger)."""
+
+    round: int
+    merger: str
+    workers: int
+    rejected: int
+    tokens: int
+    round_s: float
+    utilisation: float | None = None
+    loss_end: float | None = None
+    max_vio: float | None = None
+    dead_experts: int | None = None
+    base_commit: str = ""
+    finished_at: str = ""
+
+
 class Snapshot(BaseModel):
     dashboard_version: str = DASHBOARD_VERSION
     source: SourceInfo
@@ -114,5 +131,6 @@ class Snapshot(BaseModel):
     series: dict[str, Series] = Field(default_factory=dict, description="every numeric metrics field over steps")
     per_leg: list[LegAggregate] = Field(default_factory=list)
     moe: MoEView | None = None
+    rounds: list[RoundRow] = Field(default_factory=list, description="parallel runs: newest round first")
     problems: list[str] = Field(default_factory=list, description="what is missing or could not be read")
     error: str | None = Field(None, description="set when the store could not be read at all this time")
