@@ -6,10 +6,11 @@ imports are resolved to absolute names. The rules, one per row of the table:
 
 | package | may import | never |
 |---|---|---|
-| colibri-relay | huggingface_hub, pydantic, click, filelock, stdlib | torch, any other colibri package |
-| colibri-int4 | numpy, pydantic, safetensors; torch only inside export | colibri-model, colibri-stream |
-| colibri-model | torch, safetensors, pydantic, numpy, tokenizers | relay, int4, stream, eval |
-| colibri-stream | colibri-int4, colibri-model, torch, numpy | relay, eval |
+| colibri-spec | pydantic, stdlib (nothing else, not even its test extras) | torch, numpy, any other colibri package |
+| colibri-relay | colibri-spec, huggingface_hub, pydantic, click, filelock, stdlib | torch, any other colibri package |
+| colibri-int4 | colibri-spec, numpy, pydantic, safetensors; torch only inside export | colibri-model, colibri-stream |
+| colibri-model | colibri-spec, torch, safetensors, pydantic, numpy, tokenizers | relay, int4, stream, eval |
+| colibri-stream | colibri-spec, colibri-int4, colibri-model, torch, numpy | relay, eval |
 | colibri-eval | lm-eval, numpy, click; adapters import colibri-model / colibri-stream / transformers lazily | relay |
 | colibri (app) | all of the above | - |
 
@@ -39,7 +40,7 @@ except ImportError:  # Python 3.10: `build` (a dev dependency) brings tomli
     import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
-COLIBRI = {"colibri_relay", "colibri_int4", "colibri_model", "colibri_stream", "colibri_eval", "colibri"}
+COLIBRI = {"colibri_spec", "colibri_relay", "colibri_int4", "colibri_model", "colibri_stream", "colibri_eval", "colibri"}
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,7 @@ class Rule:
     never: frozenset[str] = frozenset()
     only_in: dict[str, tuple[str, ...]] = field(default_factory=dict)  # name -> the files that may import it
     only_lazily: frozenset[str] = frozenset()  # names imported only inside functions
+    only_the_table: bool = False  # declared dependencies (test extras) do not widen `third_party`
 
 
 def _package(name: str) -> tuple[Path, Path]:
@@ -59,25 +61,34 @@ def _package(name: str) -> tuple[Path, Path]:
 
 
 RULES = {
+    "colibri_spec": Rule(
+        *_package("colibri_spec"),
+        third_party=frozenset({"pydantic"}),
+        never=frozenset({"torch", "numpy"} | COLIBRI - {"colibri_spec"}),
+        only_the_table=True,
+    ),
     "colibri_relay": Rule(
         *_package("colibri_relay"),
+        colibri=frozenset({"colibri_spec"}),
         third_party=frozenset({"huggingface_hub", "pydantic", "click", "filelock"}),
-        never=frozenset({"torch"} | COLIBRI - {"colibri_relay"}),
+        never=frozenset({"torch"} | COLIBRI - {"colibri_relay", "colibri_spec"}),
     ),
     "colibri_int4": Rule(
         *_package("colibri_int4"),
+        colibri=frozenset({"colibri_spec"}),
         third_party=frozenset({"numpy", "pydantic", "safetensors", "torch"}),
         never=frozenset({"colibri_model", "colibri_stream", "colibri_relay", "colibri_eval", "colibri"}),
         only_in={"torch": ("export.py",)},
     ),
     "colibri_model": Rule(
         *_package("colibri_model"),
+        colibri=frozenset({"colibri_spec"}),
         third_party=frozenset({"torch", "safetensors", "pydantic", "numpy", "tokenizers"}),
         never=frozenset({"colibri_relay", "colibri_int4", "colibri_stream", "colibri_eval", "colibri"}),
     ),
     "colibri_stream": Rule(
         *_package("colibri_stream"),
-        colibri=frozenset({"colibri_int4", "colibri_model"}),
+        colibri=frozenset({"colibri_spec", "colibri_int4", "colibri_model"}),
         third_party=frozenset({"torch", "numpy"}),
         never=frozenset({"colibri_relay", "colibri_eval", "colibri"}),
     ),
@@ -171,7 +182,8 @@ def declared_imports(pyproject: Path) -> set[str]:
 
 def violations(name: str, rule: Rule) -> list[str]:
     stdlib = set(sys.stdlib_module_names)
-    allowed = rule.third_party | declared_imports(rule.pyproject) | rule.colibri | {name}
+    declared = set() if rule.only_the_table else declared_imports(rule.pyproject)
+    allowed = rule.third_party | declared | rule.colibri | {name}
     if name == "colibri":  # the app composes everything: all of the above
         allowed |= {n for other in RULES.values() for n in other.third_party | declared_imports(other.pyproject)}
     bad = []
@@ -274,3 +286,19 @@ def test_checker_reports_each_kind_of_violation(tmp_path):
                 never=RULES["colibri_int4"].never, only_in=RULES["colibri_int4"].only_in)
     found = "\n".join(violations("colibri_int4", rule))
     assert "torch may be imported only in export.py" in found and "never imports colibri_model" in found
+
+
+def test_checker_holds_colibri_spec_to_pydantic_and_the_stdlib(tmp_path):
+    """colibri-spec's row: its own test extras (pytest, hypothesis) do not count as allowed."""
+    spec = tmp_path / "colibri_spec"
+    spec.mkdir()
+    (spec / "schema.py").write_text("import json\nimport pydantic\nimport numpy\nimport pytest\nfrom colibri_model import x\n")
+    rule = Rule(spec, RULES["colibri_spec"].pyproject, third_party=RULES["colibri_spec"].third_party,
+                never=RULES["colibri_spec"].never, only_the_table=True)
+    found = violations("colibri_spec", rule)
+    assert found == [
+        "schema.py:3 numpy: colibri_spec never imports numpy",
+        "schema.py:4 pytest: pytest is neither in the table nor a declared dependency of colibri_spec",
+        "schema.py:5 colibri_model: colibri_spec never imports colibri_model",
+        "schema.py:5 colibri_model.x: colibri_spec never imports colibri_model",
+    ]

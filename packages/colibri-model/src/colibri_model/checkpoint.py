@@ -1,6 +1,6 @@
 """Model checkpoints: `config.json` + `model.safetensors` (+ optional `tokenizer.json`).
 
-The format is specified in CHECKPOINT.md; it is the seam other packages read. No pickle: the
+The format is specified in colibri-spec's CHECKPOINT.md; it is the seam other packages read. No pickle: the
 tensors are safetensors, everything else JSON. Files are written under temporary names and
 renamed into place, so a crash mid-save never leaves a file that looks whole but is not.
 
@@ -10,87 +10,35 @@ installed and the Hub reachable, like `PyTorchModelHubMixin.from_pretrained`.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 import torch
+from colibri_spec.checkpoint_config import (
+    CONFIG_FILE,
+    FORMAT_VERSION,
+    MODEL_TYPE,
+    TOKENIZER_FILE,
+    WEIGHTS_FILE,
+    checkpoint_config_dict,
+    config_to_checkpoint_json,
+    load_config,
+    parse_checkpoint_config,
+    read_config,
+)
+from colibri_spec.errors import CheckpointFormatError, CheckpointVersionError
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from .config import ColibriConfig
 from .tensor_names import held_dtype
 
-FORMAT_VERSION = "1.0"
-CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "model.safetensors"
-TOKENIZER_FILE = "tokenizer.json"
-
-
-class CheckpointFormatError(ValueError):
-    """A checkpoint that this version cannot read; the message says which file and why."""
-
-
-def _major(version: str) -> str:
-    return str(version).split(".")[0]
-
-
-MODEL_TYPE = "colibri"
-
-
-def checkpoint_config_dict(config: ColibriConfig) -> dict:
-    """The config.json object of a checkpoint of `config` (CHECKPOINT.md): the config's fields
-    plus `format_version` and `model_type`. `parse_checkpoint_config` reads it back."""
-    return {"format_version": FORMAT_VERSION, "model_type": MODEL_TYPE, **config.to_dict()}
-
-
-def config_to_checkpoint_json(config: ColibriConfig) -> str:
-    return json.dumps(checkpoint_config_dict(config), indent=2) + "\n"
-
-
-def read_config(directory: str | os.PathLike) -> ColibriConfig:
-    """Parse and validate `config.json` of a checkpoint directory."""
-    path = Path(directory) / CONFIG_FILE
-    if not path.is_file():
-        raise CheckpointFormatError(f"{path}: missing (not a Colibri checkpoint directory)")
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise CheckpointFormatError(f"{path}: not valid JSON ({exc})") from None
-    if not isinstance(data, dict):
-        raise CheckpointFormatError(f"{path}: expected a JSON object")
-    return parse_checkpoint_config(data, str(path))
-
-
-def parse_checkpoint_config(data: dict, where: str) -> ColibriConfig:
-    """The validated `ColibriConfig` of a checkpoint's config.json object: the one reader of
-    that format, for checkpoint directories and for the copy an int4 container carries.
-    `where` names the source in errors (every error is a `CheckpointFormatError`).
-
-    `model_type` is required, like `format_version`: every writer has always written it, and it
-    is what tells a Colibri config.json from another model's config.json of the same shape.
-    """
-    if not isinstance(data, dict):
-        raise CheckpointFormatError(f"{where}: expected a JSON object, got {type(data).__name__}")
-    data = dict(data)
-    version = data.pop("format_version", None)
-    if version is None:
-        raise CheckpointFormatError(f"{where}: no format_version field")
-    if _major(version) != _major(FORMAT_VERSION):
-        raise CheckpointFormatError(
-            f"{where}: checkpoint format_version {version} is not supported "
-            f"(this colibri-model reads {FORMAT_VERSION})"
-        )
-    if "model_type" not in data:
-        raise CheckpointFormatError(f"{where}: no model_type field (expected {MODEL_TYPE!r})")
-    model_type = data.pop("model_type")
-    if model_type != MODEL_TYPE:
-        raise CheckpointFormatError(f"{where}: model_type {model_type!r} is not {MODEL_TYPE!r}")
-    try:
-        return ColibriConfig.model_validate(data)
-    except ValueError as exc:
-        first = str(exc).splitlines()
-        raise CheckpointFormatError(f"{where}: invalid config: {' '.join(first[:3])}") from None
+# The config side (file names, format version, config.json's reader and writer) is colibri-spec's;
+# these names stay importable from here.
+__all__ = [
+    "CONFIG_FILE", "FORMAT_VERSION", "MODEL_TYPE", "TOKENIZER_FILE", "WEIGHTS_FILE", "CheckpointFormatError",
+    "CheckpointVersionError", "checkpoint_config_dict", "config_to_checkpoint_json", "load_checkpoint",
+    "load_config", "load_tensors", "parse_checkpoint_config", "read_config", "save_checkpoint",
+]
 
 
 def _atomic_write_text(path: Path, text: str) -> None:

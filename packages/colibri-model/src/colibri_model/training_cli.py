@@ -200,10 +200,10 @@ def _model_config(preset: str | None, config_path: str | None) -> ColibriConfig 
         return get_preset(preset)  # ConfigError names the preset and the choices
     if not config_path:
         return None
-    from .checkpoint import CheckpointFormatError
+    from .checkpoint import CheckpointFormatError, load_config
 
     try:
-        return ColibriConfig.load(config_path)
+        return load_config(config_path)
     except ValidationError as exc:
         raise UserError(f"{config_path}: {_first_validation_error(exc)}") from None
     except CheckpointFormatError as exc:  # a checkpoint's config.json: the message names the file

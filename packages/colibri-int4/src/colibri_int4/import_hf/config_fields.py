@@ -8,7 +8,7 @@ architecture knob in some checkpoint fails the import instead of producing a mod
 computes something else.
 
 Also here: the pieces every family shares (RoPE, activation, dense/MoE layer pattern) and the
-Colibri config dict (colibri-model's CHECKPOINT.md, schema 1.1) they fill in.
+Colibri config dict (colibri-spec's CHECKPOINT.md, schema 1.1) they fill in.
 """
 
 from __future__ import annotations

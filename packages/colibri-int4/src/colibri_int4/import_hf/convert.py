@@ -131,7 +131,7 @@ class HFTensors:
 
 
 def colibri_config_from_hf(data: dict, where: str | os.PathLike = "config.json", name: str | None = None) -> dict:
-    """The Colibri config dict (colibri-model's CHECKPOINT.md, schema 1.1) of a Hugging Face
+    """The Colibri config dict (colibri-spec's CHECKPOINT.md, schema 1.1) of a Hugging Face
     config.json object, every field mapped or refused (`HFImportError` naming the field and
     `where`). Needs no weights: `colibri-stream plan config.json` sizes a model from this.
 

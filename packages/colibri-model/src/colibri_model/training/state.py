@@ -20,11 +20,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from colibri_spec.versioned_json import read_versioned_json
 from pydantic import BaseModel, ConfigDict
 
 from ..config import ColibriConfig
 from ..data.loader import LoaderPosition
-from ..versioned_json import read_versioned_json
 from .schedules import ScheduleState
 
 TRAINING_STATE_FILE = "training_state.json"
@@ -152,7 +152,7 @@ def read_training_state(directory: str | os.PathLike) -> TrainingState:
     return read_versioned_json(Path(directory) / TRAINING_STATE_FILE, TrainingState,
                                version_key="training_state_version", version=TRAINING_STATE_VERSION,
                                error=TrainingStateError, what="training state",
-                               missing="a model checkpoint, but not a resumable training checkpoint")
+                               missing="a model checkpoint, but not a resumable training checkpoint", reader="colibri-model")
 
 
 def write_training_state(directory: str | os.PathLike, state: TrainingState) -> None:
