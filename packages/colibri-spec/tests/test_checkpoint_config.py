@@ -31,14 +31,14 @@ def test_another_major_format_version_names_both_versions():
     with pytest.raises(CheckpointVersionError) as caught:
         parse_checkpoint_config(data, "ckpt/config.json")
     assert str(caught.value) == ("ckpt/config.json: checkpoint format_version 2.0 is not supported "
-                                 "(this reader reads 1.0)")
+                                 "(this colibri-spec reads 1.0)")
     assert isinstance(caught.value, CheckpointFormatError) and isinstance(caught.value, VersionMismatchError)
     assert (caught.value.found, caught.value.known) == ("2.0", "1.0")
 
 
 def test_another_major_schema_version_names_both_versions():
     data = {**checkpoint_config_dict(get_preset("tiny")), "schema_version": "3.1"}
-    with pytest.raises(CheckpointVersionError, match=r"config schema_version 3.1 is not supported \(this reader reads 1.2\)"):
+    with pytest.raises(CheckpointVersionError, match=r"config schema_version 3.1 is not supported \(this colibri-spec reads 1.2\)"):
         parse_checkpoint_config(data, "c.json")
 
 

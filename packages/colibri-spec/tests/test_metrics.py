@@ -34,7 +34,7 @@ def test_strict_reader_reads_a_run(tmp_path):
     ('{"step": 1\n', MetricsFormatError, r"m.jsonl:1: not valid JSON"),
     ("[1]\n", MetricsFormatError, r"m.jsonl:1: expected a JSON object"),
     (json.dumps({**RECORD, "metrics_version": "2.0"}) + "\n", MetricsVersionError,
-     r"m.jsonl:1: metrics_version 2.0 is not supported \(this reader reads 1.0\)"),
+     r"m.jsonl:1: metrics_version 2.0 is not supported \(this colibri-spec reads 1.0\)"),
     (json.dumps(RECORD) + "\n", MetricsVersionError, r"m.jsonl:1: metrics_version \(missing\) is not supported"),
     (json.dumps({**RECORD, "metrics_version": "1.0", "lossy": 1}) + "\n", MetricsFormatError,
      r"m.jsonl:1: invalid metrics record: .*lossy"),

@@ -48,7 +48,7 @@ def test_read_versioned_json(tmp_path):
     path.write_text(json.dumps({"manifest_version": "1.1", "shards": 3}))
     assert read_versioned_json(path, Manifest, **kwargs).shards == 3
     path.write_text(json.dumps({"manifest_version": "2.0", "shards": 3}))
-    with pytest.raises(ManifestError, match=r"manifest_version 2.0 is not supported \(this reader reads 1.0\)"):
+    with pytest.raises(ManifestError, match=r"manifest_version 2.0 is not supported \(this colibri-spec reads 1.0\)"):
         read_versioned_json(path, Manifest, **kwargs)
     path.write_text(json.dumps({"manifest_version": "1.0", "shards": "many"}))
     with pytest.raises(ManifestError, match="invalid manifest: .*shards"):

@@ -9,6 +9,8 @@ both; both derive from `ValueError` because they describe bad input, not a bug.
 
 from __future__ import annotations
 
+from colibri_spec.errors import HFConfigError
+
 
 class Int4Error(ValueError):
     """Base class of every error colibri-int4 raises on purpose."""
@@ -30,7 +32,8 @@ class CheckpointError(Int4Error):
     not match the tensor names and shapes of CHECKPOINT.md."""
 
 
-class HFImportError(CheckpointError):
+class HFImportError(CheckpointError, HFConfigError):
     """A Hugging Face checkpoint directory that `import-hf` cannot convert: a missing or malformed
     file, an unknown `model_type`, or a config field whose value Colibri cannot represent (the
-    message names the field and its value)."""
+    message names the field and its value; colibri-spec's config mapping raises it as this class
+    when int4 asks, so it is also a `colibri_spec.HFConfigError`)."""

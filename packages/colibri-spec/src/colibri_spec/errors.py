@@ -51,3 +51,9 @@ class MetricsFormatError(SpecError):
 
 class MetricsVersionError(MetricsFormatError, VersionMismatchError):
     """A metrics.jsonl record of another major `metrics_version`."""
+
+
+class HFConfigError(SpecError):
+    """A Hugging Face config.json that Colibri cannot represent: an unknown `model_type`, a
+    missing field, or a field whose value would change the math (the message names the field
+    and its value)."""

@@ -90,7 +90,7 @@ def _check_version(data: dict, where: str, reader: str) -> None:
                   reader=reader, error=MetricsVersionError)
 
 
-def scan_metrics_lines(text: str, where: str, *, first_lineno: int = 1, reader: str = "reader",
+def scan_metrics_lines(text: str, where: str, *, first_lineno: int = 1, reader: str = "colibri-spec",
                        max_problems: int = 20) -> ScannedMetrics:
     """The tolerant mode (module docstring): every complete line that is a JSON object of this
     major version (or of none). `where` names the file in each problem, `first_lineno`
@@ -141,7 +141,7 @@ def parse_metrics_text(text: str, where: str) -> list[MetricsRecord]:
             raise MetricsFormatError(f"{at}: not valid JSON ({exc.msg})") from None
         if not isinstance(data, dict):
             raise MetricsFormatError(f"{at}: expected a JSON object")
-        _check_version(data, at, "reader")
+        _check_version(data, at, "colibri-spec")
         try:
             records.append(MetricsRecord.model_validate(data))
         except ValidationError as exc:

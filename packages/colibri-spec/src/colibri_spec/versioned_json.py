@@ -30,7 +30,7 @@ def read_json_object(path: Path, *, error: type[Exception], missing: str) -> dic
 
 
 def read_versioned_json(path: Path, model: type[Model], *, version_key: str, version: str,
-                        error: type[Exception], missing: str, what: str, reader: str = "reader") -> Model:
+                        error: type[Exception], missing: str, what: str, reader: str = "colibri-spec") -> Model:
     """`model` validated from `path`; `version_key` must hold `version`'s major number.
     `missing` is said when the file is absent, `what` names the object in validation errors,
     `reader` names this reader in a version mismatch."""

@@ -12,7 +12,7 @@ def major(version: object) -> str:
     return str(version).split(".")[0]
 
 
-def require_major(found: object, known: str, *, key: str, where: str, reader: str = "reader",
+def require_major(found: object, known: str, *, key: str, where: str, reader: str = "colibri-spec",
                   error: type[Exception] = VersionMismatchError) -> None:
     """Raise `error` unless `found` has `known`'s major version.
 
@@ -24,7 +24,7 @@ def require_major(found: object, known: str, *, key: str, where: str, reader: st
     >>> require_major("2.0", "1.0", key="metrics_version", where="metrics.jsonl:4")
     Traceback (most recent call last):
     ...
-    colibri_spec.errors.VersionMismatchError: metrics.jsonl:4: metrics_version 2.0 is not supported (this reader reads 1.0)
+    colibri_spec.errors.VersionMismatchError: metrics.jsonl:4: metrics_version 2.0 is not supported (this colibri-spec reads 1.0)
     """
     text = "" if found is None else str(found)
     if text and major(text) == major(known):
