@@ -20,7 +20,8 @@ except PackageNotFoundError:  # imported from a source tree that was never insta
 _EXPORTS: dict[str, tuple[str, ...]] = {
     "container": ("Container", "VerifyReport"),
     "dequantize": ("dequantize_container",),
-    "errors": ("CheckpointError", "ChecksumError", "ContainerError", "HFImportError", "Int4Error"),
+    "errors": ("CheckpointError", "CheckpointVersionError", "ChecksumError", "ContainerError", "ContainerVersionError",
+               "HFImportError", "Int4Error"),
     "estimate": ("SizeEstimate", "estimate_container_size"),
     "expert_blob": ("ExpertBlob", "decode_expert_blob", "encode_expert_blob"),
     "export": ("ContainerFileWriter", "ExportReport", "export_checkpoint"),
@@ -38,7 +39,15 @@ _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in nam
 if TYPE_CHECKING:  # the same names, for type checkers and IDEs (tests hold the two lists equal)
     from .container import Container, VerifyReport
     from .dequantize import dequantize_container
-    from .errors import CheckpointError, ChecksumError, ContainerError, HFImportError, Int4Error
+    from .errors import (
+        CheckpointError,
+        CheckpointVersionError,
+        ChecksumError,
+        ContainerError,
+        ContainerVersionError,
+        HFImportError,
+        Int4Error,
+    )
     from .estimate import SizeEstimate, estimate_container_size
     from .expert_blob import ExpertBlob, decode_expert_blob, encode_expert_blob
     from .export import ContainerFileWriter, ExportReport, export_checkpoint
@@ -53,11 +62,13 @@ if TYPE_CHECKING:  # the same names, for type checkers and IDEs (tests hold the 
 
 __all__ = [
     "CheckpointError",
+    "CheckpointVersionError",
     "ChecksumError",
     "Container",
     "ContainerFileWriter",
     "ContainerError",
     "ContainerHeader",
+    "ContainerVersionError",
     "ExpertBlob",
     "ExpertBlobLayout",
     "ExpertEntry",

@@ -9,7 +9,7 @@ both; both derive from `ValueError` because they describe bad input, not a bug.
 
 from __future__ import annotations
 
-from colibri_spec.errors import HFConfigError
+from colibri_spec.errors import HFConfigError, VersionMismatchError
 
 
 class Int4Error(ValueError):
@@ -27,9 +27,18 @@ class ChecksumError(ContainerError):
     for it (a check failed), and 2 for the other, malformed-input errors."""
 
 
+class ContainerVersionError(ContainerError, VersionMismatchError):
+    """A container of another major version (preamble or header `container_version`); the
+    message and the `found` / `known` attributes name both versions."""
+
+
 class CheckpointError(Int4Error):
     """A checkpoint directory (config.json + model.safetensors) is missing, malformed or does
     not match the tensor names and shapes of CHECKPOINT.md."""
+
+
+class CheckpointVersionError(CheckpointError, VersionMismatchError):
+    """A checkpoint config.json of another major `format_version`; names both versions."""
 
 
 class HFImportError(CheckpointError, HFConfigError):
