@@ -17,6 +17,7 @@ import os
 from pathlib import Path
 
 import torch
+from colibri_spec.versions import require_major
 from safetensors import SafetensorError
 from safetensors.torch import save_file
 
@@ -95,10 +96,8 @@ def save_optimizer(path: str | os.PathLike, model: torch.nn.Module, optimizer: t
 
 def check_optimizer_metadata(metadata: dict, where, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
     """The file's metadata (version, parameter groups by name) fits this model and optimizer."""
-    version = metadata.get("optimizer_state_version", "")
-    if version.split(".")[0] != OPTIMIZER_STATE_VERSION.split(".")[0]:
-        raise OptimizerStateError(f"{where}: optimizer_state_version {version or '(missing)'} is not supported "
-                                  f"(this colibri-model reads {OPTIMIZER_STATE_VERSION})")
+    require_major(metadata.get("optimizer_state_version"), OPTIMIZER_STATE_VERSION, key="optimizer_state_version",
+                  where=str(where), reader="colibri-model", error=OptimizerStateError)
     try:
         saved_groups = json.loads(metadata["param_groups"])
     except (KeyError, TypeError, json.JSONDecodeError):
