@@ -12,6 +12,7 @@ import secrets
 from datetime import datetime, timezone
 from typing import Literal
 
+from colibri_spec.versions import require_major
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .errors import RelayFileCorrupt, SchemaVersionError
@@ -64,10 +65,7 @@ class RelayState(BaseModel):
 def check_major(found: object, supported: str, what: str, where: str) -> None:
     if not isinstance(found, str) or not found.split(".")[0].isdigit():
         raise RelayFileCorrupt(f"{where}: {what} {found!r} is not a version string like {supported!r}")
-    if found.split(".")[0] != supported.split(".")[0]:
-        raise SchemaVersionError(
-            f"{where}: {what} {found} is not supported by this reader (supports {supported}); upgrade colibri-relay"
-        )
+    require_major(found, supported, key=what, where=where, reader="colibri-relay", error=SchemaVersionError)
 
 
 def parse_relay_state(raw: bytes, where: str) -> RelayState:
