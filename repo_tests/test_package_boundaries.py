@@ -11,7 +11,7 @@ imports are resolved to absolute names. The rules, one per row of the table:
 | colibri-int4 | colibri-spec, numpy, pydantic, safetensors; torch only inside export | colibri-model, colibri-stream |
 | colibri-model | colibri-spec, torch, safetensors, pydantic, numpy, tokenizers | relay, int4, stream, eval |
 | colibri-stream | colibri-spec, colibri-int4, colibri-model, torch, numpy | relay, eval |
-| colibri-eval | lm-eval, numpy, click; adapters import colibri-model / colibri-stream / transformers lazily | relay |
+| colibri-eval | colibri-spec, lm-eval, numpy, click; adapters import colibri-model / colibri-stream / transformers lazily | relay |
 | colibri (app) | all of the above | - |
 
 A third-party import must also be a dependency the package declares (pyproject.toml, extras
@@ -94,7 +94,7 @@ RULES = {
     ),
     "colibri_eval": Rule(
         *_package("colibri_eval"),
-        colibri=frozenset({"colibri_model", "colibri_stream"}),
+        colibri=frozenset({"colibri_spec", "colibri_model", "colibri_stream"}),
         # `evaluate` is lm-eval's own dependency, imported first only to fix lm-eval's import order
         third_party=frozenset({"lm_eval", "numpy", "click", "transformers", "evaluate"}),
         never=frozenset({"colibri_relay", "colibri_int4", "colibri"}),

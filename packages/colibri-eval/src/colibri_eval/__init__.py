@@ -25,6 +25,7 @@ from colibri_eval.errors import (
     MissingDependencyError,
     ModelSpecError,
     ResultsFormatError,
+    ResultsVersionError,
     UnknownTaskError,
 )
 from colibri_eval.results import RESULTS_VERSION, EvalResults, read_results, write_results
@@ -62,6 +63,7 @@ __all__ = [
     "MissingDependencyError",
     "ModelSpecError",
     "ResultsFormatError",
+    "ResultsVersionError",
     "Task",
     "UnknownTaskError",
     "__version__",
