@@ -42,7 +42,7 @@ def test_unknown_preset_names_the_choices():
 @pytest.mark.parametrize(("change", "message"), [
     (dict(n_kv_heads=3), "n_heads: 4 query heads are not divisible by n_kv_heads=3"),
     (dict(top_k_infer=9), "top_k_infer: top_k=9 exceeds n_experts=8"),
-    (dict(schema_version="2.0"), r"schema_version: config schema 2.0 is not supported \(this reader knows 1.2\)"),
+    (dict(schema_version="2.0"), r"schema_version: config schema 2.0 is not supported \(this colibri-spec reads 1.2\)"),
     (dict(typo_field=1), "typo_field"),
 ])
 def test_an_invalid_config_names_the_field(change, message):

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
 from .errors import ConfigError
 from .rope_scaling import RopeScaling
+from .versions import require_major
 
 __all__ = ["SCHEMA_VERSION", "V1_1_DEFAULTS", "V1_2_DEFAULTS", "ColibriConfig", "ConfigError", "RopeScaling"]
 
@@ -157,12 +158,8 @@ class ColibriConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check_combinations(self) -> ColibriConfig:
-        major = self.schema_version.split(".")[0]
-        if major != SCHEMA_VERSION.split(".")[0]:
-            raise ValueError(
-                f"schema_version: config schema {self.schema_version} is not supported "
-                f"(this reader knows {SCHEMA_VERSION})"
-            )
+        require_major(self.schema_version, SCHEMA_VERSION, key="config schema", where="schema_version",
+                      error=ValueError)
         if self.n_heads % self.n_kv_heads:
             raise ValueError(
                 f"n_heads: {self.n_heads} query heads are not divisible by n_kv_heads={self.n_kv_heads}"
