@@ -14,12 +14,10 @@ from pathlib import Path
 from colibri_spec.versioned_json import read_versioned_json
 from pydantic import BaseModel, ConfigDict
 
+from ..errors import ManifestError
+
 MANIFEST_FILE = "manifest.json"
 MANIFEST_VERSION = "1.0"
-
-
-class ManifestError(ValueError):
-    """A data directory whose manifest is missing, corrupt or of an unknown version."""
 
 
 class ShardEntry(BaseModel):

@@ -29,16 +29,14 @@ from pathlib import Path
 import numpy as np
 from colibri_spec.versions import require_major
 
+from ..errors import ShardFormatError
+
 MAGIC = b"CLBTOKS\0"
 FORMAT_MAJOR, FORMAT_MINOR = 1, 0
 DTYPE_UINT16 = 1
 HEADER = struct.Struct("<8sHHHHQQ")  # 32 bytes
 HEADER_SIZE = HEADER.size
 MAX_VOCAB = 65536
-
-
-class ShardFormatError(ValueError):
-    """A token shard that is truncated, corrupt or of an unknown format version."""
 
 
 @dataclass(frozen=True)

@@ -13,11 +13,9 @@ from typing import Literal
 from colibri_spec.versions import require_major
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from ..errors import TrainConfigError
+
 TRAIN_CONFIG_VERSION = "1.0"
-
-
-class TrainConfigError(ValueError):
-    """An invalid or inconsistent training configuration."""
 
 
 class TrainConfig(BaseModel):

@@ -22,14 +22,11 @@ from safetensors import SafetensorError
 from safetensors.torch import save_file
 
 from ..checkpoint import load_tensors
+from ..errors import OptimizerStateError
 from .config import TrainConfig
 
 OPTIMIZER_FILE = "optimizer.safetensors"
 OPTIMIZER_STATE_VERSION = "1.0"
-
-
-class OptimizerStateError(ValueError):
-    """An optimizer state file that does not fit the model or cannot be read."""
 
 
 def build_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:

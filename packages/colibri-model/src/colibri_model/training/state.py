@@ -25,14 +25,11 @@ from pydantic import BaseModel, ConfigDict
 
 from ..config import ColibriConfig
 from ..data.loader import LoaderPosition
+from ..errors import TrainingStateError
 from .schedules import ScheduleState
 
 TRAINING_STATE_FILE = "training_state.json"
 TRAINING_STATE_VERSION = "1.1"  # 1.1: `environment` (absent in 1.0 files, which still load)
-
-
-class TrainingStateError(ValueError):
-    """A training_state.json that is missing, corrupt, or of an unknown version."""
 
 
 class ResumeNotBitIdenticalWarning(UserWarning):
