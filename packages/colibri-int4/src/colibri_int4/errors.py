@@ -13,7 +13,10 @@ from colibri_spec.errors import HFConfigError, VersionMismatchError
 
 
 class Int4Error(ValueError):
-    """Base class of every error colibri-int4 raises on purpose."""
+    """Base class of every error colibri-int4 raises on purpose; `exit_code` is what the command
+    line exits with (2: bad input)."""
+
+    exit_code = 2
 
 
 class ContainerError(Int4Error):
@@ -25,6 +28,8 @@ class ChecksumError(ContainerError):
     """A CRC-32 of the container (preamble, header JSON, tokenizer, a resident tensor or an
     expert blob) does not match: the bytes were damaged after export. The command line exits 1
     for it (a check failed), and 2 for the other, malformed-input errors."""
+
+    exit_code = 1
 
 
 class ContainerVersionError(ContainerError, VersionMismatchError):

@@ -12,17 +12,13 @@ from __future__ import annotations
 import json
 import types
 
-from colibri_spec.errors import VersionMismatchError
 from colibri_spec.versions import require_major
 from pydantic import BaseModel, ConfigDict, create_model, model_validator
 
+from .errors import ReportVersionError
 from .stats import STATS_VERSION, StreamStats, report_fields
 
 REPORT_VERSION = "1.1"
-
-
-class ReportVersionError(VersionMismatchError):
-    """A report of a major version this reader does not know; names both versions."""
 
 
 def _check_major(kind: str, found: str, known: str) -> None:

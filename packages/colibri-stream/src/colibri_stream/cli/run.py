@@ -19,8 +19,8 @@ import click
 from colibri_int4 import Int4Error
 
 from ..cache.policies import serving_policy_names
-from ..errors import BudgetError, SizeFormatError, StreamError
 from ..compute import COMPUTE_CHOICES
+from ..errors import BudgetError, SizeFormatError, StreamError
 from ..exit_status import InputError, click_error
 from ..report import REPORT_VERSION
 from ..sizes import format_size, parse_size

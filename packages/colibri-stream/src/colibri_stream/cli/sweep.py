@@ -10,8 +10,8 @@ import click
 from colibri_int4 import Int4Error
 
 from ..cache.policies import serving_policy_names
-from ..errors import BudgetError, SizeFormatError, StreamError
 from ..compute import COMPUTE_CHOICES
+from ..errors import BudgetError, SizeFormatError, StreamError
 from ..exit_status import EXIT_CHECK_FAILED, click_error
 from ..sizes import parse_size
 

@@ -18,22 +18,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from colibri_spec.errors import VersionMismatchError
 from colibri_spec.versions import require_major
 
-from ..errors import StreamError
+from ..errors import TraceFormatError, TraceVersionError
 from .events import TraceEvent
 
 TRACE_FORMAT = "colibri-routing-trace"
 TRACE_VERSION = "1.1"
-
-
-class TraceFormatError(StreamError, ValueError):
-    """A routing trace file that breaks ROUTING_TRACE.md; the message names path and line."""
-
-
-class TraceVersionError(TraceFormatError, VersionMismatchError):
-    """A routing trace of another major version; names both versions."""
 
 
 @dataclass(frozen=True)
