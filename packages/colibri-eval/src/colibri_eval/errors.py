@@ -79,3 +79,8 @@ class ResultsVersionError(ResultsFormatError, VersionMismatchError):
 
 class GateSpecError(ColibriEvalError):
     """A malformed ``--min`` expression."""
+
+
+class FieldError(ColibriEvalError, ValueError):
+    """A row lacks a field or has a value of the wrong shape; the loader adds file and line
+    (and reports it as a `DataError`)."""
