@@ -3,9 +3,16 @@ the torch modules; here, what CHECKPOINT.md's table says for a few configs)."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
-from colibri_spec import checkpoint_tensor_shapes, expert_tensor_names, get_preset
+import pytest
+from colibri_spec import (
+    PRESETS,
+    ColibriConfig,
+    ModelShape,
+    checkpoint_tensor_shapes,
+    expert_tensor_names,
+    get_preset,
+)
+from pydantic import ValidationError
 
 
 def test_tiny_table_follows_checkpoint_md():
@@ -37,10 +44,19 @@ def test_latent_attention_and_biased_experts():
     assert "layers.1.moe.router.expert_bias" not in biased
 
 
-def test_any_object_with_the_shape_fields_gives_the_same_table():
-    config = get_preset("tiny")
-    fields = SimpleNamespace(**config.model_dump())
-    assert checkpoint_tensor_shapes(fields) == checkpoint_tensor_shapes(config)
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_the_bounded_shape_fields_give_the_same_table(name):
+    config = get_preset(name)
+    assert checkpoint_tensor_shapes(ModelShape.model_validate(config.to_dict())) == checkpoint_tensor_shapes(config)
+
+
+def test_model_shape_fields_are_config_fields():
+    assert set(ModelShape.model_fields) <= set(ColibriConfig.model_fields)
+
+
+def test_model_shape_bounds_refuse_a_hostile_size():
+    with pytest.raises(ValidationError, match="d_model"):
+        ModelShape.model_validate({**get_preset("tiny").model_dump(), "d_model": 1 << 30})
 
 
 def test_expert_tensor_names():

@@ -43,7 +43,7 @@ from .mla_cost import cheaper_mla_form, mla_form_flops, most_decompressed_keys
 from .param_count import count_params
 from .presets import PRESETS, get_preset
 from .rope_scaling import RopeScaling
-from .tensor_table import TensorShapeFields, checkpoint_tensor_shapes, expert_tensor_names
+from .tensor_table import ModelShape, TensorShapeFields, checkpoint_tensor_shapes, expert_tensor_names
 from .versioned_json import read_json_object, read_versioned_json
 from .versions import major, require_major
 
@@ -56,7 +56,7 @@ __all__ = [
     "CONFIG_FILE", "FORMAT_VERSION", "METRICS_FILE", "METRICS_VERSION", "MODEL_TYPE", "PRESETS", "SCHEMA_VERSION",
     "TOKENIZER_FILE", "WEIGHTS_FILE",
     "CheckpointFormatError", "CheckpointVersionError", "ColibriConfig", "ConfigError", "MetricsFormatError",
-    "MetricsLine", "MetricsRecord", "MetricsVersionError", "RopeScaling", "RouterLayerMetrics", "ScannedMetrics",
+    "MetricsLine", "MetricsRecord", "MetricsVersionError", "ModelShape", "RopeScaling", "RouterLayerMetrics", "ScannedMetrics",
     "SpecError", "TensorShapeFields", "VersionMismatchError",
     "cheaper_mla_form", "checkpoint_config_dict", "checkpoint_tensor_shapes", "count_params", "expert_tensor_names",
     "get_preset", "load_config", "major", "mla_form_flops", "most_decompressed_keys", "parse_checkpoint_config",
