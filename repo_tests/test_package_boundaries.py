@@ -18,6 +18,9 @@ A third-party import must also be a dependency the package declares (pyproject.t
 included), so a package installed alone can import it; the table's "may import" lists name the
 main ones (it omits e.g. click and tqdm, which several packages declare).
 
+Inside every package, no module imports itself back through others (no import circle, lazy
+imports included), but for the circles listed in KNOWN_CIRCLES that open work removes.
+
 And inside colibri-stream: the runtime (everything but studies/ and the CLI modules that run
 studies) never imports `colibri_stream.studies` nor `colibri_model.training` (the trainer is
 only needed to train the routing model of a study workload).
@@ -302,3 +305,83 @@ def test_checker_holds_colibri_spec_to_pydantic_and_the_stdlib(tmp_path):
         "schema.py:5 colibri_model: colibri_spec never imports colibri_model",
         "schema.py:5 colibri_model.x: colibri_spec never imports colibri_model",
     ]
+
+
+# --- no import circle inside a package ------------------------------------------------------------
+# The circles that open work removes (the relay's store modules, stream's batch <-> session). The
+# test fails on any other circle, and when one of these is gone, so that the list only shrinks.
+KNOWN_CIRCLES = [
+    ["colibri_relay.hub_cas_commit", "colibri_relay.hub_commit", "colibri_relay.hub_store",
+     "colibri_relay.local_store", "colibri_relay.store"],
+    ["colibri_stream.batch", "colibri_stream.session"],
+]
+
+
+def module_graph(name: str, rule: Rule) -> dict[str, set[str]]:
+    """Module -> the modules of the same package it imports (lazy imports included)."""
+    files = {}
+    for path in sorted(rule.source.rglob("*.py")):
+        parts = (name, *path.relative_to(rule.source).with_suffix("").parts)
+        files[str(path.relative_to(rule.source))] = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+    known = set(files.values())
+    found = imports_of(rule.source)
+    # `from . import x` with x a module imports x; its package is the one already being imported
+    submodule_lines = {(i.file, i.line, i.module.rpartition(".")[0]) for i in found if i.module in known}
+    graph: dict[str, set[str]] = {module: set() for module in known}
+    for imp in found:
+        if (imp.file, imp.line, imp.module) in submodule_lines:
+            continue
+        target = imp.module
+        while target and target not in known:  # `pkg.mod.name` -> the module `pkg.mod`
+            target = target.rpartition(".")[0]
+        if target and target != files[imp.file]:
+            graph[files[imp.file]].add(target)
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for other in sorted(graph[node]):
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                other = stack.pop()
+                component.append(other)
+                if other == node:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return out
+
+
+def test_no_import_circle_inside_a_package():
+    found = sorted(circle for name, rule in RULES.items() for circle in circles(module_graph(name, rule)))
+    assert found == sorted(KNOWN_CIRCLES)
+
+
+def test_circle_finder_sees_lazy_and_relative_imports(tmp_path):
+    pkg = tmp_path / "colibri_spec"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("from . import a\n")
+    (pkg / "a.py").write_text("from .b import x\n")
+    (pkg / "b.py").write_text("def f():\n    from .a import y\n")
+    (pkg / "c.py").write_text("from . import a\n")
+    rule = Rule(pkg, RULES["colibri_spec"].pyproject)
+    assert circles(module_graph("colibri_spec", rule)) == [["colibri_spec.a", "colibri_spec.b"]]
