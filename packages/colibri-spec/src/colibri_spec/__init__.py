@@ -23,6 +23,8 @@ from .errors import (
     CheckpointFormatError,
     CheckpointVersionError,
     ConfigError,
+    FP8ConfigError,
+    HFConfigError,
     MetricsFormatError,
     MetricsVersionError,
     SpecError,
@@ -55,7 +57,8 @@ except PackageNotFoundError:  # imported from a source tree that was never insta
 __all__ = [
     "CONFIG_FILE", "FORMAT_VERSION", "METRICS_FILE", "METRICS_VERSION", "MODEL_TYPE", "PRESETS", "SCHEMA_VERSION",
     "TOKENIZER_FILE", "WEIGHTS_FILE",
-    "CheckpointFormatError", "CheckpointVersionError", "ColibriConfig", "ConfigError", "MetricsFormatError",
+    "CheckpointFormatError", "CheckpointVersionError", "ColibriConfig", "ConfigError", "FP8ConfigError",
+    "HFConfigError", "MetricsFormatError",
     "MetricsLine", "MetricsRecord", "MetricsVersionError", "ModelShape", "RopeScaling", "RouterLayerMetrics", "ScannedMetrics",
     "SpecError", "TensorShapeFields", "VersionMismatchError",
     "cheaper_mla_form", "checkpoint_config_dict", "checkpoint_tensor_shapes", "count_params", "expert_tensor_names",

@@ -57,3 +57,11 @@ class HFConfigError(SpecError):
     """A Hugging Face config.json that Colibri cannot represent: an unknown `model_type`, a
     missing field, or a field whose value would change the math (the message names the field
     and its value)."""
+
+
+class FP8ConfigError(SpecError):
+    """A quantization_config this reader refuses: the field, its value and why."""
+
+    def __init__(self, key: str, value, why: str):
+        super().__init__(f"{key}={value!r} is not supported ({why})")
+        self.key, self.value, self.why = key, value, why

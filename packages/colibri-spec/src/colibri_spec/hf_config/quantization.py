@@ -4,13 +4,9 @@ weights is colibri-int4's (`colibri_int4/fp8.py`, FP8.md)."""
 
 from __future__ import annotations
 
+from ..errors import FP8ConfigError
 
-class FP8ConfigError(ValueError):
-    """A quantization_config this reader refuses: the field, its value and why."""
-
-    def __init__(self, key: str, value, why: str):
-        super().__init__(f"{key}={value!r} is not supported ({why})")
-        self.key, self.value, self.why = key, value, why
+__all__ = ["FP8ConfigError", "parse_quantization_config"]
 
 
 def parse_quantization_config(config: dict) -> tuple[int, int]:
