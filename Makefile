@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.colibri-installed
-PACKAGES := model relay int4 stream eval
+PACKAGES := spec model relay int4 stream eval
 TORCH_PIN ?= torch==2.13.0
 
 .PHONY: setup demo demo-parallel test test-cpu-capabilities test-fast check-packages lint bench gpu-wheels gpu-check-smoke clean
@@ -18,6 +18,7 @@ $(STAMP): pyproject.toml $(foreach p,$(PACKAGES),packages/colibri-$(p)/pyproject
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q "$(TORCH_PIN)"
 	$(PIP) install -q "$(TORCH_PIN)" \
+		-e packages/colibri-spec \
 		-e packages/colibri-relay \
 		-e "packages/colibri-int4[gguf]" \
 		-e "packages/colibri-model[data]" \

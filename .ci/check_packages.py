@@ -1,6 +1,6 @@
 """Each package alone, as PyPI users will get it: `make check-packages` (CI: per package, per Python).
 
-For every distribution (the five packages and the app):
+For every distribution (the six packages and the app):
 
 1. build its sdist, then its wheel FROM that sdist (`python -m build`), and `twine check --strict`;
 2. inspect them: LICENSE (the root's text) in both, every file of `src/` in the wheel (spec .md
@@ -10,7 +10,7 @@ For every distribution (the five packages and the app):
 3. install the wheel into a fresh venv (`python -m venv`) with only its declared dependencies:
    torch==2.13.0 first where its extras need torch, colibri siblings from the just-built wheels
    (passed as files, and pip's install report must show every colibri-* came from them, at the
-   built version), `pip check`; colibri-relay and colibri-int4 must not pull torch;
+   built version), `pip check`; colibri-spec, colibri-relay and colibri-int4 must not pull torch;
 4. import it (from site-packages, `__version__` == the built version), run each console script's
    `--help` and the main one's `--version`, load its entry points;
 5. run its own tests from the unpacked SDIST (which proves the sdist carries them) with
@@ -62,6 +62,7 @@ class Dist:
 
 
 DISTS = [
+    Dist("colibri-spec", "packages/colibri-spec", "colibri_spec", ["test"], torch=False),
     Dist("colibri-relay", "packages/colibri-relay", "colibri_relay", ["test"], torch=False, extra_checks=[
         # the fake-Hub fixtures are a pytest11 plugin (loaded once: see its tests' conftest.py)
         "import importlib.metadata as m; eps = {e.name: e for e in m.entry_points(group='pytest11')};"

@@ -6,16 +6,20 @@ imports are resolved to absolute names. The rules, one per row of the table:
 
 | package | may import | never |
 |---|---|---|
-| colibri-relay | huggingface_hub, pydantic, click, filelock, stdlib | torch, any other colibri package |
-| colibri-int4 | numpy, pydantic, safetensors; torch only inside export; gguf (extra) lazily in import_gguf | colibri-model, colibri-stream |
-| colibri-model | torch, safetensors, pydantic, numpy, tokenizers | relay, int4, stream, eval |
-| colibri-stream | colibri-int4, colibri-model, torch, numpy | relay, eval |
-| colibri-eval | lm-eval, numpy, click; adapters import colibri-model / colibri-stream / transformers lazily | relay |
+| colibri-spec | pydantic, stdlib (nothing else, not even its test extras) | torch, numpy, any other colibri package |
+| colibri-relay | colibri-spec, huggingface_hub, pydantic, click, filelock, stdlib | torch, any other colibri package |
+| colibri-int4 | colibri-spec, numpy, pydantic, safetensors; torch only inside export; gguf (extra) lazily in import_gguf | colibri-model, colibri-stream |
+| colibri-model | colibri-spec, torch, safetensors, pydantic, numpy, tokenizers | relay, int4, stream, eval |
+| colibri-stream | colibri-spec, colibri-int4, colibri-model, torch, numpy | relay, eval |
+| colibri-eval | colibri-spec, lm-eval, numpy, click; adapters import colibri-model / colibri-stream / transformers lazily | relay |
 | colibri (app) | all of the above | - |
 
 A third-party import must also be a dependency the package declares (pyproject.toml, extras
 included), so a package installed alone can import it; the table's "may import" lists name the
 main ones (it omits e.g. click and tqdm, which several packages declare).
+
+Inside every package, no module imports itself back through others (no import circle, lazy
+imports included), but for the circles listed in KNOWN_CIRCLES that open work removes.
 
 And inside colibri-stream: the runtime (everything but studies/ and the CLI modules that run
 studies) never imports `colibri_stream.studies` nor `colibri_model.training` (the trainer is
@@ -39,7 +43,7 @@ except ImportError:  # Python 3.10: `build` (a dev dependency) brings tomli
     import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
-COLIBRI = {"colibri_relay", "colibri_int4", "colibri_model", "colibri_stream", "colibri_eval", "colibri"}
+COLIBRI = {"colibri_spec", "colibri_relay", "colibri_int4", "colibri_model", "colibri_stream", "colibri_eval", "colibri"}
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,7 @@ class Rule:
     never: frozenset[str] = frozenset()
     only_in: dict[str, tuple[str, ...]] = field(default_factory=dict)  # name -> the files that may import it
     only_lazily: frozenset[str] = frozenset()  # names imported only inside functions
+    only_the_table: bool = False  # declared dependencies (test extras) do not widen `third_party`
 
 
 def _package(name: str) -> tuple[Path, Path]:
@@ -59,13 +64,21 @@ def _package(name: str) -> tuple[Path, Path]:
 
 
 RULES = {
+    "colibri_spec": Rule(
+        *_package("colibri_spec"),
+        third_party=frozenset({"pydantic"}),
+        never=frozenset({"torch", "numpy"} | COLIBRI - {"colibri_spec"}),
+        only_the_table=True,
+    ),
     "colibri_relay": Rule(
         *_package("colibri_relay"),
+        colibri=frozenset({"colibri_spec"}),
         third_party=frozenset({"huggingface_hub", "pydantic", "click", "filelock"}),
-        never=frozenset({"torch"} | COLIBRI - {"colibri_relay"}),
+        never=frozenset({"torch"} | COLIBRI - {"colibri_relay", "colibri_spec"}),
     ),
     "colibri_int4": Rule(
         *_package("colibri_int4"),
+        colibri=frozenset({"colibri_spec"}),
         third_party=frozenset({"numpy", "pydantic", "safetensors", "torch", "gguf"}),
         never=frozenset({"colibri_model", "colibri_stream", "colibri_relay", "colibri_eval", "colibri"}),
         # gguf is the optional [gguf] extra: imported in one place, when a GGUF is opened
@@ -74,18 +87,19 @@ RULES = {
     ),
     "colibri_model": Rule(
         *_package("colibri_model"),
+        colibri=frozenset({"colibri_spec"}),
         third_party=frozenset({"torch", "safetensors", "pydantic", "numpy", "tokenizers"}),
         never=frozenset({"colibri_relay", "colibri_int4", "colibri_stream", "colibri_eval", "colibri"}),
     ),
     "colibri_stream": Rule(
         *_package("colibri_stream"),
-        colibri=frozenset({"colibri_int4", "colibri_model"}),
+        colibri=frozenset({"colibri_spec", "colibri_int4", "colibri_model"}),
         third_party=frozenset({"torch", "numpy"}),
         never=frozenset({"colibri_relay", "colibri_eval", "colibri"}),
     ),
     "colibri_eval": Rule(
         *_package("colibri_eval"),
-        colibri=frozenset({"colibri_model", "colibri_stream"}),
+        colibri=frozenset({"colibri_spec", "colibri_model", "colibri_stream"}),
         # `evaluate` is lm-eval's own dependency, imported first only to fix lm-eval's import order
         third_party=frozenset({"lm_eval", "numpy", "click", "transformers", "evaluate"}),
         never=frozenset({"colibri_relay", "colibri_int4", "colibri"}),
@@ -173,7 +187,8 @@ def declared_imports(pyproject: Path) -> set[str]:
 
 def violations(name: str, rule: Rule) -> list[str]:
     stdlib = set(sys.stdlib_module_names)
-    allowed = rule.third_party | declared_imports(rule.pyproject) | rule.colibri | {name}
+    declared = set() if rule.only_the_table else declared_imports(rule.pyproject)
+    allowed = rule.third_party | declared | rule.colibri | {name}
     if name == "colibri":  # the app composes everything: all of the above
         allowed |= {n for other in RULES.values() for n in other.third_party | declared_imports(other.pyproject)}
     bad = []
@@ -276,3 +291,99 @@ def test_checker_reports_each_kind_of_violation(tmp_path):
                 never=RULES["colibri_int4"].never, only_in=RULES["colibri_int4"].only_in)
     found = "\n".join(violations("colibri_int4", rule))
     assert "torch may be imported only in export.py" in found and "never imports colibri_model" in found
+
+
+def test_checker_holds_colibri_spec_to_pydantic_and_the_stdlib(tmp_path):
+    """colibri-spec's row: its own test extras (pytest, hypothesis) do not count as allowed."""
+    spec = tmp_path / "colibri_spec"
+    spec.mkdir()
+    (spec / "schema.py").write_text("import json\nimport pydantic\nimport numpy\nimport pytest\nfrom colibri_model import x\n")
+    rule = Rule(spec, RULES["colibri_spec"].pyproject, third_party=RULES["colibri_spec"].third_party,
+                never=RULES["colibri_spec"].never, only_the_table=True)
+    found = violations("colibri_spec", rule)
+    assert found == [
+        "schema.py:3 numpy: colibri_spec never imports numpy",
+        "schema.py:4 pytest: pytest is neither in the table nor a declared dependency of colibri_spec",
+        "schema.py:5 colibri_model: colibri_spec never imports colibri_model",
+        "schema.py:5 colibri_model.x: colibri_spec never imports colibri_model",
+    ]
+
+
+# --- no import circle inside a package ------------------------------------------------------------
+# The circles that open work removes (the relay's store modules, stream's batch <-> session). The
+# test fails on any other circle, and when one of these is gone, so that the list only shrinks.
+KNOWN_CIRCLES = [
+    ["colibri_relay.hub_cas_commit", "colibri_relay.hub_commit", "colibri_relay.hub_store",
+     "colibri_relay.local_store", "colibri_relay.store"],
+    ["colibri_stream.batch", "colibri_stream.session"],
+]
+
+
+def module_graph(name: str, rule: Rule) -> dict[str, set[str]]:
+    """Module -> the modules of the same package it imports (lazy imports included)."""
+    files = {}
+    for path in sorted(rule.source.rglob("*.py")):
+        parts = (name, *path.relative_to(rule.source).with_suffix("").parts)
+        files[str(path.relative_to(rule.source))] = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+    known = set(files.values())
+    found = imports_of(rule.source)
+    # `from . import x` with x a module imports x; its package is the one already being imported
+    submodule_lines = {(i.file, i.line, i.module.rpartition(".")[0]) for i in found if i.module in known}
+    graph: dict[str, set[str]] = {module: set() for module in known}
+    for imp in found:
+        if (imp.file, imp.line, imp.module) in submodule_lines:
+            continue
+        target = imp.module
+        while target and target not in known:  # `pkg.mod.name` -> the module `pkg.mod`
+            target = target.rpartition(".")[0]
+        if target and target != files[imp.file]:
+            graph[files[imp.file]].add(target)
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for other in sorted(graph[node]):
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                other = stack.pop()
+                component.append(other)
+                if other == node:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return out
+
+
+def test_no_import_circle_inside_a_package():
+    found = sorted(circle for name, rule in RULES.items() for circle in circles(module_graph(name, rule)))
+    assert found == sorted(KNOWN_CIRCLES)
+
+
+def test_circle_finder_sees_lazy_and_relative_imports(tmp_path):
+    pkg = tmp_path / "colibri_spec"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("from . import a\n")
+    (pkg / "a.py").write_text("from .b import x\n")
+    (pkg / "b.py").write_text("def f():\n    from .a import y\n")
+    (pkg / "c.py").write_text("from . import a\n")
+    rule = Rule(pkg, RULES["colibri_spec"].pyproject)
+    assert circles(module_graph("colibri_spec", rule)) == [["colibri_spec.a", "colibri_spec.b"]]

@@ -5,13 +5,10 @@ Everything is read at one pinned revision (the head sha it shows), so the three 
 
 from __future__ import annotations
 
-import json
-
 from colibri_relay import Relay
 from colibri_relay.errors import FileNotFoundInStore
 from colibri_relay.relay_state import is_parallel
-
-METRICS_FILE = "metrics.jsonl"
+from colibri_spec.metrics import METRICS_FILE, scan_metrics_lines
 
 
 def collect_status(spec: str) -> dict:
@@ -29,11 +26,9 @@ def collect_status(spec: str) -> dict:
             raw = relay.store.read_file(METRICS_FILE, head).decode("utf-8", "replace")
         except FileNotFoundInStore:
             raw = ""
-        for line in raw.splitlines():
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a malformed line does not hide the others
+        # tolerant: a malformed line, or one of another metrics_version, does not hide the others
+        for line in scan_metrics_lines(raw if raw.endswith("\n") else raw + "\n", METRICS_FILE).lines:
+            record = line.data
             if record.get("loss") is not None:
                 latest = record
             if record.get("val_loss") is not None:

@@ -104,4 +104,4 @@ def test_table_and_unknown_results_version(first_run, tmp_path):
     data["results_version"] = "2.0"
     (tmp_path / "future.json").write_text(json.dumps(data))
     bad = CliRunner().invoke(main, ["table", str(tmp_path / "future.json")])
-    assert bad.exit_code == 2 and "results_version 2.0 is not readable" in bad.output and "reads 1.0" in bad.output
+    assert bad.exit_code == 2 and "results_version 2.0 is not supported (this colibri-eval reads 1.0)" in bad.output

@@ -43,7 +43,7 @@ def test_truncated(tmp_path, good, keep):
 
 
 def test_future_major_is_refused_naming_both_versions(tmp_path, good, hostile):
-    with pytest.raises(ContainerError, match=r"format 2\.0 is not supported by this reader \(knows 1\.x\)"):
+    with pytest.raises(ContainerError, match=r"preamble: container format 2\.0 is not supported \(this colibri-int4 reads 1\.2\)"):
         Container.open(write(tmp_path, hostile(good, major=2)))
 
 
@@ -153,7 +153,7 @@ def test_checkpoint_errors(make_checkpoint, tmp_path):
     with pytest.raises(CheckpointError, match="config.json does not exist"):
         export_checkpoint(tmp_path / "nowhere", out)
     (ckpt / "config.json").write_text(json.dumps({**config, "format_version": "2.0"}))
-    with pytest.raises(CheckpointError, match=r"format_version 2\.0 is not supported \(knows 1\.x\)"):
+    with pytest.raises(CheckpointError, match=r"format_version 2\.0 is not supported \(this colibri-int4 reads 1\.0\)"):
         export_checkpoint(ckpt, out)
     (ckpt / "config.json").write_text("{not json")
     with pytest.raises(CheckpointError, match="not valid JSON"):

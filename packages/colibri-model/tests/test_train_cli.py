@@ -58,7 +58,7 @@ def test_train_then_user_mistakes(tmp_path):
     config.write_text(json.dumps({**json.loads(config.read_text()), "format_version": "7.0"}))
     err = _one_line_error(runner.invoke(main, ["train", "--data", str(tmp_path / "data"), "--out", run,
                                                "--steps", "3", *FLAGS]))
-    assert "format_version 7.0 is not supported (this colibri-model reads 1.0)" in err
+    assert "format_version 7.0 is not supported (this colibri-spec reads 1.0)" in err
     # a damaged shard
     shard = tmp_path / "data/train_00000.bin"
     shard.write_bytes(shard.read_bytes()[:100])

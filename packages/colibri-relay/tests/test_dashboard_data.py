@@ -129,7 +129,7 @@ def test_metrics_parsing_is_tolerant_and_reports_what_it_skipped():
     assert parsed.incomplete_tail
     assert [(p.step, p.values) for p in parsed.points] == [(1, {"loss": 2.5}), (3, {"lr": 2e-3})]
     assert any("m.jsonl line 2: not valid JSON" in p for p in parsed.problems)
-    assert any("line 3: metrics_version 2.0" in p and "supports 1.0" in p for p in parsed.problems)
+    assert any("line 3: metrics_version 2.0 is not supported (this dashboard reads 1.0)" in p for p in parsed.problems)
     assert any("line 4: not a JSON object" in p for p in parsed.problems)
 
 

@@ -209,7 +209,7 @@ def test_a_store_level_put_cannot_touch_relay_through_payload(store):
     store.commit([PutFile(RELAY_FILE, bad)], parent=store.head(), message="m", nonce="f00d")
     from colibri_relay import SchemaVersionError
 
-    with pytest.raises(SchemaVersionError, match=r"3.0 is not supported by this reader \(supports 1.0, 2.0\)"):
+    with pytest.raises(SchemaVersionError, match=r"3.0 is not supported \(this colibri-relay reads 1.0, 2.0\)"):
         a.status()
 
 

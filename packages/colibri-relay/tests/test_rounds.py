@@ -65,9 +65,9 @@ def test_versions_old_readers_and_mixing_modes_fail_clearly(tmp_path, fake_hub):
     head, state = relay.status()
     assert state.relay_version == "2.0" and rounds_of(state).round == 0
     raw = relay.store.read_file("RELAY.json", head)
-    with pytest.raises(SchemaVersionError, match=r"relay_version 2.0 is not supported by this reader \(supports 1.0\)"):
+    with pytest.raises(SchemaVersionError, match=r"relay_version 2.0 is not supported \(this colibri-relay reads 1.0\)"):
         check_major(json.loads(raw)["relay_version"], "1.0", "relay_version", "RELAY.json")  # a 1.x reader's check
-    with pytest.raises(SchemaVersionError, match="3.0 is not supported by this reader"):
+    with pytest.raises(SchemaVersionError, match=r"3.0 is not supported \(this colibri-relay reads 1.0, 2.0\)"):
         parse_relay_state(raw.replace(b'"2.0"', b'"3.0"'), "RELAY.json")
     leg = relay.claim()
     try:

@@ -70,8 +70,9 @@ VARIANTS = [dict(name=name) for name in PRESETS] + [GPT_OSS] + [
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: "-".join(f"{k}={v[k]}" for k in v))
 def test_container_layout_names_every_checkpoint_tensor_of_colibri_model(variant):
-    """colibri-int4 may not import colibri-model, so its layout keeps the CHECKPOINT.md table;
-    this holds it to colibri-model's own names and shapes (meta device: no memory)."""
+    """A container's layout reads colibri-spec's tensor table through `ModelShape`, the bounded
+    subset of the config a header is validated with: it carries every field the table reads, so
+    the container and colibri-model name the same tensors with the same shapes."""
     config = get_preset(**variant)
     shape = ModelShape.model_validate(config.model_dump())
     assert container_tensor_shapes(shape) == checkpoint_tensor_shapes(config)

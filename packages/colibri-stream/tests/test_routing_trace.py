@@ -76,7 +76,7 @@ def _write(tmp_path, lines) -> str:
     ([HEADER], "no events"),
     (["not json"], "header is not JSON"),
     ([{**HEADER, "format": "other"}], "not a routing trace"),
-    ([{**HEADER, "version": "2.0"}, {"step": 0, "layer": 0, "experts": [1]}], "unsupported version '2.0'"),
+    ([{**HEADER, "version": "2.0"}, {"step": 0, "layer": 0, "experts": [1]}], "version 2.0 is not supported (this colibri-stream reads 1.1)"),
     ([{**HEADER, "n_experts": 0}], "'n_experts' must be >= 1"),
     ([{k: v for k, v in HEADER.items() if k != "top_k"}], "'top_k' must be an integer"),
     ([{**HEADER, "top_k": 9}], "top_k (9) exceeds n_experts (8)"),

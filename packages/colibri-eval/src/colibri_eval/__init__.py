@@ -14,8 +14,6 @@ Example:
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError
-from importlib.metadata import version as _metadata_version
 from typing import Any
 
 from colibri_eval.errors import (
@@ -25,16 +23,13 @@ from colibri_eval.errors import (
     MissingDependencyError,
     ModelSpecError,
     ResultsFormatError,
+    ResultsVersionError,
     UnknownTaskError,
 )
 from colibri_eval.results import RESULTS_VERSION, EvalResults, read_results, write_results
 from colibri_eval.task_data import bundled_data_dir, load_documents
 from colibri_eval.tasks import ALL_TASKS, TASKS, Task, get_task, parse_task_list
-
-try:  # the installed metadata is the one source of the version (pyproject.toml sets it)
-    __version__ = _metadata_version("colibri-eval")
-except PackageNotFoundError:  # imported from a source tree that was never installed
-    __version__ = "0+unknown"
+from colibri_eval.version import __version__
 
 
 def load_model(spec: str, dtype: str = "float32", ram_budget: str | None = None) -> Any:
@@ -62,6 +57,7 @@ __all__ = [
     "MissingDependencyError",
     "ModelSpecError",
     "ResultsFormatError",
+    "ResultsVersionError",
     "Task",
     "UnknownTaskError",
     "__version__",

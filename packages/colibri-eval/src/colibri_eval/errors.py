@@ -8,6 +8,8 @@ class carries, so callers in CI can tell a data problem from a failed quality ga
 
 from __future__ import annotations
 
+from colibri_spec.errors import VersionMismatchError
+
 
 class ColibriEvalError(Exception):
     """Base class; ``exit_code`` is what the CLI exits with."""
@@ -71,5 +73,14 @@ class ResultsFormatError(ColibriEvalError):
     """A results JSON that cannot be read (bad JSON, wrong schema, unknown major version)."""
 
 
+class ResultsVersionError(ResultsFormatError, VersionMismatchError):
+    """A results JSON of another major `results_version`; names both versions."""
+
+
 class GateSpecError(ColibriEvalError):
     """A malformed ``--min`` expression."""
+
+
+class FieldError(ColibriEvalError, ValueError):
+    """A row lacks a field or has a value of the wrong shape; the loader adds file and line
+    (and reports it as a `DataError`)."""

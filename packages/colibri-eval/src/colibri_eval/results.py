@@ -16,9 +16,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from colibri_spec.versions import require_major
 from pydantic import BaseModel, Field, ValidationError
 
-from colibri_eval.errors import ResultsFormatError
+from colibri_eval.errors import ResultsFormatError, ResultsVersionError
 
 RESULTS_VERSION = "1.0"
 
@@ -69,10 +70,6 @@ class EvalResults(BaseModel):
         return None if result is None else result.metrics.get(name)
 
 
-def _major(version: str) -> str:
-    return version.split(".", 1)[0]
-
-
 def write_results(results: EvalResults, path: str | Path) -> None:
     Path(path).write_text(json.dumps(results.model_dump(mode="json"), indent=2, sort_keys=True) + "\n",
                           encoding="utf-8")
@@ -87,11 +84,8 @@ def read_results(path: str | Path) -> EvalResults:
         raise ResultsFormatError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from None
     if not isinstance(data, dict) or "results_version" not in data:
         raise ResultsFormatError(f"{path}: not a colibri-eval results file (no results_version)")
-    version = str(data["results_version"])
-    if _major(version) != _major(RESULTS_VERSION):
-        raise ResultsFormatError(
-            f"{path}: results_version {version} is not readable by this colibri-eval "
-            f"(reads {RESULTS_VERSION}, major {_major(RESULTS_VERSION)})")
+    require_major(data["results_version"], RESULTS_VERSION, key="results_version", where=str(path),
+                  reader="colibri-eval", error=ResultsVersionError)
     try:
         return EvalResults.model_validate(data)
     except ValidationError as exc:

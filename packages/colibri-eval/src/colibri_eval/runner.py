@@ -25,6 +25,7 @@ from colibri_eval.results import EvalResults, MetricValue, TaskResult, finite_or
 from colibri_eval.scoring_engine import ScoringEngine
 from colibri_eval.task_data import BUNDLED, Document, load_documents
 from colibri_eval.tasks import Task
+from colibri_eval.version import __version__
 
 SampleSink = Callable[[dict[str, Any]], None]
 
@@ -74,8 +75,6 @@ def evaluate(
     documents: dict[str, list[Document]] | None = None,
 ) -> EvalResults:
     """Score ``tasks``; ``documents`` (task name -> docs) skips reading them again."""
-    from colibri_eval import __version__  # noqa: PLC0415 - avoid an import cycle
-
     started = time.perf_counter()
     loaded_docs = documents if documents is not None else {
         task.name: load_documents(task, data_dir, limit) for task in tasks}

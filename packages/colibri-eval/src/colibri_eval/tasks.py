@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from colibri_eval.errors import UnknownTaskError
+from colibri_eval.errors import FieldError, UnknownTaskError
 
 TARGET_DELIMITER = " "
 
@@ -57,10 +57,6 @@ class Task:
     # field name -> expected python type (dict/list/str/int); checked before building requests
     fields: dict[str, type]
     build: Callable[[dict[str, Any]], TaskItem]
-
-
-class FieldError(ValueError):
-    """A row lacks a field or has a value of the wrong shape; the loader adds file and line."""
 
 
 def _choice_requests(context: str, choices: list[str], gold: int) -> TaskItem:

@@ -20,8 +20,8 @@ except PackageNotFoundError:  # imported from a source tree that was never insta
 _EXPORTS: dict[str, tuple[str, ...]] = {
     "container": ("Container", "VerifyReport"),
     "dequantize": ("dequantize_container",),
-    "errors": ("CheckpointError", "ChecksumError", "ContainerError", "GGUFImportError", "HFImportError",
-               "Int4Error"),
+    "errors": ("CheckpointError", "CheckpointVersionError", "ChecksumError", "ContainerError", "ContainerVersionError",
+               "GGUFImportError", "HFImportError", "Int4Error"),
     "estimate": ("SizeEstimate", "estimate_container_size"),
     "expert_blob": ("ExpertBlob", "decode_expert_blob", "encode_expert_blob"),
     "export": ("ContainerFileWriter", "ExportReport", "export_checkpoint"),
@@ -41,8 +41,10 @@ if TYPE_CHECKING:  # the same names, for type checkers and IDEs (tests hold the 
     from .dequantize import dequantize_container
     from .errors import (
         CheckpointError,
+        CheckpointVersionError,
         ChecksumError,
         ContainerError,
+        ContainerVersionError,
         GGUFImportError,
         HFImportError,
         Int4Error,
@@ -61,11 +63,13 @@ if TYPE_CHECKING:  # the same names, for type checkers and IDEs (tests hold the 
 
 __all__ = [
     "CheckpointError",
+    "CheckpointVersionError",
     "ChecksumError",
     "Container",
     "ContainerFileWriter",
     "ContainerError",
     "ContainerHeader",
+    "ContainerVersionError",
     "ExpertBlob",
     "ExpertBlobLayout",
     "ExpertEntry",

@@ -15,13 +15,14 @@ import os
 from pathlib import Path
 
 import numpy as np
+from colibri_spec.checkpoint_config import FORMAT_VERSION
+from colibri_spec.versions import require_major
 
-from .errors import CheckpointError
+from .errors import CheckpointError, CheckpointVersionError
 from .model_shape import ModelShape, checkpoint_tensor_shapes
 from .positional_read import read_exact
 from .quantize import bf16_bits_to_f32, f32_to_bf16_bits
 
-CHECKPOINT_FORMAT_MAJOR = 1
 # U8: packed MXFP4 blocks and scales (GPT-OSS); F8_E4M3: block-scaled FP8 weights (DeepSeek's release)
 _ITEMSIZE = {"F32": 4, "BF16": 2, "F16": 2, "U8": 1, "F8_E4M3": 1}
 _MAX_ST_HEADER = 100 << 20
@@ -110,11 +111,10 @@ class SafetensorsFile:
 def load_config(checkpoint_dir: Path) -> tuple[dict, ModelShape]:
     """config.json as a dict (kept verbatim for the container) and its validated shape fields.
 
-    The config belongs to colibri-model (CHECKPOINT.md), which this package may not import, so it
-    is carried opaquely: checked here are only what the export itself depends on, the
-    `format_version` major (our tensor table, layout.py, is that of CHECKPOINT.md 1.x) and the
-    shape fields the layout is computed from. `model_type` and the other fields are colibri-model's
-    to validate (`colibri_model.parse_checkpoint_config`, which colibri-stream calls at open)."""
+    The config is carried opaquely: checked here are only what the export itself depends on, the
+    `format_version` major (the tensor table is that of colibri-spec's CHECKPOINT.md 1.x) and the
+    shape fields the layout is computed from. `model_type` and the other fields are validated by
+    `colibri_spec.parse_checkpoint_config`, which colibri-stream calls at open."""
     path = Path(checkpoint_dir) / "config.json"
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
@@ -124,11 +124,8 @@ def load_config(checkpoint_dir: Path) -> tuple[dict, ModelShape]:
         raise CheckpointError(f"{path}: not valid JSON ({exc})") from None
     if not isinstance(config, dict):
         raise CheckpointError(f"{path}: expected a JSON object")
-    version = str(config.get("format_version", ""))
-    if version.split(".")[0] != str(CHECKPOINT_FORMAT_MAJOR):
-        raise CheckpointError(
-            f"{path}: checkpoint format_version {version or '(missing)'} is not supported (knows {CHECKPOINT_FORMAT_MAJOR}.x)"
-        )
+    require_major(config.get("format_version"), FORMAT_VERSION, key="checkpoint format_version", where=str(path),
+                  reader="colibri-int4", error=CheckpointVersionError)
     try:
         shape = ModelShape.model_validate(config)
     except ValueError as exc:

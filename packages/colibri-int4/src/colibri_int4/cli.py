@@ -17,7 +17,7 @@ from tqdm import tqdm
 
 from . import __version__
 from .container import Container
-from .errors import ChecksumError, Int4Error
+from .errors import Int4Error
 from .scheme import QuantScheme
 
 EXIT_CHECK_FAILED, EXIT_BAD_INPUT = 1, 2
@@ -36,7 +36,7 @@ class CheckFailed(click.ClickException):
 
 
 def _error(exc: Int4Error) -> click.ClickException:
-    return (CheckFailed if isinstance(exc, ChecksumError) else InputError)(str(exc))
+    return (CheckFailed if exc.exit_code == EXIT_CHECK_FAILED else InputError)(str(exc))
 
 
 def _resolve_progress(_ctx, _param, value: bool | None) -> bool:

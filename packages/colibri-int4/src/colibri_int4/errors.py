@@ -9,9 +9,14 @@ both; both derive from `ValueError` because they describe bad input, not a bug.
 
 from __future__ import annotations
 
+from colibri_spec.errors import HFConfigError, VersionMismatchError
+
 
 class Int4Error(ValueError):
-    """Base class of every error colibri-int4 raises on purpose."""
+    """Base class of every error colibri-int4 raises on purpose; `exit_code` is what the command
+    line exits with (2: bad input)."""
+
+    exit_code = 2
 
 
 class ContainerError(Int4Error):
@@ -24,16 +29,28 @@ class ChecksumError(ContainerError):
     expert blob) does not match: the bytes were damaged after export. The command line exits 1
     for it (a check failed), and 2 for the other, malformed-input errors."""
 
+    exit_code = 1
+
+
+class ContainerVersionError(ContainerError, VersionMismatchError):
+    """A container of another major version (preamble or header `container_version`); the
+    message and the `found` / `known` attributes name both versions."""
+
 
 class CheckpointError(Int4Error):
     """A checkpoint directory (config.json + model.safetensors) is missing, malformed or does
     not match the tensor names and shapes of CHECKPOINT.md."""
 
 
-class HFImportError(CheckpointError):
+class CheckpointVersionError(CheckpointError, VersionMismatchError):
+    """A checkpoint config.json of another major `format_version`; names both versions."""
+
+
+class HFImportError(CheckpointError, HFConfigError):
     """A Hugging Face checkpoint directory that `import-hf` cannot convert: a missing or malformed
     file, an unknown `model_type`, or a config field whose value Colibri cannot represent (the
-    message names the field and its value)."""
+    message names the field and its value; colibri-spec's config mapping raises it as this class
+    when int4 asks, so it is also a `colibri_spec.HFConfigError`)."""
 
 
 class GGUFImportError(CheckpointError):

@@ -23,17 +23,14 @@ rounds to bf16); the import then quantizes it to the container's int4, int8 or b
 from __future__ import annotations
 
 import numpy as np
+from colibri_spec.hf_config.quantization import FP8ConfigError, parse_quantization_config
+
+# The quantization_config side (which fp8 configs are read) is colibri-spec's HF config mapping.
+__all__ = ["E4M3_VALUES", "FP8ConfigError", "apply_block_scales", "decode_e4m3", "dequantize", "parse_quantization_config",
+           "scale_shape"]
 
 EXPONENT_BIAS = 7
 MAX_VALUE = 448.0
-
-
-class FP8ConfigError(ValueError):
-    """A quantization_config this reader refuses: the field, its value and why."""
-
-    def __init__(self, key: str, value, why: str):
-        super().__init__(f"{key}={value!r} is not supported ({why})")
-        self.key, self.value, self.why = key, value, why
 
 
 def _e4m3fn_table() -> np.ndarray:
@@ -83,32 +80,3 @@ def apply_block_scales(values: np.ndarray, scale_inv: np.ndarray, block: tuple[i
 def dequantize(codes: np.ndarray, scale_inv: np.ndarray, block: tuple[int, int], first_row: int = 0) -> np.ndarray:
     """fp32 weight rows from their uint8 codes `[n, cols]` and the weight's `scale_inv`."""
     return apply_block_scales(decode_e4m3(codes), np.asarray(scale_inv, dtype=np.float32), block, first_row)
-
-
-def parse_quantization_config(config: dict) -> tuple[int, int]:
-    """The block size `[B0, B1]` of an FP8 block-scaled quantization_config; an `FP8ConfigError`
-    (key, value, why) for anything else (another method, format, activation scheme, a
-    per-tensor or malformed block size, or a key this reader does not know)."""
-    if not isinstance(config, dict):
-        raise FP8ConfigError("quantization_config", config, "expected an object")
-    method = config.get("quant_method")
-    if method != "fp8":
-        raise FP8ConfigError("quantization_config.quant_method", method, "only DeepSeek's block-scaled 'fp8' is read")
-    fmt = config.get("fmt", "e4m3")  # transformers' FineGrainedFP8Config does not write it: always e4m3
-    if fmt != "e4m3":
-        raise FP8ConfigError("quantization_config.fmt", fmt, "only 'e4m3' (E4M3FN) is decoded")
-    scheme = config.get("activation_scheme", "dynamic")
-    if scheme != "dynamic":
-        raise FP8ConfigError("quantization_config.activation_scheme", scheme,
-                         "only 'dynamic' (static activation scales would change the forward)")
-    block = config.get("weight_block_size")
-    if (not isinstance(block, (list, tuple)) or len(block) != 2
-            or not all(isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in block)):
-        raise FP8ConfigError("quantization_config.weight_block_size", block, "expected two integers >= 1 [rows, cols]")
-    # modules_to_not_convert lists the bf16 modules; which weights are FP8 is read from the
-    # shards themselves (an F8_E4M3 tensor with its weight_scale_inv), so it is not needed
-    known = {"quant_method", "fmt", "activation_scheme", "weight_block_size", "modules_to_not_convert"}
-    for key in config:
-        if key not in known:
-            raise FP8ConfigError(f"quantization_config.{key}", config[key], "a field the FP8 reader does not know")
-    return int(block[0]), int(block[1])

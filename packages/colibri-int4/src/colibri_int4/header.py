@@ -14,9 +14,10 @@ import struct
 import zlib
 from typing import Literal
 
+from colibri_spec.versions import require_major
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .errors import ChecksumError, ContainerError
+from .errors import ChecksumError, ContainerError, ContainerVersionError
 from .layout import PAGE, TENSOR_ALIGN, Encoding, ExpertBlobLayout, TensorSpec, encoded_length, resident_specs
 from .model_shape import ModelShape
 from .scheme import QuantScheme
@@ -133,10 +134,8 @@ def read_preamble(raw: bytes, file_size: int) -> tuple[int, int, int, int]:
         raise ContainerError(f"not a colibri-int4 container: magic {magic!r} at byte 0, expected {MAGIC!r}")
     if zlib.crc32(raw[:28]) != pre_crc:
         raise ChecksumError("corrupted preamble: CRC-32 of bytes 0..27 does not match bytes 28..31")
-    if major != VERSION_MAJOR:
-        raise ContainerError(
-            f"container format {major}.{minor} is not supported by this reader (knows {VERSION_MAJOR}.x)"
-        )
+    require_major(f"{major}.{minor}", f"{VERSION_MAJOR}.{VERSION_MINOR}", key="container format", where="preamble",
+                  reader="colibri-int4", error=ContainerVersionError)
     if flags != 0:
         raise ContainerError(f"preamble flags 0x{flags:08x} at byte 12 are not defined in format 1.x")
     if json_length > MAX_JSON_LENGTH or PREAMBLE_SIZE + json_length > file_size:
@@ -163,12 +162,8 @@ def parse_header_json(json_bytes: bytes, json_crc: int, minor: int) -> Container
         first = exc.errors()[0]
         where = ".".join(str(part) for part in first["loc"])
         raise ContainerError(f"invalid header field '{where}': {first['msg']} ({exc.error_count()} error(s))") from None
-    major_json = int(header.container_version.split(".")[0])
-    if major_json != VERSION_MAJOR:
-        raise ContainerError(
-            f"header container_version {header.container_version} is not supported by this reader "
-            f"(knows {VERSION_MAJOR}.x)"
-        )
+    require_major(header.container_version, f"{VERSION_MAJOR}.{VERSION_MINOR}", key="container_version",
+                  where="header", reader="colibri-int4", error=ContainerVersionError)
     return header
 
 

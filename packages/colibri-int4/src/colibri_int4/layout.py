@@ -1,5 +1,5 @@
-"""Where every byte of a container goes, derived from the model's shape (model_shape.py) and the
-scheme alone.
+"""Where every byte of a container goes, derived from the model's shape (ModelShape and
+colibri-spec's tensor table) and the scheme alone.
 
 The exporter, the size estimator and the reader all call this module, so a reader recomputes
 every length it is told and never trusts a size from the file (FORMAT.md). Nothing here

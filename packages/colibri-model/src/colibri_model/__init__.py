@@ -26,6 +26,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "save_checkpoint",
     ),
     "config": ("ColibriConfig", "ConfigError", "RopeScaling"),
+    "errors": ("ColibriModelError",),
     "experts": ("ExpertBackend", "ExpertGlu", "GroupedExperts"),
     "layers": ("KVCache",),
     "model": ("CausalLMOutput", "ColibriForCausalLM"),
@@ -50,6 +51,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and IDEs (tests hold the 
         save_checkpoint,
     )
     from .config import ColibriConfig, ConfigError, RopeScaling
+    from .errors import ColibriModelError
     from .experts import ExpertBackend, ExpertGlu, GroupedExperts
     from .layers import KVCache
     from .model import CausalLMOutput, ColibriForCausalLM
@@ -67,6 +69,7 @@ __all__ = [
     "CheckpointFormatError",
     "ColibriConfig",
     "ColibriForCausalLM",
+    "ColibriModelError",
     "RopeScaling",
     "ConfigError",
     "ExpertBackend",

@@ -19,13 +19,10 @@ from collections.abc import Sequence
 
 from tokenizers import Tokenizer
 
+from .errors import ChatFormatError
 from .tokenizer import IM_END, IM_START
 
 ROLES = ("system", "user", "assistant")
-
-
-class ChatFormatError(ValueError):
-    """A conversation that is not a list of {role, content} messages with known roles."""
 
 
 def validate_messages(messages, where: str = "conversation") -> list[dict]:

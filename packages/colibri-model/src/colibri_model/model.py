@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .checkpoint_io import read_checkpoint, save_checkpoint
 from .config import ColibriConfig
 from .experts import ExpertBackend, GroupedExperts
 from .layers import Attention, KVCache, RMSNorm, SwiGLU
@@ -228,14 +229,22 @@ class ColibriForCausalLM(nn.Module):
         param = self.embed.weight
         return KVCache(self.config, batch_size, max_len or self.config.max_seq_len, param.device, param.dtype)
 
-    # --- checkpoints (see checkpoint.py) --------------------------------------------------------
+    # --- checkpoints (checkpoint_io.py reads and writes the files) ------------------------------
     def save_pretrained(self, directory, tokenizer_json: str | None = None) -> None:
-        from .checkpoint import save_checkpoint
-
         save_checkpoint(self, directory, tokenizer_json=tokenizer_json)
 
     @classmethod
     def from_pretrained(cls, path, dtype: torch.dtype | None = None, device=None) -> ColibriForCausalLM:
-        from .checkpoint import load_checkpoint
-
-        return load_checkpoint(path, dtype=dtype, device=device)
+        """The model of a checkpoint directory (or Hub repo id); tensors held as `load_tensors` says."""
+        config, state = read_checkpoint(path, dtype)
+        with torch.device("meta"):
+            model = cls(config)
+        model.load_state_dict(state, assign=True)  # names and shapes were checked against the tensor table
+        # Buffers that are not saved (token counters) must be materialised off the meta device.
+        for layer in model.moe_layers():
+            layer.router.tokens_per_expert = torch.zeros(config.n_experts, dtype=torch.float32)
+            if layer.router.expert_bias is not None:
+                layer.router.expert_bias = layer.router.expert_bias.float()
+        if device is not None:
+            model.to(device)
+        return model

@@ -1,8 +1,8 @@
 """The tensors of a checkpoint (CHECKPOINT.md): their names and shapes, and the dtype each is held in.
 
-colibri-model owns these rules; other packages call them instead of matching names themselves.
-`checkpoint_tensor_shapes(config)` builds the model on the meta device (no memory) and reads its
-state dict, so the names can never drift from the modules that define them. `held_dtype` is the
+`checkpoint_tensor_shapes(config)` is colibri-spec's one tensor table, re-exported; colibri-model's
+tests hold it equal to the state dict of the model built on the meta device, so the table cannot
+drift from the modules that define the tensors. `held_dtype` is the
 one rule for the dtype a loaded tensor lives in: `load_checkpoint` applies it, and so does
 colibri-stream when it builds the same model from an int4 container, so both hold the same
 tensors in the same dtypes.
@@ -13,18 +13,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+from colibri_spec.tensor_table import checkpoint_tensor_shapes
 
-from .config import ColibriConfig
-
-
-def checkpoint_tensor_shapes(config: ColibriConfig) -> dict[str, tuple[int, ...]]:
-    """Every tensor name of `model.safetensors` for `config`, with its shape, in the order the
-    checkpoint writes them (routed experts stacked `[n_experts, out, in]`)."""
-    from .model import ColibriForCausalLM  # model.py imports the modules this file serves
-
-    with torch.device("meta"):
-        model = ColibriForCausalLM(config)
-    return {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
+__all__ = ["checkpoint_tensor_shapes", "held_dtype"]
 
 
 def held_dtype(shape: Sequence[int], dtype: torch.dtype, name: str | None = None) -> torch.dtype:

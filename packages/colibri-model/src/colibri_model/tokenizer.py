@@ -14,6 +14,8 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
+from .errors import TokenizerError
+
 DEFAULT_TOKENIZER_ASSET = "smollm2-49152.tokenizer.json.gz"
 EOS_TOKEN = "<|endoftext|>"  # document separator in pretraining shards
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"  # chat turns (ChatML-style)
@@ -22,10 +24,6 @@ IM_START, IM_END = "<|im_start|>", "<|im_end|>"  # chat turns (ChatML-style)
 def default_tokenizer_json() -> str:
     data = resources.files("colibri_model").joinpath("assets", DEFAULT_TOKENIZER_ASSET).read_bytes()
     return gzip.decompress(data).decode("utf-8")
-
-
-class TokenizerError(ValueError):
-    """A tokenizer source that is no readable tokenizer.json, directory or reachable Hub id."""
 
 
 def load_tokenizer(source: str | os.PathLike | None = None) -> Tokenizer:

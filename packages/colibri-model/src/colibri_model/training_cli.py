@@ -17,40 +17,17 @@ import sys
 from pathlib import Path
 
 import click
+from colibri_spec.errors import SpecError
 from pydantic import ValidationError
 
-from .config import ColibriConfig, ConfigError
+from .config import ColibriConfig
+from .errors import ColibriModelError
 from .presets import get_preset
-
-# NOTE: the modules that define the other error types import torch; they are imported only when a
-# command runs, so that `colibri-model --help` and every subcommand's --help start in a fraction of
-# a second (tests/test_cli_startup.py holds that).
-
-
-def user_error_types() -> tuple[type[Exception], ...]:
-    """The package's typed input errors: a user mistake, not a bug (one line, exit code 2)."""
-    from .chat import ChatFormatError
-    from .checkpoint import CheckpointFormatError
-    from .data.loader import LoaderError
-    from .data.manifest import ManifestError
-    from .data.shards import ShardFormatError
-    from .data.sources import DataSourceError
-    from .tokenizer import TokenizerError
-    from .training import (
-        CheckpointMismatchError,
-        OptimizerStateError,
-        ScheduleError,
-        TrainConfigError,
-        TrainingStateError,
-    )
-
-    return (ManifestError, ShardFormatError, DataSourceError, LoaderError, ConfigError, CheckpointFormatError,
-            ChatFormatError, TokenizerError, CheckpointMismatchError, OptimizerStateError, ScheduleError,
-            TrainConfigError, TrainingStateError)
 
 
 class UserError(click.ClickException):
-    """A one-line error about the user's input; exit code 2 like click's usage errors."""
+    """A one-line error about the user's input; exit code 2 like click's usage errors (or the
+    `exit_code` of the package error it reports)."""
 
     exit_code = 2
 
@@ -75,16 +52,14 @@ def _user_errors(func):
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
-        from .training import TrainingDivergedError
-
         try:
             return func(*args, **kwargs)
-        except user_error_types() as exc:
-            raise UserError(str(exc)) from None
+        except (ColibriModelError, SpecError) as exc:  # each carries its exit code (2: bad input)
+            error = UserError(str(exc))
+            error.exit_code = exc.exit_code
+            raise error from None
         except ValidationError as exc:
             raise UserError(_first_validation_error(exc)) from None
-        except TrainingDivergedError as exc:
-            raise click.ClickException(str(exc)) from None
 
     return wrapper
 
@@ -200,10 +175,10 @@ def _model_config(preset: str | None, config_path: str | None) -> ColibriConfig 
         return get_preset(preset)  # ConfigError names the preset and the choices
     if not config_path:
         return None
-    from .checkpoint import CheckpointFormatError
+    from .checkpoint import CheckpointFormatError, load_config
 
     try:
-        return ColibriConfig.load(config_path)
+        return load_config(config_path)
     except ValidationError as exc:
         raise UserError(f"{config_path}: {_first_validation_error(exc)}") from None
     except CheckpointFormatError as exc:  # a checkpoint's config.json: the message names the file

@@ -11,6 +11,8 @@ up front with `PathIgnored`.
 
 from __future__ import annotations
 
+from colibri_spec.errors import VersionMismatchError
+
 
 class RelayError(Exception):
     """Base class of every error this package raises on purpose.
@@ -131,8 +133,9 @@ class RelayFileCorrupt(RelayError):
     """RELAY.json or LEDGER.jsonl cannot be parsed / validated. Nothing is written in that case."""
 
 
-class SchemaVersionError(RelayFileCorrupt):
-    """A file declares a MAJOR schema version this reader does not know."""
+class SchemaVersionError(RelayFileCorrupt, VersionMismatchError):
+    """A file declares a MAJOR schema version this reader does not know; the message and the
+    `found` / `known` attributes name both versions."""
 
 
 class LeaseHeld(RelayError):

@@ -27,6 +27,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from colibri_spec.versions import require_major
 from filelock import FileLock, Timeout
 
 from .errors import (
@@ -104,9 +105,8 @@ class LocalStore(RelayStore):
             found = json.loads(meta.read_text())["store_version"]
         except (ValueError, KeyError, TypeError) as exc:
             raise StoreError(f"{meta} is corrupt ({exc!r})") from None
-        if str(found).split(".")[0] != STORE_VERSION.split(".")[0]:
-            raise StoreError(f"{meta}: store_version {found} is not supported by this reader "
-                             f"(supports {STORE_VERSION}); upgrade colibri-relay")
+        require_major(found, STORE_VERSION, key="store_version", where=str(meta), reader="colibri-relay",
+                      error=StoreError)
         self._checked = True
 
     def create(self) -> str:

@@ -12,6 +12,7 @@ import secrets
 from datetime import datetime, timezone
 from typing import Literal
 
+from colibri_spec.versions import require_major
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .errors import RelayFileCorrupt, SchemaVersionError
@@ -70,11 +71,11 @@ def check_major(found: object, supported: str | tuple[str, ...], what: str, wher
     versions = (supported,) if isinstance(supported, str) else tuple(supported)
     if not isinstance(found, str) or not found.split(".")[0].isdigit():
         raise RelayFileCorrupt(f"{where}: {what} {found!r} is not a version string like {versions[0]!r}")
-    if found.split(".")[0] not in {v.split(".")[0] for v in versions}:
-        raise SchemaVersionError(
-            f"{where}: {what} {found} is not supported by this reader (supports {', '.join(versions)}); "
-            "upgrade colibri-relay"
-        )
+    if found.split(".")[0] in {v.split(".")[0] for v in versions}:
+        return
+    # one message shape for every version check (colibri-spec), naming all the majors read here
+    require_major(found, versions[0], key=what, where=where, reader="colibri-relay", error=SchemaVersionError,
+                  known_text=", ".join(versions))
 
 
 def is_parallel(state: RelayState) -> bool:

@@ -28,15 +28,8 @@ from datetime import datetime
 
 from colibri_model.chat import encode_chat, validate_messages
 
+from .errors import ChatTemplateError, ContextOverflowError
 from .generation import GenerationResult, StreamedToken
-
-
-class ContextOverflowError(ValueError):
-    """A conversation that does not fit the engine's context even after the overflow policy."""
-
-
-class ChatTemplateError(ValueError):
-    """A chat template that does not render (bad Jinja, or `raise_exception` in the template)."""
 
 
 class ChatTemplate:

@@ -1,15 +1,22 @@
-"""Typed exceptions of colibri-stream.
+"""Typed exceptions of colibri-stream, all of them here.
 
-Every error raised on purpose derives from `StreamError`. Errors about bad input (a budget too
-small, a malformed size string, a corrupted container) also derive from `ValueError`, so callers
-that already catch `ValueError` for bad input (colibri-eval's adapter does) catch them too.
+Every error raised on purpose derives from `StreamError`, whose `exit_code` is what the command
+line exits with (exit_status.py): 2 for bad input, 1 for a failed check (`ExpertCorruptError`).
+Errors about bad input (a budget too small, a malformed size string, a corrupted container) also
+derive from `ValueError`, so callers that already catch `ValueError` for bad input
+(colibri-eval's adapter does) catch them too. Version mismatches are also colibri-spec's
+`VersionMismatchError`, which names both versions.
 """
 
 from __future__ import annotations
 
+from colibri_spec.errors import VersionMismatchError
+
 
 class StreamError(Exception):
     """Base class of every error colibri-stream raises on purpose."""
+
+    exit_code = 2
 
 
 class SizeFormatError(StreamError, ValueError):
@@ -29,6 +36,8 @@ class BudgetError(StreamError, ValueError):
 class ExpertCorruptError(StreamError, ValueError):
     """A routed-expert blob failed its CRC-32 or could not be read; names (layer, expert)."""
 
+    exit_code = 1  # a check failed
+
     def __init__(self, message: str, layer: int, expert: int):
         super().__init__(message)
         self.layer, self.expert = layer, expert
@@ -36,6 +45,39 @@ class ExpertCorruptError(StreamError, ValueError):
 
 class ContainerConfigError(StreamError, ValueError):
     """The container's model config is unusable by this runtime (unknown version, bad fields)."""
+
+
+class NativeKernelError(StreamError, RuntimeError):
+    """The native kernel could not be built or loaded (the message says why)."""
+
+
+class NoRouterError(StreamError, ValueError):
+    """The model has no module that behaves like a transformers >= 5 MoE router."""
+
+
+class ContextOverflowError(StreamError, ValueError):
+    """A conversation that does not fit the engine's context even after the overflow policy."""
+
+
+class ChatTemplateError(StreamError, ValueError):
+    """A chat template that does not render (bad Jinja, or `raise_exception` in the template)."""
+
+
+class TraceFormatError(StreamError, ValueError):
+    """A routing trace file that breaks ROUTING_TRACE.md; the message names path and line."""
+
+
+class TraceVersionError(TraceFormatError, VersionMismatchError):
+    """A routing trace of another major version; names both versions."""
+
+
+class DumpFormatError(StreamError, ValueError):
+    """A routing dump that cannot be imported; the message names the file and, where one is at
+    fault, the line."""
+
+
+class ReportVersionError(StreamError, VersionMismatchError):
+    """A report of a major version this reader does not know; names both versions."""
 
 
 class SmallCacheWarning(UserWarning):

@@ -7,16 +7,14 @@
        container, trace or model that is malformed or of an unknown version, a missing optional
        dependency, a path that cannot be read or written
 
-Errors are one line on stderr and never a traceback. `click_error` is the one mapping from this
-package's (and colibri-int4's) typed errors to those codes.
+Errors are one line on stderr and never a traceback. `click_error` maps a typed error to those
+codes by the `exit_code` its base carries (`StreamError`, colibri-int4's `Int4Error`,
+colibri-spec's `SpecError`); any other error is bad input.
 """
 
 from __future__ import annotations
 
 import click
-from colibri_int4 import ChecksumError
-
-from .errors import ExpertCorruptError
 
 EXIT_CHECK_FAILED, EXIT_BAD_INPUT = 1, 2
 
@@ -41,4 +39,5 @@ def click_error(exc: Exception, prefix: str = "") -> click.ClickException:
         named = exc.filename is not None and str(exc.filename) != prefix
         line = f"{exc.filename}: {exc.strerror}" if named else exc.strerror
     message = f"{prefix}: {line}" if prefix else line
-    return (CheckFailed if isinstance(exc, (ExpertCorruptError, ChecksumError)) else InputError)(message)
+    failed_check = getattr(exc, "exit_code", EXIT_BAD_INPUT) == EXIT_CHECK_FAILED
+    return (CheckFailed if failed_check else InputError)(message)

@@ -12,20 +12,18 @@ from __future__ import annotations
 import json
 import types
 
+from colibri_spec.versions import require_major
 from pydantic import BaseModel, ConfigDict, create_model, model_validator
 
+from .errors import ReportVersionError
 from .stats import STATS_VERSION, StreamStats, report_fields
 
 REPORT_VERSION = "1.1"
 
 
-class ReportVersionError(ValueError):
-    """A report of a major version this reader does not know."""
-
-
 def _check_major(kind: str, found: str, known: str) -> None:
-    if str(found).split(".")[0] != known.split(".")[0]:
-        raise ReportVersionError(f"{kind} version {found} is not supported by this reader (knows {known})")
+    require_major(None if found == "?" else found, known, key=f"{kind}_version", where=f"{kind}", reader="colibri-stream",
+                  error=ReportVersionError)
 
 
 def _stats_fields() -> dict:

@@ -8,22 +8,12 @@ the scoring engine is the same for all three.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
-
+from colibri_eval.adapters.loaded_model import LoadedModel
 from colibri_eval.errors import MissingDependencyError, ModelSpecError
 
+__all__ = ["EXTRAS", "KINDS", "LoadedModel", "load_model", "parse_model_spec"]
+
 KINDS = ("hf", "colibri", "int4")
-
-
-@dataclass
-class LoadedModel:
-    spec: str  # what the user passed, e.g. "hf:/models/smollm2"
-    kind: str
-    path: str
-    tokenizer: Any  # TextTokenizer
-    model: Any  # TokenLogitsModel
-    info: dict[str, Any] = field(default_factory=dict)  # dtype, parameters, revision...
 
 
 def parse_model_spec(spec: str) -> tuple[str, str]:

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from colibri_eval.adapters import LoadedModel
+from colibri_eval.adapters.loaded_model import LoadedModel
 from colibri_eval.adapters.tokenizer_wrappers import TokenizersTokenizer
 from colibri_eval.errors import ModelSpecError
 

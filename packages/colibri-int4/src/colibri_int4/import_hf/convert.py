@@ -1,6 +1,6 @@
 """HF checkpoint directory -> container, tensor by tensor (the exporter's writer and body loop).
 
-1. config.json -> the Colibri config (the family's `map_config`; every field taken or refused).
+1. config.json -> the Colibri config (colibri-spec's HF config mapping; every field taken or refused).
 2. Names: every tensor of the Colibri table (layout.py) is found in the shards with its shape;
    every shard tensor must be used (or be a recomputed buffer like `rotary_emb.inv_freq`), so an
    unmapped weight (a bias Colibri has no place for) fails before anything is written.
@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from colibri_spec.hf_config import hf_config_dict
 from tqdm import tqdm
 
 from ..errors import HFImportError
@@ -29,7 +30,6 @@ from ..header import model_shape
 from ..model_shape import checkpoint_tensor_shapes
 from ..scheme import QuantScheme
 from . import gpt_oss_experts
-from .config_fields import ConfigFields
 from .families import family_for
 from .hf_directory import HFDirectory
 from .names import LlamaStyleNames
@@ -131,23 +131,16 @@ class HFTensors:
 
 
 def colibri_config_from_hf(data: dict, where: str | os.PathLike = "config.json", name: str | None = None) -> dict:
-    """The Colibri config dict (colibri-model's CHECKPOINT.md, schema 1.1) of a Hugging Face
-    config.json object, every field mapped or refused (`HFImportError` naming the field and
-    `where`). Needs no weights: `colibri-stream plan config.json` sizes a model from this.
+    """The Colibri config dict (colibri-spec's CHECKPOINT.md) of a Hugging Face config.json
+    object, every field mapped or refused (`HFImportError` naming the field and `where`): the
+    object a container header carries. Needs no weights: `colibri-stream plan config.json` sizes
+    a model from this. The mapping is colibri-spec's `hf_config_dict`; here the config is also
+    held to the bounds a container header is checked with.
 
     >>> colibri_config_from_hf(json.load(open("Qwen3-30B-A3B/config.json")))["n_experts"]  # doctest: +SKIP
     128
     """
-    if not isinstance(data, dict):
-        raise HFImportError(f"{where}: expected a JSON object")
-    model_type = data.get("model_type")
-    family = family_for(model_type, str(where))
-    fields = ConfigFields(data, where)
-    config = family.map_config(fields, name or f"{model_type}")
-    fields.finish()
-    moe = config["n_dense_layers"] < config["n_layers"]
-    if moe and not 1 <= config["top_k_infer"] <= config["n_experts"]:  # colibri-model would refuse it at open
-        raise HFImportError(f"{where}: num_experts_per_tok={config['top_k_infer']} is not in [1, {config['n_experts']}]")
+    config = hf_config_dict(data, where, name, error=HFImportError)
     try:
         model_shape(config)
     except ValueError as exc:

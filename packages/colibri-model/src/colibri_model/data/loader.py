@@ -27,11 +27,9 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict
 
+from ..errors import LoaderError
+
 IGNORE_INDEX = -100
-
-
-class LoaderError(ValueError):
-    """A data source too small for the sequence length, or a position that does not fit it."""
 
 
 class LoaderPosition(BaseModel):

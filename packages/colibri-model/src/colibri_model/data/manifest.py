@@ -11,16 +11,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from colibri_spec.versioned_json import read_versioned_json
 from pydantic import BaseModel, ConfigDict
 
-from ..versioned_json import read_versioned_json
+from ..errors import ManifestError
 
 MANIFEST_FILE = "manifest.json"
 MANIFEST_VERSION = "1.0"
-
-
-class ManifestError(ValueError):
-    """A data directory whose manifest is missing, corrupt or of an unknown version."""
 
 
 class ShardEntry(BaseModel):
@@ -71,7 +68,7 @@ class DataManifest(BaseModel):
 def read_manifest(directory: str | os.PathLike) -> DataManifest:
     return read_versioned_json(Path(directory) / MANIFEST_FILE, DataManifest, version_key="manifest_version",
                                version=MANIFEST_VERSION, error=ManifestError, what="manifest",
-                               missing="not a data directory made by `colibri-model prepare`")
+                               missing="not a data directory made by `colibri-model prepare`", reader="colibri-model")
 
 
 def write_manifest(directory: str | os.PathLike, manifest: DataManifest) -> None:

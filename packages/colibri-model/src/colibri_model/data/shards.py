@@ -27,6 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from colibri_spec.versions import require_major
+
+from ..errors import ShardFormatError
 
 MAGIC = b"CLBTOKS\0"
 FORMAT_MAJOR, FORMAT_MINOR = 1, 0
@@ -34,10 +37,6 @@ DTYPE_UINT16 = 1
 HEADER = struct.Struct("<8sHHHHQQ")  # 32 bytes
 HEADER_SIZE = HEADER.size
 MAX_VOCAB = 65536
-
-
-class ShardFormatError(ValueError):
-    """A token shard that is truncated, corrupt or of an unknown format version."""
 
 
 @dataclass(frozen=True)
@@ -80,11 +79,8 @@ def read_header(path: str | os.PathLike) -> ShardHeader:
     magic, major, minor, dtype, _, count, docs = HEADER.unpack(raw)
     if magic != MAGIC:
         raise ShardFormatError(f"{path}: not a Colibri token shard (magic {magic!r}, expected {MAGIC!r})")
-    if major != FORMAT_MAJOR:
-        raise ShardFormatError(
-            f"{path}: shard format version {major}.{minor} is not supported "
-            f"(this colibri-model reads {FORMAT_MAJOR}.{FORMAT_MINOR})"
-        )
+    require_major(f"{major}.{minor}", f"{FORMAT_MAJOR}.{FORMAT_MINOR}", key="shard format version", where=str(path),
+                  reader="colibri-model", error=ShardFormatError)
     if dtype != DTYPE_UINT16:
         raise ShardFormatError(f"{path}: unknown token dtype code {dtype} (1 = uint16)")
     expected = HEADER_SIZE + 2 * count

@@ -23,15 +23,13 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
+from ..errors import DataSourceError
+
 TEXT_SUFFIXES = (".txt", ".md")
 JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".json.gz")
 PARQUET_SUFFIXES = (".parquet",)
 DEFAULT_HF_DATASET = "HuggingFaceFW/fineweb-edu"
 DEFAULT_HF_CONFIG = "sample-10BT"
-
-
-class DataSourceError(ValueError):
-    """An input that cannot be read as documents; the message names the file and line."""
 
 
 def _kind(path: Path) -> str | None:

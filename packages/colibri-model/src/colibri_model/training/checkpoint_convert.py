@@ -18,6 +18,7 @@ import uuid
 from pathlib import Path
 
 import torch
+from colibri_spec.versions import require_major
 
 from ..checkpoint import (
     CONFIG_FILE,
@@ -129,10 +130,8 @@ def safetensors_to_dcp(source: str | os.PathLike, out: str | os.PathLike) -> Pat
         dcp_save(model_tensors, tmp / MODEL_DIR, one_process=True)
         del model_tensors
         optimizer, metadata = load_tensors(optimizer_path)
-        version = metadata.get("optimizer_state_version", "")
-        if version.split(".")[0] != OPTIMIZER_STATE_VERSION.split(".")[0]:
-            raise OptimizerStateError(f"{optimizer_path}: optimizer_state_version {version or '(missing)'} is not "
-                                      f"supported (this colibri-model reads {OPTIMIZER_STATE_VERSION})")
+        require_major(metadata.get("optimizer_state_version"), OPTIMIZER_STATE_VERSION, key="optimizer_state_version",
+                      where=str(optimizer_path), reader="colibri-model", error=OptimizerStateError)
         dcp_save(optimizer, tmp / OPTIMIZER_DIR, one_process=True)
         del optimizer
         _copy(source, tmp, CONFIG_FILE, TOKENIZER_FILE, TRAINING_STATE_FILE)

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 from typing import Literal
 
+from colibri_spec.versions import require_major
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from ..errors import TrainConfigError
+
 TRAIN_CONFIG_VERSION = "1.0"
-
-
-class TrainConfigError(ValueError):
-    """An invalid or inconsistent training configuration."""
 
 
 class TrainConfig(BaseModel):
@@ -60,10 +59,8 @@ class TrainConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> TrainConfig:
-        major = self.train_config_version.split(".")[0]
-        if major != TRAIN_CONFIG_VERSION.split(".")[0]:
-            raise ValueError(f"train_config_version {self.train_config_version} is not supported "
-                             f"(this colibri-model reads {TRAIN_CONFIG_VERSION})")
+        require_major(self.train_config_version, TRAIN_CONFIG_VERSION, key="train_config_version",
+                      where="train config", reader="colibri-model", error=ValueError)
         if self.batch_size % self.micro_batch:
             raise ValueError(f"batch_size {self.batch_size} is not a multiple of micro_batch {self.micro_batch}")
         if self.decay_start is not None and self.decay_start >= self.steps:

@@ -36,6 +36,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from colibri_spec.versioned_json import read_versioned_json
 from pydantic import BaseModel, ConfigDict
 from safetensors import SafetensorError, safe_open
 from torch.distributed.checkpoint import HuggingFaceStorageReader, HuggingFaceStorageWriter, load, save
@@ -43,7 +44,6 @@ from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_mo
 from torch.distributed.tensor import DTensor
 
 from ..checkpoint import CONFIG_FILE, TOKENIZER_FILE, CheckpointFormatError, config_to_checkpoint_json
-from ..versioned_json import read_versioned_json
 from .checkpointing import (
     CHECKPOINTS_DIR,
     DCP_FILE,
@@ -81,7 +81,7 @@ class DcpManifest(BaseModel):
 def read_dcp_manifest(directory: str | os.PathLike) -> DcpManifest:
     return read_versioned_json(Path(directory) / DCP_FILE, DcpManifest, version_key="dcp_checkpoint_version",
                                version=DCP_CHECKPOINT_VERSION, error=CheckpointFormatError, what="manifest",
-                               missing="not a DCP checkpoint directory")
+                               missing="not a DCP checkpoint directory", reader="colibri-model")
 
 
 def dcp_save(state: dict, directory: Path, *, one_process: bool = False) -> None:

@@ -22,11 +22,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from ..errors import UnknownGpuError
+
 MIB = 1 << 20
-
-
-class UnknownGpuError(ValueError):
-    """A GPU key or device name that is not in the table."""
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..config import ColibriConfig
+from ..errors import MemoryPlanError
 from ..param_count import count_params, mla_params
 from .activations import (
     BF16,
@@ -54,10 +55,6 @@ UNCOUNTED_BYTES = int(1.5 * GIB)  # CUDA context + cuBLAS/cuDNN workspaces (+ NC
 # saved: 0.09-0.19 measured on CPU (tiny and 3-layer nano shapes, fp32 and bf16); rounded up.
 BACKWARD_WORKING_FRACTION = 0.25
 AC_MODES = ("none", "full")  # what TrainConfig.activation_checkpointing offers (all blocks or none)
-
-
-class MemoryPlanError(ValueError):
-    """A planner input that does not describe a training run (bad size, unsupported mode)."""
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
-"""`metrics.jsonl`: one JSON object per logged step (schema `MetricsRecord`, `metrics_version`).
-
-Other tools (the relay dashboard, plots) read this file, so the schema is a pydantic model
-with a version. Only rank 0 writes. On resume, records beyond the resumed step (logged after
-the last checkpoint of a crashed run) are dropped so the file describes one consistent history.
+"""Writing `metrics.jsonl`: one JSON object per logged step. Its schema (`MetricsRecord`,
+`metrics_version`) and its one reader (`read_metrics`) are colibri-spec's, which the relay
+dashboard and `colibri status` read too; they are re-exported here. Only rank 0 writes. On
+resume, records beyond the resumed step (logged after the last checkpoint of a crashed run) are
+dropped so the file describes one consistent history.
 
 MFU: model FLOPs per token = 6 x active parameters (at top_k_train; the embedding lookup is not
 a matmul and is excluded, the LM head is included) + 12 x n_layers x n_heads x head_dim x
@@ -20,55 +20,26 @@ import warnings
 from pathlib import Path
 
 import torch
-from pydantic import BaseModel, ConfigDict
+from colibri_spec.metrics import (
+    METRICS_FILE,
+    METRICS_VERSION,
+    MetricsRecord,
+    RouterLayerMetrics,
+    read_metrics,
+)
 
 from ..config import ColibriConfig
 from ..param_count import count_params
-from ..router import RouterStats
 from .gpus import match_device_name
 
-METRICS_FILE = "metrics.jsonl"
-METRICS_VERSION = "1.0"
-
+__all__ = [
+    "METRICS_FILE", "METRICS_VERSION", "MetricsRecord", "MetricsWriter", "RouterLayerMetrics", "UnknownPeakWarning",
+    "flops_per_token", "peak_flops", "peak_flops_for_device_name", "read_metrics",
+]
 
 
 class UnknownPeakWarning(UserWarning):
     """MFU is not reported: the GPU's peak is not known and no `--peak-tflops` was given."""
-
-
-class RouterLayerMetrics(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    layer: int
-    max_vio: float
-    dead_experts: int
-    load_entropy: float
-    load: list[float]
-
-    @classmethod
-    def from_stats(cls, s: RouterStats) -> RouterLayerMetrics:
-        return cls(layer=s.layer, max_vio=round(s.max_vio, 5), dead_experts=s.dead_experts,
-                   load_entropy=round(s.load_entropy, 5), load=s.load)
-
-
-class MetricsRecord(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    metrics_version: str = METRICS_VERSION
-    step: int  # optimizer steps completed
-    time: float  # unix seconds
-    kind: str = "pretrain"
-    loss: float | None  # mean LM cross-entropy over the global batch (None when skipped)
-    aux_loss: float | None = None
-    lr: float
-    phase: str
-    grad_norm: float | None
-    tokens_seen: int
-    tokens_per_s: float
-    mfu: float | None
-    skipped: bool = False
-    skip_reason: str | None = None
-    val_loss: float | None = None  # at top_k_train, on the fixed validation batches
-    val_loss_infer: float | None = None  # at top_k_infer (serving), when measured
-    router: list[RouterLayerMetrics] = []
 
 
 def flops_per_token(config: ColibriConfig, seq_len: int) -> float:
@@ -122,17 +93,3 @@ class MetricsWriter:
             return
         with open(self.path, "a") as f:
             f.write(record.model_dump_json(exclude_none=False) + "\n")
-
-
-def read_metrics(run_dir: str | os.PathLike) -> list[MetricsRecord]:
-    """Parse a run's metrics.jsonl (refusing an unknown major version)."""
-    records = []
-    path = Path(run_dir) / METRICS_FILE
-    for number, line in enumerate(path.read_text().splitlines(), 1):
-        data = json.loads(line)
-        version = str(data.get("metrics_version", ""))
-        if version.split(".")[0] != METRICS_VERSION.split(".")[0]:
-            raise ValueError(f"{path}:{number}: metrics_version {version} is not supported "
-                             f"(this colibri-model reads {METRICS_VERSION})")
-        records.append(MetricsRecord.model_validate(data))
-    return records

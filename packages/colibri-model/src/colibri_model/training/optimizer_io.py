@@ -17,18 +17,16 @@ import os
 from pathlib import Path
 
 import torch
+from colibri_spec.versions import require_major
 from safetensors import SafetensorError
 from safetensors.torch import save_file
 
 from ..checkpoint import load_tensors
+from ..errors import OptimizerStateError
 from .config import TrainConfig
 
 OPTIMIZER_FILE = "optimizer.safetensors"
 OPTIMIZER_STATE_VERSION = "1.0"
-
-
-class OptimizerStateError(ValueError):
-    """An optimizer state file that does not fit the model or cannot be read."""
 
 
 def build_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
@@ -95,10 +93,8 @@ def save_optimizer(path: str | os.PathLike, model: torch.nn.Module, optimizer: t
 
 def check_optimizer_metadata(metadata: dict, where, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
     """The file's metadata (version, parameter groups by name) fits this model and optimizer."""
-    version = metadata.get("optimizer_state_version", "")
-    if version.split(".")[0] != OPTIMIZER_STATE_VERSION.split(".")[0]:
-        raise OptimizerStateError(f"{where}: optimizer_state_version {version or '(missing)'} is not supported "
-                                  f"(this colibri-model reads {OPTIMIZER_STATE_VERSION})")
+    require_major(metadata.get("optimizer_state_version"), OPTIMIZER_STATE_VERSION, key="optimizer_state_version",
+                  where=str(where), reader="colibri-model", error=OptimizerStateError)
     try:
         saved_groups = json.loads(metadata["param_groups"])
     except (KeyError, TypeError, json.JSONDecodeError):

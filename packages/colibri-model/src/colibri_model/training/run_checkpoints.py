@@ -20,6 +20,7 @@ from pathlib import Path
 
 from ..checkpoint import CheckpointFormatError, read_config
 from ..config import ColibriConfig
+from ..errors import CheckpointMismatchError
 from .checkpointing import is_dcp_checkpoint, write_checkpoint
 from .optimizer_io import OPTIMIZER_FILE, load_optimizer, optimizer_payload
 from .schedules import ScheduleState, check_resume, decay_start_of, lr_at
@@ -33,10 +34,6 @@ from .state import (
     read_training_state,
     restore_rng,
 )
-
-
-class CheckpointMismatchError(ValueError):
-    """A checkpoint that belongs to another model config or another data set."""
 
 
 class RunCheckpoints:

@@ -17,11 +17,8 @@ import math
 
 from pydantic import BaseModel, ConfigDict
 
+from ..errors import ScheduleError
 from .config import TrainConfig
-
-
-class ScheduleError(ValueError):
-    """A schedule change that would silently alter a run (e.g. moving a decay already under way)."""
 
 
 class ScheduleState(BaseModel):

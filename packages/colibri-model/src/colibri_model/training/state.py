@@ -20,19 +20,16 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from colibri_spec.versioned_json import read_versioned_json
 from pydantic import BaseModel, ConfigDict
 
 from ..config import ColibriConfig
 from ..data.loader import LoaderPosition
-from ..versioned_json import read_versioned_json
+from ..errors import TrainingStateError
 from .schedules import ScheduleState
 
 TRAINING_STATE_FILE = "training_state.json"
 TRAINING_STATE_VERSION = "1.1"  # 1.1: `environment` (absent in 1.0 files, which still load)
-
-
-class TrainingStateError(ValueError):
-    """A training_state.json that is missing, corrupt, or of an unknown version."""
 
 
 class ResumeNotBitIdenticalWarning(UserWarning):
@@ -152,7 +149,7 @@ def read_training_state(directory: str | os.PathLike) -> TrainingState:
     return read_versioned_json(Path(directory) / TRAINING_STATE_FILE, TrainingState,
                                version_key="training_state_version", version=TRAINING_STATE_VERSION,
                                error=TrainingStateError, what="training state",
-                               missing="a model checkpoint, but not a resumable training checkpoint")
+                               missing="a model checkpoint, but not a resumable training checkpoint", reader="colibri-model")
 
 
 def write_training_state(directory: str | os.PathLike, state: TrainingState) -> None:

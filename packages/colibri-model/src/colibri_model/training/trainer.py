@@ -28,6 +28,7 @@ from ..balancing import ExpertBiasBalancer
 from ..checkpoint import read_config
 from ..config import ColibriConfig
 from ..data.loader import PackedLoader, TokenSource
+from ..errors import TrainingDivergedError
 from ..grouped_mm import warn_if_slow_grouped_mm
 from ..model import ColibriForCausalLM
 from .checkpointing import is_dcp_checkpoint, latest_checkpoint, remove_partial_checkpoints
@@ -42,11 +43,6 @@ from .state import TrainingState, config_hash
 from .validation import build_val_batches, validation_loss
 
 __all__ = ["CheckpointMismatchError", "TrainResult", "Trainer", "TrainingDivergedError"]
-
-
-class TrainingDivergedError(RuntimeError):
-    """Too many non-finite steps in a row."""
-
 
 
 @dataclass

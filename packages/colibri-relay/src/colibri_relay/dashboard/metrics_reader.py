@@ -1,14 +1,12 @@
 """Tolerant reading of `metrics.jsonl` for display: what parses is shown, what does not is reported.
 
 The dashboard reads metrics written by someone else's trainer, possibly while it is still writing,
-so unlike a trainer's own reader it never raises on content:
-
-* a last line without its newline is a line being appended: skipped, noted as "incomplete";
-* a line that is not a JSON object is skipped and reported with its line number;
-* a line whose `metrics_version` has an unknown MAJOR is refused (reported naming both versions);
-  a line with no `metrics_version` at all is read as a generic record (relays whose payload is not
-  a Colibri model need not carry one);
-* a record without `step` gets its line index as its x position (reported once per file).
+so it reads them with colibri-spec's tolerant reader (`scan_metrics_lines`, METRICS.md), which
+never raises on content: an incomplete last line, a line that is not a JSON object or one of an
+unknown MAJOR `metrics_version` is skipped and reported (naming both versions); a line with no
+`metrics_version` at all is read as a generic record (relays whose payload is not a Colibri model
+need not carry one). Here, a record without `step` gets its line index as its x position
+(reported once per file).
 
 What is plotted: every top-level numeric field (bools excluded) becomes a series; `router` (a list
 of per-layer dicts with `load`, `max_vio`, `dead_experts`, as colibri-model writes them) becomes the
@@ -17,13 +15,14 @@ MoE views. Trade-off: nested numbers other than `router` are ignored, to keep "g
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import dataclass, field
 
-METRICS_FILE = "metrics.jsonl"
-SUPPORTED_METRICS_VERSION = "1.0"
+from colibri_spec.metrics import METRICS_FILE, scan_metrics_lines
+
+__all__ = ["METRICS_FILE", "MetricsPoint", "MetricsTail", "ParsedMetrics", "RouterLayer", "dedupe_by_step", "parse_metrics"]
+
 # Numeric fields that are coordinates or bookkeeping, not series worth a chart.
 NOT_SERIES = {"step", "time", "metrics_version"}
 
@@ -89,39 +88,13 @@ def parse_metrics(raw: bytes, where: str, *, max_problems: int = 20, first_linen
                   first_index: int = 0) -> ParsedMetrics:
     """Parse `raw` metrics.jsonl bytes; `where` names the file in every problem reported.
     `first_lineno` / `first_index` continue the line numbers and step-less indices of an earlier chunk."""
-    text = raw.decode("utf-8", errors="replace")
-    lines = text.split("\n")
-    incomplete = bool(lines) and lines[-1] != ""
-    if incomplete:
-        lines = lines[:-1]  # the writer has not finished this line yet
+    scanned = scan_metrics_lines(raw.decode("utf-8", errors="replace"), where, first_lineno=first_lineno,
+                                 reader="dashboard", max_problems=max_problems)
     points: list[MetricsPoint] = []
-    problems: list[str] = []
+    problems = scanned.problems
     stepless = 0
-
-    def report(message: str) -> None:
-        if len(problems) < max_problems:
-            problems.append(message)
-        elif len(problems) == max_problems:
-            problems.append(f"{where}: more problems not shown")
-
-    for lineno, line in enumerate(lines, first_lineno):
-        if not line.strip():
-            continue
-        try:
-            data = json.loads(line)
-        except json.JSONDecodeError as exc:
-            report(f"{where} line {lineno}: not valid JSON ({exc.msg}); skipped")
-            continue
-        if not isinstance(data, dict):
-            report(f"{where} line {lineno}: not a JSON object; skipped")
-            continue
-        version = data.get("metrics_version")
-        if version is not None:
-            major = str(version).split(".")[0]
-            if major != SUPPORTED_METRICS_VERSION.split(".")[0]:
-                report(f"{where} line {lineno}: metrics_version {version} is not supported by this dashboard "
-                       f"(supports {SUPPORTED_METRICS_VERSION}); skipped")
-                continue
+    for line in scanned.lines:
+        data = line.data
         step = _finite_number(data.get("step"))
         if step is None:
             stepless += 1
@@ -130,9 +103,11 @@ def parse_metrics(raw: bytes, where: str, *, max_problems: int = 20, first_linen
                   if key not in NOT_SERIES and (num := _finite_number(value)) is not None}
         kind = data.get("kind") if isinstance(data.get("kind"), str) else None
         points.append(MetricsPoint(step=step, values=values, router=_router_layers(data.get("router")), kind=kind))
-    if stepless:
-        report(f"{where}: {stepless} line(s) have no numeric 'step'; their line order is used as the step")
-    return ParsedMetrics(points=dedupe_by_step(points), problems=problems, incomplete_tail=incomplete)
+    if stepless and len(problems) < max_problems:
+        problems.append(f"{where}: {stepless} line(s) have no numeric 'step'; their line order is used as the step")
+    elif stepless and len(problems) == max_problems:
+        problems.append(f"{where}: more problems not shown")
+    return ParsedMetrics(points=dedupe_by_step(points), problems=problems, incomplete_tail=scanned.incomplete_tail)
 
 
 def dedupe_by_step(points: list[MetricsPoint]) -> list[MetricsPoint]:

@@ -29,14 +29,12 @@ from pathlib import Path
 
 import torch
 
+from ..errors import NativeKernelError
+
 SOURCE = Path(__file__).with_name("native") / "q4_matvec.c"
 FLAGS = ("-O3", "-shared", "-fPIC", "-fopenmp")
 BLOCK = 32  # activation columns per int8 scale (the kernel's BLOCK)
 SCALAR, AVX2, AVX512_VNNI = 0, 1, 2  # the kernel's levels (AVX512_VNNI: the same bits as AVX2, faster)
-
-
-class NativeKernelError(RuntimeError):
-    """The native kernel could not be built or loaded (the message says why)."""
 
 
 def _compiler() -> str | None:

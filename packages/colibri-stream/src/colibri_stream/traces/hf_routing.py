@@ -26,13 +26,10 @@ from dataclasses import dataclass
 
 import torch
 
+from ..errors import NoRouterError
 from .events import TraceEvent
 
 _LAYER_INDEX = re.compile(r"(?:^|\.)layers?\.(\d+)\.")
-
-
-class NoRouterError(ValueError):
-    """The model has no module that behaves like a transformers >= 5 MoE router."""
 
 
 @dataclass(frozen=True)

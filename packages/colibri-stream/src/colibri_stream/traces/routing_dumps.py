@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from ..errors import StreamError
+from ..errors import DumpFormatError
 from .events import TraceEvent
 
 FORMATS = ("jsonl", "llama-cpp", "csv")
@@ -61,11 +61,6 @@ EXPERTS_KEYS = ("topk_ids", "experts", "expert_ids")
 EXPERT_KEYS = ("expert", "expert_id")  # csv: one expert per row
 REQUEST_KEYS = ("request", "request_id")
 _LIST_SEPARATORS = re.compile(r"[;,\s]+")
-
-
-class DumpFormatError(StreamError, ValueError):
-    """A routing dump that cannot be imported; the message names the file and, where one is at
-    fault, the line."""
 
 
 @dataclass(frozen=True)

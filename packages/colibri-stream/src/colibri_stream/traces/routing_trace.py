@@ -18,15 +18,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from ..errors import StreamError
+from colibri_spec.versions import require_major
+
+from ..errors import TraceFormatError, TraceVersionError
 from .events import TraceEvent
 
 TRACE_FORMAT = "colibri-routing-trace"
 TRACE_VERSION = "1.1"
-
-
-class TraceFormatError(StreamError, ValueError):
-    """A routing trace file that breaks ROUTING_TRACE.md; the message names path and line."""
 
 
 @dataclass(frozen=True)
@@ -126,8 +124,10 @@ def _header(line: str, where: str) -> TraceHeader:
     if not isinstance(obj, dict) or obj.get("format") != TRACE_FORMAT:
         raise TraceFormatError(f"{where}: not a routing trace (the header's 'format' must be {TRACE_FORMAT!r})")
     version = obj.get("version")
-    if not isinstance(version, str) or version.split(".")[0] != TRACE_VERSION.split(".")[0]:
-        raise TraceFormatError(f"{where}: unsupported version {version!r} (this reader knows {TRACE_VERSION})")
+    if not isinstance(version, str):
+        raise TraceFormatError(f"{where}: version {version!r} is not a version string like {TRACE_VERSION!r}")
+    require_major(version, TRACE_VERSION, key="version", where=where, reader="colibri-stream",
+                  error=TraceVersionError)
     known = {"format", "version", "n_moe_layers", "n_experts", "top_k", "model", "source"}
     if _int(obj, "top_k", where, 1) > _int(obj, "n_experts", where, 1):
         raise TraceFormatError(f"{where}: top_k ({obj['top_k']}) exceeds n_experts ({obj['n_experts']})")
