@@ -171,7 +171,11 @@ def test_int4_shared_prefixes_score_like_full_rows(tmp_path):
     # packed: every document in one pass (the session path runs a pass per context)
     assert runs[True, True, "passes"] < runs[False, True, "passes"]
     assert runs[True, True, "tokens"] <= runs[False, True, "tokens"]
+    # The same rows in other batch shapes: with torch's int4 kernel (bf16 activations, which
+    # compute="auto" takes where it is timed much faster) each shape has its own tiling, so the
+    # sums agree to bf16's rounding, about 1e-5 of a 100-nat loglikelihood (measured 1.3e-3 on
+    # an AVX-512 EPYC); the native kernel computes each row alone and agrees bit for bit.
     for key in ((False, True), (True, True), (True, False)):
         for a, b in zip(runs[key], runs[False, False], strict=True):
             for (ll_a, greedy_a), (ll_b, greedy_b) in zip(a, b, strict=True):
-                assert ll_a == pytest.approx(ll_b, rel=1e-5, abs=1e-3) and greedy_a == greedy_b
+                assert ll_a == pytest.approx(ll_b, rel=1e-4, abs=1e-3) and greedy_a == greedy_b
