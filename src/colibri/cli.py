@@ -40,6 +40,12 @@ def _resolve_progress(_ctx, _param, value: bool | None) -> bool:
     return sys.stderr.isatty() if value is None else value
 
 
+# The relay's store as colibri-relay names it (`--store`, `$COLIBRI_RELAY_STORE`); `--relay` stays an alias.
+STORE = click.option("--store", "--relay", "relay_spec", required=True, metavar="STORE", envvar="COLIBRI_RELAY_STORE",
+                     help="hf://OWNER/REPO (endpoint from HF_ENDPOINT) or a LocalStore directory "
+                          "[env: COLIBRI_RELAY_STORE].")
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "--version", prog_name="colibri")
 def main() -> None:
@@ -51,8 +57,7 @@ def main() -> None:
 
 
 @main.command()
-@click.option("--relay", "relay_spec", required=True, metavar="STORE",
-              help="hf://OWNER/REPO (endpoint from HF_ENDPOINT) or a LocalStore directory.")
+@STORE
 @click.option("--preset", help="Model preset for an empty relay (tiny, nano, micro, grande).")
 @click.option("--data", "data_dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="Token shards made by `colibri-model prepare` (pretraining legs).")
@@ -112,19 +117,19 @@ def train(relay_spec, preset, data_dir, sft, chat_files, leg_steps, leg_hours, d
 
     \b
     Examples:
-      colibri train --relay ./relay --preset tiny --data shards/ --leg-steps 200
-      colibri train --relay hf://me/nano-run --data shards/ --leg-hours 6
-      colibri train --relay hf://me/nano-run --data shards/ --leg-steps 2000 --decay
-      colibri train --relay hf://me/nano-run --sft --chat-data chat.jsonl --leg-steps 1500
-      torchrun --nproc-per-node 8 -m colibri.cli train --relay hf://me/nano-run --data shards/ --leg-hours 6
+      colibri train --store ./relay --preset tiny --data shards/ --leg-steps 200
+      colibri train --store hf://me/nano-run --data shards/ --leg-hours 6
+      colibri train --store hf://me/nano-run --data shards/ --leg-steps 2000 --decay
+      colibri train --store hf://me/nano-run --sft --chat-data chat.jsonl --leg-steps 1500
+      torchrun --nproc-per-node 8 -m colibri.cli train --store hf://me/nano-run --data shards/ --leg-hours 6
 
     Parallel rounds (ROUNDS.md): every worker trains H inner steps from the round's base on its
     own data slice and posts its pseudo-gradient once; whoever holds the lease merges.
 
     \b
-      colibri train --parallel --relay hf://me/run --data shards/ --slot 0 --rounds 100 \\
+      colibri train --parallel --store hf://me/run --data shards/ --slot 0 --rounds 100 \\
           --preset nano --workers 4 --inner-steps 500 --round-time 1800
-      colibri train --parallel --relay hf://me/run --data shards/ --slot 1 --rounds 100
+      colibri train --parallel --store hf://me/run --data shards/ --slot 1 --rounds 100
 
     Hyper-parameter options apply to a new run only; a resumed run keeps its own.
     Exit codes: 0 leg pushed (parallel: rounds done); 1 leg stopped without pushing (the lease was
@@ -202,7 +207,7 @@ def _train_parallel(relay_spec, preset, data_dir, work_dir, holder, lease_durati
 
 
 @main.command()
-@click.option("--relay", "relay_spec", required=True, metavar="STORE", help="hf://OWNER/REPO or a LocalStore dir.")
+@STORE
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def status(relay_spec, as_json):
     """Show the baton, the ledger and the latest metrics of a relay."""

@@ -91,7 +91,7 @@ class Stage:
 
 def _train_args(out: Path, holder: str, size: DemoSize, *extra: str) -> list[str]:
     return [
-        _bin("colibri"), "train", "--relay", out / "relay", "--data", out / "shards", "--preset", "tiny",
+        _bin("colibri"), "train", "--store", out / "relay", "--data", out / "shards", "--preset", "tiny",
         "--leg-steps", str(size.leg_steps), "--work-dir", out / "work" / holder, "--holder", holder,
         "--lease-duration", str(LEASE_S), "--heartbeat", str(HEARTBEAT_S), "--seq-len", str(size.seq_len),
         "--batch-size", str(size.batch), "--lr", "3e-3", "--warmup-steps", "10", "--eval-every", "0",
@@ -213,7 +213,7 @@ def run_demo(out: Path | None, quick: bool = False) -> dict:
     summary["eval"] = _evaluate(stage, out, final, container, budget, size.eval_limit, reference=not quick)
 
     stage.header("the ledger, and the dashboard")
-    stage.run([_bin("colibri"), "status", "--relay", out / "relay"])
+    stage.run([_bin("colibri"), "status", "--store", out / "relay"])
     print(f"\n    Dashboard (read-only): colibri-relay dashboard --store {out / 'relay'} --port 8765\n"
           f"    then open http://127.0.0.1:8765/ in a browser (same data as JSON at /api/snapshot.json).", flush=True)
 

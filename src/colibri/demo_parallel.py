@@ -25,7 +25,7 @@ def main(out: Path | None = None) -> int:
     shards, relay = out / "shards", out / "relay"
     print(f"demo-parallel: everything under {out}")
     prepare([str(prose_files()[0])], shards, val_fraction=0.05, max_val_tokens=20_000, progress=False)
-    cmd = [sys.executable, "-m", "colibri.cli", "train", "--parallel", "--relay", str(relay), "--data", str(shards),
+    cmd = [sys.executable, "-m", "colibri.cli", "train", "--parallel", "--store", str(relay), "--data", str(shards),
            "--rounds", "2", "--preset", "tiny", "--workers", "2", "--inner-steps", "3", "--round-time", "45",
            "--min-round-time", "0", "--lease-duration", "8", "--heartbeat", "1", "--poll", "0.2", "--no-plan-check",
            "--no-progress", *SMALL]
@@ -46,7 +46,7 @@ def main(out: Path | None = None) -> int:
     print("demo-parallel: killed worker 1 (SIGKILL) while it trained round 0; restarting it")
     second = worker(1)
     codes = [first.wait(timeout=600), second.wait(timeout=600)]
-    status = subprocess.run([sys.executable, "-m", "colibri.cli", "status", "--relay", str(relay)])
+    status = subprocess.run([sys.executable, "-m", "colibri.cli", "status", "--store", str(relay)])
     ok = codes == [0, 0] and status.returncode == 0
     print("demo-parallel: " + ("done" if ok else f"FAILED (exit codes {codes}, status {status.returncode})"))
     return 0 if ok else 1

@@ -38,6 +38,23 @@ def _fail(exc: ColibriEvalError) -> click.ClickException:
     return error
 
 
+class DtypeChoice(click.Choice):
+    """`f32|bf16`, the dtype spelling of every Colibri command; `float32` / `bfloat16` stay accepted
+    (not shown) so that older scripts keep working."""
+
+    ALIASES = {"float32": "f32", "fp32": "f32", "bfloat16": "bf16"}
+
+    def __init__(self) -> None:
+        super().__init__(["f32", "bf16"])
+
+    def convert(self, value, param, ctx):
+        return super().convert(self.ALIASES.get(value, value), param, ctx)
+
+
+# the torch names the model adapters and the results JSON use
+_TORCH_DTYPE = {"f32": "float32", "bf16": "bfloat16"}
+
+
 def _resolve_progress(_ctx, _param, value: bool | None) -> bool:
     return sys.stderr.isatty() if value is None else value
 
@@ -66,7 +83,8 @@ def main() -> None:
 @click.option("--baseline", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Earlier results JSON to compare with.")
 @click.option("--max-drop", type=click.FloatRange(min=0), default=0.02, show_default=True,
               help="Largest tolerated drop vs --baseline (absolute for accuracies, relative for perplexity).")
-@click.option("--dtype", type=click.Choice(["float32", "bfloat16"]), default="float32", show_default=True)
+@click.option("--dtype", type=DtypeChoice(), default="f32", show_default=True,
+              help="Dtype of weights and activations.")
 @click.option("--batch-tokens", type=click.IntRange(min=16), default=1024, show_default=True,
               help="Padded tokens per forward pass (1024 measured fastest on CPU for a 135M model).")
 @click.option("--bootstrap-iters", type=click.IntRange(min=0), default=100_000, show_default=True,
@@ -98,7 +116,7 @@ def run(model_spec: str, task_spec: str, data_dir: str | None, limit: int | None
         from colibri_eval.adapters import EXTRAS, load_model  # noqa: PLC0415
 
         # the model first: a missing library is then named with the extra of this kind of model
-        loaded = load_model(model_spec, dtype=dtype, ram_budget=ram_budget)
+        loaded = load_model(model_spec, dtype=_TORCH_DTYPE[dtype], ram_budget=ram_budget)
         try:
             from colibri_eval.runner import evaluate  # noqa: PLC0415 - imports torch
         except ImportError as exc:

@@ -121,6 +121,6 @@ def warn_if_slow_grouped_mm(device: torch.device | str, dtype: torch.dtype) -> s
     if dtype != torch.bfloat16:
         _warn_once("fp32_on_cuda", (
             f"routed experts in {dtype} on CUDA: torch._grouped_mm's fast kernel is bf16-only, so every "
-            f"expert matmul takes the per-expert fallback; {FALLBACK_COST}. Train with --precision bf16."))
+            f"expert matmul takes the per-expert fallback; {FALLBACK_COST}. Train with --dtype bf16."))
         return "fp32_on_cuda"
     return None

@@ -11,7 +11,7 @@ import json
 
 import click
 
-from .training_cli import UserError, _model_config, _user_errors
+from .training_cli import UserError, _model_config, _user_errors, dtype_options
 
 GIB = 1 << 30
 
@@ -67,7 +67,7 @@ def _print_table(plan, fit) -> None:
               help="GPUs the model is sharded over (FSDP2); 1: one GPU, no sharding.")
 @click.option("--ac", type=click.Choice(["none", "selective", "full"]), default="none", show_default=True,
               help="Activation checkpointing (the trainer has none and full).")
-@click.option("--precision", type=click.Choice(["bf16", "fp32"]), default="bf16", show_default=True)
+@dtype_options("bf16", "f32", default="bf16", help="Training precision (bf16 autocast or f32).")
 @click.option("--grad-accum", default=1, show_default=True, type=click.IntRange(min=1),
               help="Micro-batches per optimizer step (gradients stay alive across them).")
 @click.option("--compute-path", type=click.Choice(["issue19", "pre-issue19"]), default="issue19", show_default=True,

@@ -32,6 +32,43 @@ class UserError(click.ClickException):
     exit_code = 2
 
 
+class DtypeChoice(click.Choice):
+    """`f32|bf16` (and `auto` where offered), the dtype spelling of every Colibri command. `fp32`,
+    `float32` and `bfloat16` stay accepted (not shown) so that older scripts keep working; the value
+    passed on is the trainer's spelling (`fp32`, `bf16`, `auto`)."""
+
+    ALIASES = {"fp32": "f32", "float32": "f32", "bfloat16": "bf16"}
+
+    def __init__(self, *choices: str) -> None:
+        super().__init__(list(choices))
+
+    def convert(self, value, param, ctx):
+        value = super().convert(self.ALIASES.get(value, value), param, ctx)
+        return "fp32" if value == "f32" else value
+
+
+def dtype_options(*choices: str, default: str, help: str | None = None):
+    """`--dtype`, and `--precision` as its hidden alias (the old name): both land in `precision`."""
+
+    def take_alias(ctx, _param, value):
+        if value is not None:
+            ctx.params["precision"] = value
+        return value
+
+    def keep_alias(ctx, param, value):  # a defaulted --dtype keeps what --precision set
+        if ctx.get_parameter_source(param.name) is click.core.ParameterSource.DEFAULT:
+            return ctx.params.get("precision", value)
+        return value
+
+    def decorate(func):
+        func = click.option("--precision", "precision_alias", type=DtypeChoice(*choices), default=None, hidden=True,
+                            expose_value=False, callback=take_alias)(func)
+        return click.option("--dtype", "precision", type=DtypeChoice(*choices), default=default, show_default=True,
+                            help=help, callback=keep_alias)(func)
+
+    return decorate
+
+
 def _resolve_progress(_ctx, _param, value: bool | None) -> bool:
     return sys.stderr.isatty() if value is None else value
 
@@ -138,7 +175,8 @@ def training_options(func):
         click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda, cuda:1, ..."),
         click.option("--parallelism", type=click.Choice(["ddp", "fsdp"]), default="ddp", show_default=True,
                      help="Under torchrun: replicate the model (DDP) or shard it (FSDP2)."),
-        click.option("--precision", type=click.Choice(["auto", "fp32", "bf16"]), default="auto", show_default=True),
+        dtype_options("auto", "f32", "bf16", default="auto",
+                      help="Training precision: bf16 autocast or f32; auto: bf16 on CUDA, f32 on CPU."),
         click.option("--compile/--no-compile", default=False, show_default=True, help="torch.compile each transformer block (fullgraph=True) for training."),
         click.option("--activation-checkpointing/--no-activation-checkpointing", default=False, show_default=True),
         click.option("--peak-tflops", default=None, type=click.FloatRange(min=0, min_open=True),

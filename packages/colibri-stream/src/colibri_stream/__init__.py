@@ -50,7 +50,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "report": ("GenerateReport", "ReportVersionError", "StatsReport", "read_generate_report"),
     "sampling": ("SamplingConfig", "TokenSampler"),
     "session": ("Session",),
-    "sizes": ("format_size", "parse_size"),
+    "sizes": ("format_size", "parse_budget", "parse_size"),
     "stats": ("LayerCounters", "StreamStats"),
     "traces.events": ("TraceEvent",),
     "traces.routing_dumps": ("DumpFormatError", "ImportedDump", "import_dump"),
@@ -94,7 +94,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and IDEs (tests hold the 
     from .report import GenerateReport, ReportVersionError, StatsReport, read_generate_report
     from .sampling import SamplingConfig, TokenSampler
     from .session import Session
-    from .sizes import format_size, parse_size
+    from .sizes import format_size, parse_budget, parse_size
     from .stats import LayerCounters, StreamStats
     from .traces.events import TraceEvent
     from .traces.routing_dumps import DumpFormatError, ImportedDump, import_dump
@@ -147,6 +147,7 @@ __all__ = [
     "format_size",
     "make_policy",
     "serving_policy_names",
+    "parse_budget",
     "parse_size",
     "read_generate_report",
     "replay",

@@ -33,15 +33,7 @@ from .io.memory_cap import read_memory_cap
 from .options import EngineOptions
 from .plan import Plan, make_plan
 from .resident import build_model, model_config, module_bytes
-from .sizes import parse_size
 from .stats import StreamStats
-
-
-def parse_budget(ram_budget: str | int) -> int | str:
-    """Bytes, or "auto" (fit under the memory cap)."""
-    if isinstance(ram_budget, str) and ram_budget.strip().lower() == "auto":
-        return "auto"
-    return parse_size(ram_budget)
 
 
 def plan_for(container: Container, opts: EngineOptions, ram_budget: int | str | None) -> Plan:

@@ -35,7 +35,7 @@ import torch
 from colibri_int4 import Container
 from colibri_model.tokenizer import EOS_TOKEN, IM_END
 
-from .assembly import assemble, parse_budget, plan_for
+from .assembly import assemble, plan_for
 from .chat import ChatSession, ChatTemplate
 from .generation import GenerationResult, StreamedToken
 from .hit_rate_target import budget_for_hit_rate
@@ -46,6 +46,7 @@ from .passes import finish_passes, forward_pass
 from .plan import Plan
 from .session import Session
 from .session_kv import SessionKV
+from .sizes import parse_budget
 from .traces.routing_trace import RoutingTrace, read_trace, write_trace
 
 

@@ -1,4 +1,5 @@
-"""Parsing and printing byte sizes: "600MB", "1.5GiB", "512 KiB", "1048576".
+"""Parsing and printing byte sizes: "600MB", "1.5GiB", "512 KiB", "1048576", and RAM budgets (a size, "auto",
+or a share of the routed experts such as "25%").
 
 Decimal units (KB, MB, GB, TB) are powers of 1000 and binary units (KiB, MiB, GiB, TiB) powers
 of 1024, as in IEC 80000-13; a bare number is bytes. Units are case-insensitive ("mb" = "MB")
@@ -50,6 +51,37 @@ def parse_size(value: str | int | float) -> int:
             f"size {value!r}: unknown unit {unit!r} (use B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)"
         )
     return int(float(number) * factor)
+
+
+def parse_budget(ram_budget: str | int) -> int | str:
+    """A RAM budget: bytes (`parse_size`), or "auto" (fit under this process's memory cap).
+
+    >>> parse_budget("600MB"), parse_budget(" Auto ")
+    (600000000, 'auto')
+    """
+    if isinstance(ram_budget, str) and ram_budget.strip().lower() == "auto":
+        return "auto"
+    return parse_size(ram_budget)
+
+
+def budget_share(label: str) -> float | None:
+    """The share of the routed experts that a budget like "25%" names (0.25); None for a size or "auto".
+
+    >>> budget_share("25%"), budget_share("600MB")
+    (0.25, None)
+
+    Raises `SizeFormatError` for a percentage outside (0%, 100%].
+    """
+    text = str(label).strip()
+    if not text.endswith("%"):
+        return None
+    try:
+        share = float(text[:-1]) / 100
+    except ValueError:
+        share = float("nan")
+    if not 0 < share <= 1:
+        raise SizeFormatError(f"budget {label!r}: not a percentage in (0%, 100%]")
+    return share
 
 
 def format_size(n_bytes: int | float) -> str:

@@ -29,8 +29,10 @@ from pathlib import Path
 
 import click
 
+from ..errors import SizeFormatError
 from ..exit_status import EXIT_CHECK_FAILED
 from ..io.direct_io import RAM_FILESYSTEMS, filesystem_type
+from ..sizes import budget_share
 
 WORKLOADS = ("trained", "random", "nano", "micro")
 SUITE_VERSION = "1.0"
@@ -43,8 +45,8 @@ def percentages(budgets: str, option: str = "--budgets") -> list[str]:
         raise click.BadParameter("give at least one percentage, e.g. 25%", param_hint=option)
     for label in labels:
         try:
-            ok = label.endswith("%") and 0 < float(label[:-1]) <= 100
-        except ValueError:
+            ok = budget_share(label) is not None
+        except SizeFormatError:
             ok = False
         if not ok:
             raise click.BadParameter(f"{label!r} is not a percentage in (0%, 100%]", param_hint=option)
@@ -77,7 +79,7 @@ def run_suite(workdir: Path, workloads: tuple[str, ...], budgets: list[str], rep
     from ..studies.synthetic_container import synthetic_container
     from ..studies.trained_workload import ROUTING_MODEL, heldout_prompts, train_routing_model, tuning_prompts
 
-    fractions = [float(b[:-1]) / 100 for b in budgets if b.endswith("%")]
+    fractions = [budget_share(b) for b in budgets if b.endswith("%")]
     text_tokens = 256  # tokens of each passage read one per forward pass (policy, prefetch studies)
     out: dict = {"suite_version": SUITE_VERSION, "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                  "workdir": str(workdir), "filesystem": filesystem_type(workdir), "workloads": {}}

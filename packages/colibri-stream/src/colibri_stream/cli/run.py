@@ -23,7 +23,7 @@ from ..compute import COMPUTE_CHOICES
 from ..errors import BudgetError, SizeFormatError, StreamError
 from ..exit_status import InputError, click_error
 from ..report import REPORT_VERSION
-from ..sizes import format_size, parse_size
+from ..sizes import format_size, parse_budget
 
 
 class BudgetType(click.ParamType):
@@ -32,10 +32,8 @@ class BudgetType(click.ParamType):
     name = "SIZE|auto"
 
     def convert(self, value, param, ctx):
-        if isinstance(value, str) and value.strip().lower() == "auto":
-            return "auto"
         try:
-            return parse_size(value)
+            return parse_budget(value)
         except SizeFormatError as exc:
             self.fail(str(exc), param, ctx)
 

@@ -13,7 +13,7 @@ from ..cache.policies import serving_policy_names
 from ..compute import COMPUTE_CHOICES
 from ..errors import BudgetError, SizeFormatError, StreamError
 from ..exit_status import EXIT_CHECK_FAILED, click_error
-from ..sizes import parse_size
+from ..sizes import budget_share, parse_size
 
 
 @click.command()
@@ -83,15 +83,15 @@ def bench(
     prompt = synthetic_prompt(container, prompt_tokens) if prompt_tokens else (prompt or BENCH_PROMPT)
     labels = [b.strip() for b in budgets.split(",") if b.strip()]
     for label in labels:
-        if not label.endswith("%"):
-            try:
-                size = parse_size(label)
-            except SizeFormatError as exc:
-                raise click.BadParameter(str(exc), param_hint="--budgets") from None
-            if size < 4096:  # "0.25" meant a share, not a quarter of a byte
-                raise click.BadParameter(
-                    f"{label!r} is {size} bytes; write a share of the experts as a percentage (25%) "
-                    "or a size with a unit (600MB)", param_hint="--budgets")
+        try:
+            share = budget_share(label)
+            size = parse_size(label) if share is None else None
+        except SizeFormatError as exc:
+            raise click.BadParameter(str(exc), param_hint="--budgets") from None
+        if size is not None and size < 4096:  # "0.25" meant a share, not a quarter of a byte
+            raise click.BadParameter(
+                f"{label!r} is {size} bytes; write a share of the experts as a percentage (25%) "
+                "or a size with a unit (600MB)", param_hint="--budgets")
     try:
         report = run_bench(
             container,

@@ -23,6 +23,7 @@ import click
 
 from ..cli.bench import percentages
 from ..exit_status import InputError
+from ..sizes import budget_share
 from ..traces.routing_dumps import FORMATS, DumpFormatError, import_dump
 from ..traces.routing_trace import TraceFormatError, read_trace, write_trace
 
@@ -135,7 +136,7 @@ def trace_import(dump: Path, dump_format: str, out: Path, n_experts: int | None,
 @click.option("--json", "as_json", is_flag=True, help="Print the study as JSON.")
 def policy_study_command(trace: Path, tuning: Path | None, budgets: str, as_json: bool) -> None:
     """Replay every eviction policy on the routing TRACE against Belady's MIN and the static oracle."""
-    fractions = [float(label[:-1]) / 100 for label in percentages(budgets)]
+    fractions = [budget_share(label) for label in percentages(budgets)]
     try:
         held = read_trace(trace)
         tune = read_trace(tuning) if tuning else None

@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from ..cache.replay import belady
 from ..engine import Engine
 from ..io.accounting import IOWindow, ProcIOUnavailable, read_proc_io
+from ..sizes import budget_share
 from ..studies.disk_bandwidth import measure_read_bandwidth
 
 # 2.0: `lru_vs_belady` became `hit_vs_belady` (the engine's policy, LFU by default, is not
@@ -108,7 +109,8 @@ def run_bench(
         points = []
         for spec in budgets:
             text = str(spec).strip()
-            budget = _budget_for(float(text[:-1]) / 100, plan) if text.endswith("%") else text
+            share = budget_share(text)
+            budget = text if share is None else _budget_for(share, plan)
             points.append((text, budget))
         bandwidth = measure_disk_bandwidth(probe, bandwidth_bytes)
         prompt_ids = list(prompt) if isinstance(prompt, list) else probe.encode(prompt)
