@@ -5,7 +5,9 @@
     nice python bench/native_kernel.py quality [--workdir /var/tmp/colibri-bench] [--steps 300]
 
 - `kernels`: one token through a [rows x 1024] matrix, best of N calls, each route: native q4
-  and q8 (container layout), torch's int4 kernel (bf16 activations, its own layout), dense f32.
+  and q8 (container layout), torch's int4 kernel (bf16 activations, its own layout), dense f32;
+  then 1, 4 and 64 activation rows through the native kernel at each level this CPU runs
+  (0 portable C, 1 AVX2, 2 AVX-512 VNNI).
 - `decode`: a synthetic container of an HF config's shapes (random weights, deleted after),
   opened three ways at a budget that holds every expert (full RAM): compute "native" (experts
   and resident projections from the stored bytes), "native" with f32 resident projections, and
@@ -68,6 +70,20 @@ def kernels(args) -> dict:
         row = {name: _best_us(call) for name, call in routes.items()}
         row["torch_int4_over_native_q4"] = round(row["torch_int4_us"] / row["native_q4_us"], 2)
         out[f"{rows}x{cols}"] = row
+    # many activation rows (tiles of 4 share each weight load) at each kernel level this CPU runs
+    rows = 1024
+    packed = torch.randint(0, 256, (rows, cols // 2), dtype=torch.uint8, generator=gen)
+    weights8 = torch.randint(-127, 128, (rows, cols), dtype=torch.int8, generator=gen)
+    bits = torch.full((rows, cols // group), 0.01).to(torch.bfloat16).view(torch.int16)
+    levels = range(nk.SCALAR, nk._library().colibri_q4_cpu_level() + 1)
+    for m in (1, 4, 64):
+        x = nk.QuantizedActivations(torch.randn(m, cols, generator=gen))
+        calls = 300 if m < 64 else 50
+        out[f"{m} rows x {rows}x{cols}"] = {
+            f"level {level} {kind}_us": _best_us(call, calls)
+            for level in levels if level > nk.SCALAR or m == 1
+            for kind, call in (("q4", lambda x=x, level=level: nk.q4_matmul(x, packed, bits, None, group, level=level)),
+                               ("q8", lambda x=x, level=level: nk.q8_matmul(x, weights8, bits, group, level=level)))}
     return out
 
 
