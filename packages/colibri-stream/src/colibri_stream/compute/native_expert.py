@@ -4,8 +4,9 @@ q4 bytes (compute/native_kernel.py).
 Preparing a missed expert is a copy of what was read (gate and up stacked into one [2F, d]
 matrix, as `Int4Expert` fuses them), not a repack into another layout. Activations enter as int8
 blocks (`QuantizedActivations`): the decode path quantizes a layer's input once and every expert
-of the token reads it; `forward` also takes a plain tensor, and many rows of it (a prefill chunk's
-tokens routed here) go through dequantized blocks and a dense matmul (native_kernel.matmul).
+of the token reads it, and `forward_each` runs all of a token's experts in one kernel call per
+projection; `forward` also takes a plain tensor of many rows (a prefill chunk's tokens routed
+here), which the kernel takes four rows at a time per weight load (native_kernel.matmul).
 
 The weights are the container's exactly; the activations are rounded to int8 per 32 columns (one
 f32 scale each), as llama.cpp's Q4_0 x Q8_0 products do: about 0.5% relative error of a matrix
