@@ -222,7 +222,7 @@ def q8_matmul(x: QuantizedActivations, weights: torch.Tensor, scales: torch.Tens
 
 # From this many activation rows on, `matmul` may dequantize a block of weight rows at a time and
 # run a dense f32 matmul: the int8 kernel's rows cost about 29 us each for 1024 x 1024 on one
-# core even in tiles of four (47-52 us alone; AVX2 and AVX-512 EPYCs), while dequantizing costs
+# core even in tiles of four (47-52 us alone; AVX2 path on an AVX-512 EPYC), while dequantizing costs
 # about one row's time once and the dense product of many rows runs near the CPU's peak. Off by default (None): a row's result
 # would then depend on how many rows share its call (int8 vs f32 activations), and a padded batch,
 # a packed scoring row or a server's batched choices must give each row what it gets alone.
