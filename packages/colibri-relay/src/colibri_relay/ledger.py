@@ -47,8 +47,11 @@ class LedgerEntry(LegSummary):
     payload_bytes: int = 0
 
 
-def parse_ledger(raw: bytes, where: str) -> list[LedgerEntry]:
-    entries: list[LedgerEntry] = []
+def parse_numbered_lines(raw: bytes, where: str, model: type[BaseModel], version: str, number: str,
+                         first: int) -> list:
+    """JSON lines of `model` at `version`'s major, numbered by field `number` from `first` with no
+    gap (a sequential run's legs, a parallel run's rounds); one error naming the line otherwise."""
+    entries: list = []
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -62,21 +65,26 @@ def parse_ledger(raw: bytes, where: str) -> list[LedgerEntry]:
             raise RelayFileCorrupt(f"{where} line {lineno}: not valid JSON ({exc})") from None
         if not isinstance(data, dict):
             raise RelayFileCorrupt(f"{where} line {lineno}: expected a JSON object")
-        check_major(data.get("ledger_version"), LEDGER_VERSION, "ledger_version", f"{where} line {lineno}")
+        check_major(data.get("ledger_version"), version, "ledger_version", f"{where} line {lineno}")
         try:
-            entry = LedgerEntry.model_validate(data)
+            entry = model.model_validate(data)
         except ValidationError as exc:
-            first = exc.errors()[0]
-            raise RelayFileCorrupt(f"{where} line {lineno}: field {'.'.join(map(str, first['loc']))!r}: "
-                                   f"{first['msg']}") from None
-        expected = entries[-1].leg + 1 if entries else 1
-        if entry.leg != expected:
-            raise RelayFileCorrupt(f"{where} line {lineno}: leg {entry.leg}, expected {expected}")
+            first_error = exc.errors()[0]
+            raise RelayFileCorrupt(f"{where} line {lineno}: field {'.'.join(map(str, first_error['loc']))!r}: "
+                                   f"{first_error['msg']}") from None
+        expected = getattr(entries[-1], number) + 1 if entries else first
+        if getattr(entry, number) != expected:
+            raise RelayFileCorrupt(f"{where} line {lineno}: {number} {getattr(entry, number)}, expected {expected}")
         entries.append(entry)
     return entries
 
 
-def append_entry(raw: bytes, entry: LedgerEntry) -> bytes:
+def parse_ledger(raw: bytes, where: str) -> list[LedgerEntry]:
+    return parse_numbered_lines(raw, where, LedgerEntry, LEDGER_VERSION, "leg", 1)
+
+
+def append_entry(raw: bytes, entry: BaseModel) -> bytes:
+    """`raw` (a JSON-lines ledger) with `entry` as one more line."""
     line = json.dumps(entry.model_dump(), sort_keys=True).encode() + b"\n"
     if raw and not raw.endswith(b"\n"):
         raw += b"\n"

@@ -13,14 +13,14 @@ ledger reader (`parse_ledger`) refuses round entries the same way.
 
 from __future__ import annotations
 
-import json
 import secrets
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .errors import ModeMismatch, RelayFileCorrupt
-from .relay_state import RelayState, check_major, is_parallel
+from .ledger import append_entry, parse_numbered_lines
+from .relay_state import RelayState, is_parallel
 
 ROUND_LEDGER_VERSION = "2.0"
 REJECT_REASONS = ("stale base", "corrupt", "failed check")
@@ -126,39 +126,10 @@ def with_rounds(state: RelayState, rounds: RoundsConfig) -> RelayState:
 
 def parse_round_ledger(raw: bytes, where: str) -> list[RoundEntry]:
     """A parallel run's LEDGER.jsonl: round entries 0, 1, 2, ... with no gap."""
-    entries: list[RoundEntry] = []
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise RelayFileCorrupt(f"{where}: not UTF-8 ({exc})") from None
-    for lineno, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            data = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise RelayFileCorrupt(f"{where} line {lineno}: not valid JSON ({exc})") from None
-        if not isinstance(data, dict):
-            raise RelayFileCorrupt(f"{where} line {lineno}: expected a JSON object")
-        check_major(data.get("ledger_version"), ROUND_LEDGER_VERSION, "ledger_version", f"{where} line {lineno}")
-        try:
-            entry = RoundEntry.model_validate(data)
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            raise RelayFileCorrupt(f"{where} line {lineno}: field {'.'.join(map(str, first['loc']))!r}: "
-                                   f"{first['msg']}") from None
-        expected = entries[-1].round + 1 if entries else 0
-        if entry.round != expected:
-            raise RelayFileCorrupt(f"{where} line {lineno}: round {entry.round}, expected {expected}")
-        entries.append(entry)
-    return entries
+    return parse_numbered_lines(raw, where, RoundEntry, ROUND_LEDGER_VERSION, "round", 0)
 
 
-def append_round(raw: bytes, entry: RoundEntry) -> bytes:
-    line = json.dumps(entry.model_dump(), sort_keys=True).encode() + b"\n"
-    if raw and not raw.endswith(b"\n"):
-        raw += b"\n"
-    return raw + line
+append_round = append_entry  # one more round line, as a leg's
 
 
 def render_round_ledger_md(entries: list[RoundEntry]) -> bytes:
