@@ -138,17 +138,33 @@ def _summary(container: Container, with_experts: bool) -> dict:
     return summary
 
 
+def _quant_options(bf16_note: str | None = None):
+    """The re-quantization options both importers take (the container's scheme)."""
+    bf16 = f"bf16 (everything bf16: {bf16_note})" if bf16_note else "bf16 (everything bf16)"
+    options = [
+        click.option("--quant", type=_DTYPES, default="int4", show_default=True,
+                     help=f"Routed experts: int4 (resident int8), int8 (resident int8) or {bf16}. Embeddings stay bf16."),
+        click.option("--group", "group_size", type=click.Choice(["32", "64", "128"]), default="64", show_default=True,
+                     help="Weights per int4/int8 group (one 16-bit scale each)."),
+        click.option("--sym/--asym", "symmetric", default=True, show_default=True,
+                     help="int4 groups with or without a zero."),
+        click.option("--resident-dtype", type=_DTYPES, default=None,
+                     help="Override --quant for attention, dense FFN, shared experts."),
+        click.option("--embed-dtype", type=_DTYPES, default=None, help="Override for embed.weight and lm_head.weight."),
+    ]
+
+    def apply(command):
+        for option in reversed(options):
+            command = option(command)
+        return command
+
+    return apply
+
+
 @main.command("import-hf")
 @click.argument("hf_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.argument("out", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--quant", type=_DTYPES, default="int4", show_default=True,
-              help="Routed experts: int4 (resident int8), int8 (resident int8) or bf16 (everything bf16: "
-                   "lossless for a bf16 checkpoint). Embeddings stay bf16.")
-@click.option("--group", "group_size", type=click.Choice(["32", "64", "128"]), default="64", show_default=True,
-              help="Weights per int4/int8 group (one 16-bit scale each).")
-@click.option("--sym/--asym", "symmetric", default=True, show_default=True, help="int4 groups with or without a zero.")
-@click.option("--resident-dtype", type=_DTYPES, default=None, help="Override --quant for attention, dense FFN, shared experts.")
-@click.option("--embed-dtype", type=_DTYPES, default=None, help="Override for embed.weight and lm_head.weight.")
+@_quant_options("lossless for a bf16 checkpoint")
 @click.option("--name", default=None, help="The model name stored in the config [default: MODEL_TYPE:DIRNAME].")
 @PROGRESS
 def import_hf_command(hf_dir: Path, out: Path, quant: str, group_size: str, symmetric: bool, resident_dtype: str | None,
@@ -182,14 +198,7 @@ def import_hf_command(hf_dir: Path, out: Path, quant: str, group_size: str, symm
 @main.command("import-gguf")
 @click.argument("gguf_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.argument("out", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--quant", type=_DTYPES, default="int4", show_default=True,
-              help="Routed experts: int4 (resident int8), int8 (resident int8) or bf16 (everything bf16). "
-                   "Embeddings stay bf16.")
-@click.option("--group", "group_size", type=click.Choice(["32", "64", "128"]), default="64", show_default=True,
-              help="Weights per int4/int8 group (one 16-bit scale each).")
-@click.option("--sym/--asym", "symmetric", default=True, show_default=True, help="int4 groups with or without a zero.")
-@click.option("--resident-dtype", type=_DTYPES, default=None, help="Override --quant for attention, dense FFN, shared experts.")
-@click.option("--embed-dtype", type=_DTYPES, default=None, help="Override for embed.weight and lm_head.weight.")
+@_quant_options()
 @click.option("--name", default=None, help="The model name stored in the config [default: MODEL_TYPE:general.name].")
 @PROGRESS
 def import_gguf_command(gguf_file: Path, out: Path, quant: str, group_size: str, symmetric: bool,
