@@ -29,12 +29,14 @@ torch's int4 kernel is more than `NATIVE_MARGIN` times faster on the expert alon
 wide because the expert's matmuls are not all a step pays: the native path computes from the
 bytes read, so each miss saves the repack into torch's layout (1.3-2.3x the read, bench/RESULTS.md),
 and it holds the resident projections as stored (q4/q8) instead of dequantized f32, so a step
-reads 4-8x fewer resident bytes and a budget keeps more experts. Measured on an AMD EPYC with
-AVX-512 VNNI (1 thread): torch's int4 SwiGLU was 1.1-1.45x faster than the native one per expert
-(NanoColibri to OLMoE shapes), yet a whole decode step of a 24 x 64 Qwen3-MoE ran 1.1-1.5x
-faster native; and an OLMoE-shaped container in a memory cgroup of half its size decoded 0.42
-tok/s on torch's route (26 experts cached beside its f32 resident part, 393 MB read per token)
-against 1.71 tok/s native (110 experts, 131 MB per token).
+reads 4-8x fewer resident bytes and a budget keeps more experts. The native route is timed as
+decode runs it (a token's experts in one call per projection): measured on an AMD EPYC with
+AVX-512 VNNI, one thread, NanoColibri's shape, 86-104 us per expert against 125-144 us for
+torch's int4 (one expert at a time, as its route runs); timed one expert at a time, native was
+the slower (170 us), but decode never runs it so. A whole decode step of a 24 x 64
+Qwen3-MoE ran 1.1-1.5x faster native, and an OLMoE-shaped container in a memory cgroup of half
+its size decoded 0.42 tok/s on torch's route (26 experts cached beside its f32 resident part,
+393 MB read per token) against 1.71 tok/s native (110 experts, 131 MB per token).
 """
 
 from __future__ import annotations
@@ -60,7 +62,9 @@ class ComputeTiming:
         int4_seconds: torch's int4 kernel with `kernel_dtype` activations.
         dequant_seconds: dense matmuls in the resident `dtype`.
         capability: the CPU kernel set torch dispatched to (e.g. "AVX2").
+        threads: the threads timed on (1: see `time_compute`).
         shape: the (d_model, expert_dim) timed.
+        native_seconds: per expert, timed as a decode token's TOKEN_EXPERTS experts in one call.
     """
 
     int4_seconds: float
@@ -68,7 +72,7 @@ class ComputeTiming:
     capability: str
     threads: int
     shape: tuple[int, int]
-    native_seconds: float | None = None  # the native q4 kernel, None where it was not timed
+    native_seconds: float | None = None  # None where the native kernel was not timed
 
     @property
     def choice(self) -> str:
@@ -124,34 +128,50 @@ def _routes(d_model: int, expert_dim: int, dtype: torch.dtype, kernel_dtype: tor
     return routes
 
 
+TOKEN_EXPERTS = 8  # the native route is timed as a decode token runs it: this many experts in one call
+
+
 def _native_route(d_model: int, expert_dim: int, gen: torch.Generator):
-    from .native_kernel import QuantizedActivations, q4_matmul
+    """A decode token's experts as the engine computes them natively (NativeQ4Expert.forward_each:
+    gate|up of all of them in one call, then down of all in one); per expert, divide by TOKEN_EXPERTS."""
+    from .native_kernel import QuantizedActivations, q4_experts
 
     def q4_weight(rows: int, cols: int):
         packed = torch.randint(0, 256, (rows, cols // 2), dtype=torch.uint8, generator=gen)
-        return packed, torch.full((rows, cols // GROUP), 0.01).to(torch.bfloat16).view(torch.int16)
+        return packed, torch.full((rows, cols // GROUP), 0.01).to(torch.bfloat16).view(torch.int16), None
 
-    gate_up, gate_up_scales = q4_weight(2 * expert_dim, d_model)
-    down, down_scales = q4_weight(d_model, expert_dim)
+    gate_ups = [q4_weight(2 * expert_dim, d_model) for _ in range(TOKEN_EXPERTS)]
+    downs = [q4_weight(d_model, expert_dim) for _ in range(TOKEN_EXPERTS)]
     x = torch.randn(1, d_model, generator=gen)
 
     def native():
-        h = q4_matmul(QuantizedActivations(x), gate_up, gate_up_scales, None, GROUP)
+        h = q4_experts(QuantizedActivations(x), gate_ups, GROUP, row_each=False)
         gate, up = h.split(expert_dim, dim=-1)
-        q4_matmul(QuantizedActivations(F.silu(gate) * up), down, down_scales, None, GROUP)
+        q4_experts(QuantizedActivations(F.silu(gate) * up), downs, GROUP, row_each=True)
 
     return native
 
 
 def time_compute(d_model: int, expert_dim: int, dtype: torch.dtype, kernel_dtype: torch.dtype,
                  native: bool = False) -> ComputeTiming:
-    """Time the routes (cached per process, capability, threads, shape and dtypes); `native`: time
-    the native kernel too (where it builds)."""
+    """Time the routes (cached per process, capability, shape and dtypes); `native`: time the
+    native kernel too (where it builds).
+
+    Timed on one thread whatever the engine runs: the question is which kernels are faster, and
+    on a loaded machine a parallel region waits for its other threads' time slices (measured on a
+    2-vCPU EPYC under load: 2-21 ms with 2 threads for an expert that takes 0.1 ms on one), which
+    made the choice follow the load instead of the kernels."""
     shape = (max(d_model, MIN_SHAPE[0]), max(expert_dim, MIN_SHAPE[1]))
     shape = (-(-shape[0] // GROUP) * GROUP, -(-shape[1] // GROUP) * GROUP)  # the kernel's K % group
-    capability, threads = torch.backends.cpu.get_cpu_capability(), torch.get_num_threads()
-    key = (capability, threads, shape, dtype, kernel_dtype, native)
+    capability = torch.backends.cpu.get_cpu_capability()
+    key = (capability, shape, dtype, kernel_dtype, native)
     if key not in _timings:
-        best = _best_seconds(_routes(*shape, dtype, kernel_dtype, native))
-        _timings[key] = ComputeTiming(best["int4"], best["dequant"], capability, threads, shape, best.get("native"))
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            best = _best_seconds(_routes(*shape, dtype, kernel_dtype, native))
+        finally:
+            torch.set_num_threads(threads)
+        per_expert = best["native"] / TOKEN_EXPERTS if "native" in best else None
+        _timings[key] = ComputeTiming(best["int4"], best["dequant"], capability, 1, shape, per_expert)
     return _timings[key]
