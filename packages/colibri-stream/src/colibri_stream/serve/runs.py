@@ -106,7 +106,7 @@ def single(engine, tokens: Iterator[StreamedToken], result: list, cached_tokens:
 def batched(engine, prompts: list[list[int]], spec: Spec, in_flight: InFlight | None) -> Run:
     """`spec.n` choices of every prompt as batched rows; choice index = prompt index * n + j, as
     OpenAI numbers them. Checked here (a ValueError names a bad option) before any output."""
-    base = generation_options(engine, spec.max_tokens, **spec.session_kwargs(0))
+    base = generation_options(engine.codec, spec.max_tokens, **spec.session_kwargs(0))
     options = [base if spec.seed is None or j == 0 else
                replace(base, sampling=replace(base.sampling, seed=spec.seed + j)) for j in range(spec.n)]
     rows = [(p, options[j]) for p in prompts for j in range(spec.n)]
@@ -121,9 +121,9 @@ def batched(engine, prompts: list[list[int]], spec: Spec, in_flight: InFlight | 
         per_batch = max(1, engine.prefill_chunk)  # a decode step holds no more tokens than the workspace
         for first in range(0, len(rows), per_batch):
             group = rows[first : first + per_batch]
-            decoders = [RowDecoder(engine, o, p) for p, o in group]
+            decoders = [RowDecoder(engine.runner, engine.codec, o, p) for p, o in group]
             done: list = [None] * len(group)
-            for row, event in decode_rows(engine, [p for p, _ in group], decoders, done):
+            for row, event in decode_rows(engine.runner, [p for p, _ in group], decoders, done):
                 yield first + row, event
             results[first : first + len(group)] = done
 
