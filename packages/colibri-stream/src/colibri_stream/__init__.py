@@ -42,7 +42,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "errors": ("BudgetError", "ContainerConfigError", "ExpertCorruptError", "SizeFormatError", "SmallCacheWarning",
                "StreamError"),
     "footprint": ("Budget", "Footprint"),
-    "generation": ("GenerationResult", "StreamedToken", "TextCodec"),
+    "generation": ("GenerationResult", "StreamedToken", "TextCodec", "TokenStream"),
     "hit_rate_target": ("HitRateTarget",),
     "io.direct_io": ("AlignedBuffer", "BlobReader", "IOFallbackWarning"),
     "io.memory_cap": ("MemoryCap", "read_memory_cap"),
@@ -87,7 +87,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and IDEs (tests hold the 
         StreamError,
     )
     from .footprint import Budget, Footprint
-    from .generation import GenerationResult, StreamedToken, TextCodec
+    from .generation import GenerationResult, StreamedToken, TextCodec, TokenStream
     from .hit_rate_target import HitRateTarget
     from .io.direct_io import AlignedBuffer, BlobReader, IOFallbackWarning
     from .io.memory_cap import MemoryCap, read_memory_cap
@@ -121,6 +121,7 @@ __all__ = [
     "Session",
     "StreamedToken",
     "TextCodec",
+    "TokenStream",
     "ForwardRunner",
     "TokenSampler",
     "ContainerConfigError",

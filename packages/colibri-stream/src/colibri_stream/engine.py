@@ -39,7 +39,7 @@ from colibri_model.tokenizer import EOS_TOKEN, IM_END
 
 from .assembly import assemble, plan_for
 from .chat import ChatSession, ChatTemplate
-from .generation import GenerationResult, StreamedToken, TextCodec
+from .generation import GenerationResult, TextCodec, TokenStream
 from .hit_rate_target import budget_for_hit_rate
 from .io.heap import HeapTrimmer
 from .options import EngineOptions
@@ -238,9 +238,10 @@ class Engine:
         """A conversation whose KV cache is kept across turns (chat.py: prefix reuse, overflow)."""
         return ChatSession(self, self.chat_template)
 
-    def stream(self, prompt: str | Sequence[int], max_new_tokens: int = 128, **kwargs) -> Iterator[StreamedToken]:
+    def stream(self, prompt: str | Sequence[int], max_new_tokens: int = 128, **kwargs) -> TokenStream:
         """Yield a `StreamedToken` (id, text piece, logprob) per generated token, on a fresh
-        session (`Session.stream` for the sampling options, stop strings and logprobs)."""
+        session (`Session.stream` for the sampling options, stop strings and logprobs); once
+        exhausted, the stream's `result` is the `GenerationResult`."""
         return self.session().stream(prompt, max_new_tokens, **kwargs)
 
     def stream_text(self, prompt: str | Sequence[int], max_new_tokens: int = 128, **kwargs) -> Iterator[str]:

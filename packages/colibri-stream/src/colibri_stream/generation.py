@@ -4,7 +4,8 @@
   strings, max tokens, the context's end), shared by a session and by each row of a batch.
 - `decode_loop`: on a `Session` (session.py), prefill the prompt, then decode one token at a
   time, yielding a `StreamedToken` (id, text piece, logprob) per step; `GenerationResult` is
-  what it reports at the end.
+  what it returns at the end, which `TokenStream` (what `Session.stream` hands out) keeps as
+  its `result` once the stream is exhausted.
 - `TextCodec`: the tokenizer and the ids that end a generation, what sessions and batches need
   of the text side.
 - `TextAssembler`: turns the growing list of generated ids into text pieces for streaming. It
@@ -18,7 +19,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -237,13 +238,36 @@ class RowDecoder:
                                 prefilled_tokens=prompt_tokens, tokens=self.events)
 
 
-def decode_loop(session, prompt_ids: list[int], options: GenerationOptions,
-                result: list | None) -> Iterator[StreamedToken]:
+class TokenStream(Iterator[StreamedToken]):
+    """The `StreamedToken`s of one generation; once they are exhausted, `result` is the
+    `GenerationResult` (None before, or when the consumer stopped early)."""
+
+    def __init__(self, tokens: Generator[StreamedToken, None, GenerationResult]):
+        self._tokens = tokens
+        self.result: GenerationResult | None = None
+
+    def __iter__(self) -> TokenStream:
+        return self
+
+    def __next__(self) -> StreamedToken:
+        try:
+            return next(self._tokens)
+        except StopIteration as end:
+            if end.value is not None:  # a spent generator stops again with no value
+                self.result = end.value
+            raise
+
+    def close(self) -> None:
+        self._tokens.close()
+
+
+def decode_loop(session, prompt_ids: list[int],
+                options: GenerationOptions) -> Generator[StreamedToken, None, GenerationResult]:
     """Generation on a `Session` (session.py): append `prompt_ids` to its context (an empty prompt
     continues from the context's last logits), then sample and append one token at a time
     (`RowDecoder`), yielding `StreamedToken`s. The last sampled token is deferred
     (`Session.defer`: in the context, run by whatever comes next), so no pass is spent on logits
-    nobody reads. Appends a `GenerationResult` to `result` at the end."""
+    nobody reads. Returns the `GenerationResult`."""
     row = RowDecoder(session.runner, session.codec, options, session.tokens + list(prompt_ids))
     began = time.perf_counter()
     logits = None
@@ -262,5 +286,4 @@ def decode_loop(session, prompt_ids: list[int], options: GenerationOptions,
     tail = row.tail()
     if tail is not None:
         yield tail
-    if result is not None:
-        result.append(row.result(len(prompt_ids), prefill_seconds, time.perf_counter() - began - prefill_seconds))
+    return row.result(len(prompt_ids), prefill_seconds, time.perf_counter() - began - prefill_seconds)
