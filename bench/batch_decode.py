@@ -32,7 +32,7 @@ import time
 
 import torch
 from colibri_stream import Engine
-from colibri_stream.batch import prefill_batch
+from colibri_stream.session import prefill_batch
 from colibri_stream.studies.synthetic_container import synthetic_container
 
 PROMPTS = ["The history of the river town begins with the mills", "Once upon a time", "In the morning the",
@@ -50,14 +50,14 @@ def run(path, budget, rows: int, new_tokens: int, batched: bool, kernel_dtype: s
             decode_seconds = max(r.decode_seconds for r in results)
             prefill_counts = None  # the same padded prefill as one_by_one's, from the same cold cache
         else:
-            sessions = prefill_batch(eng, ids)
-            eng._update_io()
+            sessions = prefill_batch(eng.runner, eng.codec, ids)
+            eng.runner.update_io()
             prefill_counts = (eng.stats.bytes_read, eng.stats.bytes_read_os, eng.stats.hits + eng.stats.misses,
                              eng.stats.misses)
             results = [s.generate((), new_tokens, stop_token_ids=[]) for s in sessions]
             decode_seconds = sum(r.decode_seconds for r in results)
         wall = time.perf_counter() - began
-        eng._update_io()
+        eng.runner.update_io()
         decoded = sum(len(r.token_ids) - 1 for r in results)  # the first token comes from the prefill
         return dict(tokens=[r.token_ids for r in results], decode_seconds=decode_seconds, wall_seconds=wall,
                     decode_tokens_per_s=decoded / decode_seconds, bytes_read=eng.stats.bytes_read,

@@ -123,12 +123,12 @@ def valid(text: str, schema: str) -> bool | str:
 
 
 def run(engine, tokens: int, constraint) -> dict:
-    result: list = []
     began = time.perf_counter()
-    for _ in engine.session().stream(PROMPT, tokens, constraint=constraint, result=result):
+    stream = engine.session().stream(PROMPT, tokens, constraint=constraint)
+    for _ in stream:
         pass
     wall = time.perf_counter() - began
-    r = result[0]
+    r = stream.result
     return dict(tokens=len(r.token_ids), text=r.text, decode_seconds=r.decode_seconds,
                 per_token=r.decode_seconds / max(len(r.token_ids) - 1, 1), wall=wall)
 

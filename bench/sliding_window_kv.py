@@ -82,7 +82,7 @@ def main() -> None:
             runs = {"windowed": [], "every_position": []}
             for _ in range(args.repeats):  # interleaved, so a load spike hits both arms alike
                 runs["windowed"].append(run_arm(eng, eng.session(), context, args.new_tokens))
-                runs["every_position"].append(run_arm(eng, Session(eng, kv=every.copy()), context, args.new_tokens))
+                runs["every_position"].append(run_arm(eng, Session(eng.runner, eng.codec, kv=every.copy()), context, args.new_tokens))
     windowed, full = (median_of([r[0] for r in runs[arm]]) for arm in ("windowed", "every_position"))
     windowed_steps, full_steps = runs["windowed"][0][1], runs["every_position"][0][1]
     out["windowed"], out["every_position"] = windowed, full

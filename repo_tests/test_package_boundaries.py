@@ -315,7 +315,6 @@ def test_checker_holds_colibri_spec_to_pydantic_and_the_stdlib(tmp_path):
 KNOWN_CIRCLES = [
     ["colibri_relay.hub_cas_commit", "colibri_relay.hub_commit", "colibri_relay.hub_store",
      "colibri_relay.local_store", "colibri_relay.store"],
-    ["colibri_stream.batch", "colibri_stream.session"],
 ]
 
 

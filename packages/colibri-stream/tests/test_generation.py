@@ -17,13 +17,15 @@ def engine(tiny):
 
 
 def test_stream_pieces_add_up_to_the_result(engine):
-    result = []
-    tokens = list(engine.stream("Once upon a time", 24, stop_token_ids=[], result=result))
-    assert "".join(t.text for t in tokens) == result[0].text
-    assert [t.id for t in tokens if t.id is not None] == result[0].token_ids
-    assert "".join(engine.stream_text("Once upon a time", 24, stop_token_ids=[])) == result[0].text
-    assert len(result[0].token_ids) == 24 and result[0].finish_reason == "length"
-    assert result[0].text == engine.tokenizer.decode(result[0].token_ids)
+    stream = engine.stream("Once upon a time", 24, stop_token_ids=[])
+    assert stream.result is None  # known once the stream is exhausted
+    tokens = list(stream)
+    result = stream.result
+    assert "".join(t.text for t in tokens) == result.text
+    assert [t.id for t in tokens if t.id is not None] == result.token_ids
+    assert "".join(engine.stream_text("Once upon a time", 24, stop_token_ids=[])) == result.text
+    assert len(result.token_ids) == 24 and result.finish_reason == "length"
+    assert result.text == engine.tokenizer.decode(result.token_ids)
 
 
 def test_stop_string_cuts_the_text(engine):

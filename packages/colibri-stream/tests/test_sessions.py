@@ -136,10 +136,10 @@ def test_a_padded_batch_gives_each_prompt_its_own_result(engine_f32):
     assert [r.token_ids for r in batch] == [r.token_ids for r in single]
     assert [r.prompt_tokens for r in batch] == [r.prompt_tokens for r in single]
     # the padded rows' logits are those of each prompt alone
-    from colibri_stream.batch import prefill_batch
+    from colibri_stream.session import prefill_batch
 
     ids = [engine.encode(p) for p in prompts]
-    for session, row in zip(prefill_batch(engine, ids), ids):
+    for session, row in zip(prefill_batch(engine.runner, engine.codec, ids), ids):
         torch.testing.assert_close(session.last_logits().cpu(), engine.logits(row)[-1], atol=1e-4, rtol=1e-4)
         assert session.tokens == row and len(session) == len(row)
     with pytest.raises(ValueError, match="at least one token"):
@@ -149,10 +149,10 @@ def test_a_padded_batch_gives_each_prompt_its_own_result(engine_f32):
 def test_a_padded_batch_under_bf16_kernels_agrees_to_bf16_rounding(engine):
     """The serving default (bf16 expert kernels): each padded row within bf16's rounding of the
     prompt alone (a leak of padding or of another row moves logits by far more)."""
-    from colibri_stream.batch import prefill_batch
+    from colibri_stream.session import prefill_batch
 
     ids = [engine.encode(p) for p in ["Once upon a time", "Hi", "The little bird sang a song today"]]
-    for session, row in zip(prefill_batch(engine, ids), ids):
+    for session, row in zip(prefill_batch(engine.runner, engine.codec, ids), ids):
         torch.testing.assert_close(session.last_logits().cpu(), engine.logits(row)[-1], atol=1e-2, rtol=1e-2)
 
 

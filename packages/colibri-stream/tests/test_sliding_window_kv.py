@@ -91,10 +91,10 @@ def test_fork_and_branch_logits_of_a_windowed_context(engine, gpt_oss):
 
 
 def test_a_batch_prefills_rows_into_windowed_sessions(engine, gpt_oss):
-    from colibri_stream.batch import prefill_batch
+    from colibri_stream.session import prefill_batch
 
     prompts = [TOKENS[:31], TOKENS[5:14], TOKENS[20:45]]
-    for prompt, session in zip(prompts, prefill_batch(engine, prompts), strict=True):
+    for prompt, session in zip(prompts, prefill_batch(engine.runner, engine.codec, prompts), strict=True):
         expected = _reference(gpt_oss[1], prompt + TOKENS[:5])
         _close(session.last_logits(), expected[len(prompt) - 1])
         _close(session.append(TOKENS[:5], all_logits=True), expected[len(prompt):])

@@ -42,11 +42,12 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "errors": ("BudgetError", "ContainerConfigError", "ExpertCorruptError", "SizeFormatError", "SmallCacheWarning",
                "StreamError"),
     "footprint": ("Budget", "Footprint"),
-    "generation": ("GenerationResult", "StreamedToken"),
+    "generation": ("GenerationResult", "StreamedToken", "TextCodec", "TokenStream"),
     "hit_rate_target": ("HitRateTarget",),
     "io.direct_io": ("AlignedBuffer", "BlobReader", "IOFallbackWarning"),
     "io.memory_cap": ("MemoryCap", "read_memory_cap"),
     "plan": ("Plan",),
+    "runner": ("ForwardRunner",),
     "report": ("GenerateReport", "ReportVersionError", "StatsReport", "read_generate_report"),
     "sampling": ("SamplingConfig", "TokenSampler"),
     "session": ("Session",),
@@ -86,12 +87,13 @@ if TYPE_CHECKING:  # the same names, for type checkers and IDEs (tests hold the 
         StreamError,
     )
     from .footprint import Budget, Footprint
-    from .generation import GenerationResult, StreamedToken
+    from .generation import GenerationResult, StreamedToken, TextCodec, TokenStream
     from .hit_rate_target import HitRateTarget
     from .io.direct_io import AlignedBuffer, BlobReader, IOFallbackWarning
     from .io.memory_cap import MemoryCap, read_memory_cap
     from .plan import Plan
     from .report import GenerateReport, ReportVersionError, StatsReport, read_generate_report
+    from .runner import ForwardRunner
     from .sampling import SamplingConfig, TokenSampler
     from .session import Session
     from .sizes import format_size, parse_budget, parse_size
@@ -118,6 +120,9 @@ __all__ = [
     "ContextOverflowError",
     "Session",
     "StreamedToken",
+    "TextCodec",
+    "TokenStream",
+    "ForwardRunner",
     "TokenSampler",
     "ContainerConfigError",
     "DequantExpert",

@@ -23,7 +23,8 @@ of a step is fetched and run once for the batch (StreamedExperts' batch-union); 
 decoding reads an expert once per row that routes to it (when the cache does not hold it).
 `bench/batch_decode.py` measures it. `stats.decode_tokens` counts one per real token, `steps`
 one per pass. `stream_batch` yields each row's tokens as they come (the server's list of
-prompts); `generate_batch` (`Engine.generate` with a list) runs it to the end.
+prompts); `generate_batch` (`Engine.generate` with a list) runs it to the end. Each takes the
+`ForwardRunner` (runner.py) and the `TextCodec` (generation.py), never the engine.
 
 Memory: the batch KV cache holds B x (longest + the most tokens a row can still run) positions,
 beyond the budget's one `max_context` (as extra sessions are), on every layer: a sliding-window
@@ -41,11 +42,11 @@ from collections.abc import Iterator
 import torch
 
 from .batch import checked_longest, prefill_rows
-from .generation import GenerationResult, RowDecoder, StreamedToken, generation_options
-from .passes import finish_passes, forward_pass
+from .generation import GenerationResult, RowDecoder, StreamedToken, TextCodec, generation_options
+from .runner import ForwardRunner
 
 
-def stream_batch(engine, prompts, max_new_tokens: int, **kwargs
+def stream_batch(runner: ForwardRunner, codec: TextCodec, prompts, max_new_tokens: int, **kwargs
                  ) -> tuple[Iterator[tuple[int, StreamedToken]], list[GenerationResult | None]]:
     """A list of prompts (text or ids) generated as one batch, streamed: (an iterator of
     (prompt index, `StreamedToken`) as the rows produce them, the results list, each filled when
@@ -53,35 +54,36 @@ def stream_batch(engine, prompts, max_new_tokens: int, **kwargs
     output; more prompts than `prefill_chunk` run as consecutive batches."""
     if kwargs.pop("on_text", None) is not None:
         raise ValueError("on_text is for one prompt; stream each session for a batch")
-    ids = [engine.encode(p) if isinstance(p, str) else [int(i) for i in p] for p in prompts]
-    options = generation_options(engine, max_new_tokens, **kwargs)
-    checked_longest(engine, ids)
+    ids = [codec.encode(p) if isinstance(p, str) else [int(i) for i in p] for p in prompts]
+    options = generation_options(codec, max_new_tokens, **kwargs)
+    checked_longest(runner, ids)
     results: list[GenerationResult | None] = [None] * len(ids)
 
     def batches() -> Iterator[tuple[int, StreamedToken]]:
-        rows_per_batch = max(1, engine.prefill_chunk)
+        rows_per_batch = max(1, runner.prefill_chunk)
         for first in range(0, len(ids), rows_per_batch):
             group = ids[first : first + rows_per_batch]
-            rows = [RowDecoder(engine, options, p) for p in group]
+            rows = [RowDecoder(runner, codec, options, p) for p in group]
             done = [None] * len(group)
-            for row, event in decode_rows(engine, group, rows, done):
+            for row, event in decode_rows(runner, group, rows, done):
                 yield first + row, event
             results[first : first + len(group)] = done
 
     return batches(), results
 
 
-def generate_batch(engine, prompts, max_new_tokens: int, **kwargs) -> list[GenerationResult]:
+def generate_batch(runner: ForwardRunner, codec: TextCodec, prompts, max_new_tokens: int,
+                   **kwargs) -> list[GenerationResult]:
     """`Engine.generate` for a list of prompts (text or ids): a list of `GenerationResult`s, in
     order, each as the prompt alone would give (the sampling keywords apply to every row)."""
-    events, results = stream_batch(engine, prompts, max_new_tokens, **kwargs)
+    events, results = stream_batch(runner, codec, prompts, max_new_tokens, **kwargs)
     for _ in events:
         pass
     return results
 
 
 @torch.inference_mode()
-def decode_rows(engine, prompts: list[list[int]], rows: list[RowDecoder],
+def decode_rows(runner: ForwardRunner, prompts: list[list[int]], rows: list[RowDecoder],
                 results: list) -> Iterator[tuple[int, StreamedToken]]:
     """Prefill `prompts` as one padded batch, then step every unfinished row's `RowDecoder`
     together (see the module docstring), yielding (row, event); `results[row]` is set when the
@@ -90,17 +92,17 @@ def decode_rows(engine, prompts: list[list[int]], rows: list[RowDecoder],
     if all(row.done for row in rows):  # max_new_tokens 0: nothing to run
         results[:] = [row.result(len(p), 0.0, 0.0) for row, p in zip(rows, prompts)]
         return
-    longest = checked_longest(engine, prompts)
-    lengths = torch.tensor([len(p) for p in prompts], device=engine.device)
+    longest = checked_longest(runner, prompts)
+    lengths = torch.tensor([len(p) for p in prompts], device=runner.device)
     # a row runs at most max_new_tokens - 1 sampled tokens, and none past the context's end
-    runs = max(min(row.max_new_tokens - 1, engine.max_context - len(p)) for row, p in zip(rows, prompts))
-    kv = engine.model.new_kv_cache(len(prompts), longest + max(runs, 0))
-    for block in engine.model.layers:  # one RoPE table for every step (the model grows it lazily)
-        block.attn.rope.ensure(kv.max_len, engine.device)
+    runs = max(min(row.max_new_tokens - 1, runner.max_context - len(p)) for row, p in zip(rows, prompts))
+    kv = runner.new_batch_kv(len(prompts), longest + max(runs, 0))
+    for block in runner.model.layers:  # one RoPE table for every step (the model grows it lazily)
+        block.attn.rope.ensure(kv.max_len, runner.device)
     # True = a real key: the prompt's columns, and every decode column (each row's own token)
-    real = torch.arange(kv.max_len, device=engine.device)[None, :] < lengths[:, None]
+    real = torch.arange(kv.max_len, device=runner.device)[None, :] < lengths[:, None]
     real[:, longest:] = True
-    logits = torch.stack(prefill_rows(engine, prompts, kv)).cpu()
+    logits = torch.stack(prefill_rows(runner, prompts, kv)).cpu()
     prefill_seconds = time.perf_counter() - began
     live = list(range(len(rows)))  # batch row -> prompt index, in the KV cache's row order
     step = 0
@@ -118,15 +120,14 @@ def decode_rows(engine, prompts: list[list[int]], rows: list[RowDecoder],
         if not going:
             break
         if len(going) < len(live):
-            keep = torch.tensor(going, device=engine.device)
+            keep = torch.tensor(going, device=runner.device)
             kv.select_rows(keep)
             lengths, real = lengths[keep], real[keep]
             live = [live[i] for i in going]
-        tokens = torch.tensor([[rows[r].next_token] for r in live], dtype=torch.long, device=engine.device)
-        with engine._lock:  # per pass, as a session's append: other sessions run between steps
-            engine.stats.decode_tokens += len(live)
-            out = forward_pass(engine, tokens, kv, positions=(lengths + step)[:, None],
-                               attention_mask=real[:, : kv.length + 1])
-            finish_passes(engine)
+        tokens = torch.tensor([[rows[r].next_token] for r in live], dtype=torch.long, device=runner.device)
+        with runner.passes():  # per pass, as a session's append: other sessions run between steps
+            runner.stats.decode_tokens += len(live)
+            out = runner.forward(tokens, kv, positions=(lengths + step)[:, None],
+                                 attention_mask=real[:, : kv.length + 1])
         logits = out[:, -1].cpu()
         step += 1

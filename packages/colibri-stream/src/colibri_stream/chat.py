@@ -23,13 +23,13 @@ room for one new token, `ContextOverflowError` says so. Generation stops at `max
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Sequence
 from datetime import datetime
 
 from colibri_model.chat import encode_chat, validate_messages
 
 from .errors import ChatTemplateError, ContextOverflowError
-from .generation import GenerationResult, StreamedToken
+from .generation import GenerationResult, StreamedToken, TokenStream
 
 
 class ChatTemplate:
@@ -148,28 +148,27 @@ class ChatSession:
                 "the message)")
         return ids
 
-    def stream(self, messages: Sequence[dict], max_new_tokens: int = 256, *, result: list | None = None,
-               **kwargs) -> Iterator[StreamedToken]:
-        """The assistant's next turn, streamed (`Session.stream` for the options)."""
+    def stream(self, messages: Sequence[dict], max_new_tokens: int = 256, **kwargs) -> TokenStream:
+        """The assistant's next turn, streamed (`Session.stream` for the options); the stream's
+        `result`, once exhausted, counts the whole prompt in `prompt_tokens`."""
         ids = self.prompt_ids(messages, max_new_tokens)
         reused = common_prefix(self.session.tokens, ids)
         reused = min(reused, len(ids) - 1)  # at least one token runs: its logits start the reply
         self.session.truncate(reused)
-        inner: list[GenerationResult] = []
-        tokens = self.session.stream(ids[reused:], max_new_tokens, result=inner, **kwargs)
-        return self._finish(tokens, inner, result, len(ids))
+        tokens = self.session.stream(ids[reused:], max_new_tokens, **kwargs)
+        return TokenStream(self._finish(tokens, len(ids)))
 
     @staticmethod
-    def _finish(tokens, inner, result, prompt_tokens) -> Iterator[StreamedToken]:
+    def _finish(tokens: TokenStream, prompt_tokens: int) -> Generator[StreamedToken, None, GenerationResult | None]:
         yield from tokens
-        if result is not None and inner:
-            inner[0].prompt_tokens = prompt_tokens
-            result.append(inner[0])
+        if tokens.result is not None:  # the session ran only the new turn; the result names the whole prompt
+            tokens.result.prompt_tokens = prompt_tokens
+        return tokens.result
 
     def reply(self, messages: Sequence[dict], max_new_tokens: int = 256, *, on_text=None,
               **kwargs) -> GenerationResult:
-        result: list[GenerationResult] = []
-        for token in self.stream(messages, max_new_tokens, result=result, **kwargs):
+        tokens = self.stream(messages, max_new_tokens, **kwargs)
+        for token in tokens:
             if on_text is not None and token.text:
                 on_text(token.text)
-        return result[0]
+        return tokens.result

@@ -9,7 +9,10 @@
 `Engine.plan` reads the container header and says how a budget is split (plan.py) without
 building anything; `Engine.open` follows that plan: it builds colibri-model's
 `ColibriForCausalLM` with a `StreamedExperts` backend per MoE layer (the transformer math is
-colibri-model's, not a copy; assembly.py) and preallocates the KV cache. Every forward pass,
+colibri-model's, not a copy; assembly.py) and preallocates the KV cache. The engine is the
+user's facade: what runs the model (the model, cache, stats, lock and I/O accounting) is its
+`runner` (runner.py), what turns text into ids its `codec` (generation.py's `TextCodec`), and
+sessions and batches are given those two, never the engine. Every forward pass,
 prefill or decode, goes through the KV cache in chunks of at most `prefill_chunk` tokens, so
 activations stay within the workspace the budget reserved. Serving uses the config's
 `top_k_infer` (top-1 for the presets, trained at top-2) unless `top_k` is given.
@@ -18,7 +21,7 @@ Contexts are `Session`s (session.py): `engine.session()` holds its own KV cache 
 (`append(ids) -> logits`, `fork`, `truncate`, `stream`, `generate`); `generate`, `stream`,
 `logits` and `chat` each run on a fresh session. Threads: the weights, the expert cache, the
 prefetcher and `stats` are shared, so every forward pass, whatever its session, holds the
-engine's lock (`run_session`); sessions may be used from several threads (one thread per session
+runner's lock; sessions may be used from several threads (one thread per session
 at a time). `forward_tokens` / `reset` / `context_length` are the engine's own default session,
 one context: kept for single-threaded callers, not for concurrent use.
 """
@@ -26,7 +29,6 @@ one context: kept for single-threaded callers, not for concurrent use.
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -37,13 +39,12 @@ from colibri_model.tokenizer import EOS_TOKEN, IM_END
 
 from .assembly import assemble, plan_for
 from .chat import ChatSession, ChatTemplate
-from .generation import GenerationResult, StreamedToken
+from .generation import GenerationResult, TextCodec, TokenStream
 from .hit_rate_target import budget_for_hit_rate
-from .io.accounting import ReadBytesCounter, agreement
 from .io.heap import HeapTrimmer
 from .options import EngineOptions
-from .passes import finish_passes, forward_pass
 from .plan import Plan
+from .runner import ForwardRunner
 from .session import Session
 from .session_kv import SessionKV
 from .sizes import parse_budget
@@ -61,13 +62,13 @@ class Engine:
         self.budget = plan.budget
         self.max_context, self.prefill_chunk = plan.footprint.max_context, plan.footprint.prefill_chunk
         self.device = options.device
-        self._lock = threading.RLock()  # one forward pass at a time: see the module docstring
         self._default_session: Session | None = None
         self._chat_template: ChatTemplate | None = None
         self.path = container.path
         self.heap_trimmer = HeapTrimmer(self.budget.heap_slack_bytes)
-        self._os_reads = ReadBytesCounter()  # from here on, every storage read is the run's
-        self._update_io()
+        self.runner = ForwardRunner(self.model, self.cache, self.stats, self.heap_trimmer, max_context=self.max_context,
+                                    prefill_chunk=self.prefill_chunk, device=self.device)
+        self.codec = TextCodec(self.tokenizer, tuple(_end_token_ids(container, self.tokenizer)))
 
     # --- construction ----------------------------------------------------------------------
     @classmethod
@@ -143,14 +144,7 @@ class Engine:
 
     def reset_stats(self) -> None:
         """Start a new measurement window (counters and the OS read_bytes baseline alike)."""
-        with self._lock:
-            self.stats.reset()
-            self._os_reads.rebase()
-            self._update_io()
-
-    def _update_io(self) -> None:
-        self.stats.bytes_read_os = self._os_reads.since()
-        self.stats.io_agreement = agreement(self.stats.bytes_read, self.stats.bytes_read_os)
+        self.runner.reset_stats()
 
     @property
     def top_k(self) -> int:
@@ -169,11 +163,10 @@ class Engine:
     # --- forward passes --------------------------------------------------------------------
     def session(self) -> Session:
         """A new, empty context on this engine (session.py)."""
-        return Session(self)
+        return Session(self.runner, self.codec)
 
     def new_session_kv(self) -> SessionKV:
-        return SessionKV.for_model(self.config, self.max_context, self.device, self.model.embed.weight.dtype,
-                                   prefill_chunk=self.prefill_chunk)
+        return self.runner.new_session_kv()
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -184,36 +177,7 @@ class Engine:
     def end_token_ids(self) -> list[int]:
         """Token ids that end a generation by default: the container's (format 1.1), else
         `<|endoftext|>` and `<|im_end|>` where the tokenizer has them."""
-        config = self.container.tokenizer_config or {}
-        if config.get("eos_token_ids"):
-            return [int(i) for i in config["eos_token_ids"]]
-        ends = (self.tokenizer.token_to_id(EOS_TOKEN), self.tokenizer.token_to_id(IM_END))
-        return [i for i in ends if i is not None]
-
-    @torch.inference_mode()
-    def run_session(self, session: Session, ids: list[int], all_logits: bool) -> torch.Tensor:
-        """Run `ids` after `session`'s context, in chunks of `prefill_chunk`, under the engine's
-        lock; returns fp32 logits of the last position ([V]) or of every one ([T, V]). One token
-        after a non-empty context counts as a decode step, anything else as prefill
-        (`stats.decode_tokens` / `prefill_tokens`). `Session.append` is the public way in."""
-        if not ids:
-            raise ValueError("a forward pass needs at least one token")
-        kv = session.kv
-        with self._lock:
-            if kv.length + len(ids) > self.max_context:
-                raise ValueError(f"{kv.length + len(ids)} tokens exceed the engine's max_context={self.max_context}")
-            kv.reserve(kv.length + len(ids))
-            if len(ids) == 1 and kv.length > 0:
-                self.stats.decode_tokens += 1
-            else:
-                self.stats.prefill_tokens += len(ids)
-            outputs = []
-            for start in range(0, len(ids), self.prefill_chunk):
-                chunk = torch.tensor([ids[start : start + self.prefill_chunk]], dtype=torch.long, device=self.device)
-                logits = forward_pass(self, chunk, kv, None if all_logits else chunk.shape[1] - 1)[0]
-                outputs.append(logits if all_logits else logits[-1])
-            finish_passes(self)
-        return torch.cat(outputs, 0) if all_logits else outputs[-1]
+        return list(self.codec.end_token_ids)
 
     @property
     def _context(self) -> Session:
@@ -252,11 +216,11 @@ class Engine:
         per-query mask [B, T, T] (packed sequences; batch.packed_logits), on the CPU."""
         from .batch import packed_logits
 
-        return packed_logits(self, input_ids, positions, attention_mask, rows, cols).cpu()
+        return packed_logits(self.runner, input_ids, positions, attention_mask, rows, cols).cpu()
 
     # --- text ------------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False).ids
+        return self.codec.encode(text)
 
     @property
     def chat_template(self) -> ChatTemplate:
@@ -274,9 +238,10 @@ class Engine:
         """A conversation whose KV cache is kept across turns (chat.py: prefix reuse, overflow)."""
         return ChatSession(self, self.chat_template)
 
-    def stream(self, prompt: str | Sequence[int], max_new_tokens: int = 128, **kwargs) -> Iterator[StreamedToken]:
+    def stream(self, prompt: str | Sequence[int], max_new_tokens: int = 128, **kwargs) -> TokenStream:
         """Yield a `StreamedToken` (id, text piece, logprob) per generated token, on a fresh
-        session (`Session.stream` for the sampling options, stop strings and logprobs)."""
+        session (`Session.stream` for the sampling options, stop strings and logprobs); once
+        exhausted, the stream's `result` is the `GenerationResult`."""
         return self.session().stream(prompt, max_new_tokens, **kwargs)
 
     def stream_text(self, prompt: str | Sequence[int], max_new_tokens: int = 128, **kwargs) -> Iterator[str]:
@@ -296,7 +261,7 @@ class Engine:
         if isinstance(prompt, (list, tuple)) and prompt and not isinstance(prompt[0], int):
             from .batch_decode import generate_batch
 
-            return generate_batch(self, list(prompt), max_new_tokens, on_text=on_text, **kwargs)
+            return generate_batch(self.runner, self.codec, list(prompt), max_new_tokens, on_text=on_text, **kwargs)
         return self.session().generate(prompt, max_new_tokens, on_text=on_text, **kwargs)
 
     def chat(self, messages: list[dict], max_new_tokens: int = 256, **kwargs) -> GenerationResult:
@@ -304,3 +269,13 @@ class Engine:
         chat session (the overflow policy of chat.py applies); `chat_session()` keeps the cache."""
         return self.chat_session().reply(messages, max_new_tokens, **kwargs)
 
+
+
+def _end_token_ids(container: Container, tokenizer) -> list[int]:
+    """The container's end ids (format 1.1), else `<|endoftext|>` and `<|im_end|>` where the
+    tokenizer has them."""
+    config = container.tokenizer_config or {}
+    if config.get("eos_token_ids"):
+        return [int(i) for i in config["eos_token_ids"]]
+    ends = (tokenizer.token_to_id(EOS_TOKEN), tokenizer.token_to_id(IM_END))
+    return [i for i in ends if i is not None]

@@ -4,7 +4,10 @@
   strings, max tokens, the context's end), shared by a session and by each row of a batch.
 - `decode_loop`: on a `Session` (session.py), prefill the prompt, then decode one token at a
   time, yielding a `StreamedToken` (id, text piece, logprob) per step; `GenerationResult` is
-  what it reports at the end.
+  what it returns at the end, which `TokenStream` (what `Session.stream` hands out) keeps as
+  its `result` once the stream is exhausted.
+- `TextCodec`: the tokenizer and the ids that end a generation, what sessions and batches need
+  of the text side.
 - `TextAssembler`: turns the growing list of generated ids into text pieces for streaming. It
   re-decodes the whole generation each step (byte-level BPE merges and multi-byte characters
   make per-token decoding wrong), holds back an incomplete UTF-8 character (decoded as U+FFFD)
@@ -16,13 +19,26 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from tokenizers import Tokenizer
 
+from .runner import ForwardRunner
 from .sampling import SamplingConfig, TokenSampler, token_logprobs
+
+
+@dataclass(frozen=True)
+class TextCodec:
+    """Text <-> token ids for a served model: its `tokenizer` and the `end_token_ids` that end a
+    generation by default."""
+
+    tokenizer: Tokenizer
+    end_token_ids: tuple[int, ...]
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
 
 
 @dataclass
@@ -137,13 +153,13 @@ class GenerationOptions:
     constraint: Callable[[], Any] | None = None
 
 
-def generation_options(engine, max_new_tokens: int, *, temperature: float = 0.0, top_p: float = 1.0,
+def generation_options(codec: TextCodec, max_new_tokens: int, *, temperature: float = 0.0, top_p: float = 1.0,
                        top_k: int = 0, min_p: float = 0.0, repetition_penalty: float = 1.0,
                        seed: int | None = None, stop: Sequence[str] = (),
                        stop_token_ids: Sequence[int] | None = None, logprobs: int = 0,
                        constraint: Callable[[], Any] | None = None) -> GenerationOptions:
     """`Session.stream`'s keywords (and a batch's, batch_decode.py) checked: ValueError names the
-    bad one; end ids default to the engine's `end_token_ids`."""
+    bad one; end ids default to the codec's `end_token_ids`."""
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     if isinstance(logprobs, bool) or not isinstance(logprobs, int) or logprobs < 0:
@@ -151,7 +167,7 @@ def generation_options(engine, max_new_tokens: int, *, temperature: float = 0.0,
     if isinstance(stop, str):
         stop = (stop,)
     sampling = SamplingConfig(temperature, top_p, seed, top_k, min_p, repetition_penalty)
-    ends = engine.end_token_ids if stop_token_ids is None else stop_token_ids
+    ends = codec.end_token_ids if stop_token_ids is None else stop_token_ids
     return GenerationOptions(max_new_tokens, sampling, tuple(stop), frozenset(int(i) for i in ends), logprobs,
                              constraint)
 
@@ -167,9 +183,9 @@ class RowDecoder:
     when the generation is over (`finish` says why; `deferred` is the last token, in the context
     but not run)."""
 
-    def __init__(self, engine, options: GenerationOptions, context: list[int]):
-        self.engine, self.sampler = engine, TokenSampler(options.sampling)  # its own RNG, seeded alike
-        self.assembler = TextAssembler(engine.tokenizer, options.stop)
+    def __init__(self, runner: ForwardRunner, codec: TextCodec, options: GenerationOptions, context: list[int]):
+        self.runner, self.sampler = runner, TokenSampler(options.sampling)  # its own RNG, seeded alike
+        self.assembler = TextAssembler(codec.tokenizer, options.stop)
         self.stop_ids, self.max_new_tokens = options.stop_ids, options.max_new_tokens
         self.top_logprobs = options.logprobs
         self.history = list(context)  # what the repetition penalty looks at
@@ -195,7 +211,7 @@ class RowDecoder:
         logprob, top = token_logprobs(logits, token, self.top_logprobs)
         piece = self.assembler.add(token)
         last = (self.assembler.stopped or step + 1 == self.max_new_tokens
-                or self.context_length + 1 > self.engine.max_context)
+                or self.context_length + 1 > self.runner.max_context)
         if last:
             piece += self.assembler.finish()
             self.finish = "stop" if self.assembler.stopped else "length"
@@ -218,18 +234,41 @@ class RowDecoder:
 
     def result(self, prompt_tokens: int, prefill_seconds: float, decode_seconds: float) -> GenerationResult:
         return GenerationResult(self.assembler.text, list(self.assembler.ids), prompt_tokens, self.finish,
-                                prefill_seconds, decode_seconds, self.engine.stats.to_dict(),
+                                prefill_seconds, decode_seconds, self.runner.stats.to_dict(),
                                 prefilled_tokens=prompt_tokens, tokens=self.events)
 
 
-def decode_loop(session, prompt_ids: list[int], options: GenerationOptions,
-                result: list | None) -> Iterator[StreamedToken]:
+class TokenStream(Iterator[StreamedToken]):
+    """The `StreamedToken`s of one generation; once they are exhausted, `result` is the
+    `GenerationResult` (None before, or when the consumer stopped early)."""
+
+    def __init__(self, tokens: Generator[StreamedToken, None, GenerationResult]):
+        self._tokens = tokens
+        self.result: GenerationResult | None = None
+
+    def __iter__(self) -> TokenStream:
+        return self
+
+    def __next__(self) -> StreamedToken:
+        try:
+            return next(self._tokens)
+        except StopIteration as end:
+            if end.value is not None:  # a spent generator stops again with no value
+                self.result = end.value
+            raise
+
+    def close(self) -> None:
+        self._tokens.close()
+
+
+def decode_loop(session, prompt_ids: list[int],
+                options: GenerationOptions) -> Generator[StreamedToken, None, GenerationResult]:
     """Generation on a `Session` (session.py): append `prompt_ids` to its context (an empty prompt
     continues from the context's last logits), then sample and append one token at a time
     (`RowDecoder`), yielding `StreamedToken`s. The last sampled token is deferred
     (`Session.defer`: in the context, run by whatever comes next), so no pass is spent on logits
-    nobody reads. Appends a `GenerationResult` to `result` at the end."""
-    row = RowDecoder(session.engine, options, session.tokens + list(prompt_ids))
+    nobody reads. Returns the `GenerationResult`."""
+    row = RowDecoder(session.runner, session.codec, options, session.tokens + list(prompt_ids))
     began = time.perf_counter()
     logits = None
     if not row.done:
@@ -247,5 +286,4 @@ def decode_loop(session, prompt_ids: list[int], options: GenerationOptions,
     tail = row.tail()
     if tail is not None:
         yield tail
-    if result is not None:
-        result.append(row.result(len(prompt_ids), prefill_seconds, time.perf_counter() - began - prefill_seconds))
+    return row.result(len(prompt_ids), prefill_seconds, time.perf_counter() - began - prefill_seconds)

@@ -1,4 +1,5 @@
-"""`Session`: one context (token ids and their KV cache) on a shared `Engine`.
+"""`Session`: one context (token ids and their KV cache) on a shared `ForwardRunner` (runner.py),
+the model an `Engine` serves; `prefill_batch`: a session per prompt, prefilled as one batch.
 
     >>> s = engine.session()                                   # doctest: +SKIP
     >>> logits = s.append(engine.encode("The capital of"))   # fp32 [V], after the last token
@@ -9,7 +10,7 @@
     ...     print(tok.id, repr(tok.text), tok.logprob)
 
 Threads: the engine's weights, expert cache, prefetcher and stats are shared by all its sessions;
-every forward pass takes the engine's lock (one pass at a time, whichever session it is for),
+every forward pass takes the runner's lock (one pass at a time, whichever session it is for),
 while each session's KV cache and token list are its own. So any number of sessions may be used
 from any number of threads, one thread per session at a time (a Session itself is not
 synchronised: do not drive one session from two threads at once).
@@ -27,19 +28,27 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
-from .generation import GenerationResult, StreamedToken, decode_loop, generation_options
+from .batch import branch_logits, check_branches, checked_longest, prefill_rows
+from .generation import GenerationResult, TextCodec, TokenStream, decode_loop, generation_options
+from .runner import ForwardRunner
 from .session_kv import SessionKV
 
 
 class Session:
-    def __init__(self, engine, kv: SessionKV | None = None, tokens: Sequence[int] = (),
-                 last_logits: torch.Tensor | None = None):
-        self.engine = engine
-        self.kv = kv if kv is not None else engine.new_session_kv()
+    """A context on `runner`; `codec` turns text prompts into ids. Built empty (what
+    `Engine.session()` does) or holding `tokens` whose keys and values `kv` already holds, with
+    `last_logits` after them if known, and `pending` tokens in the context not yet run (`defer`);
+    `prefilled_tokens` counts the tokens this session has run through the model."""
+
+    def __init__(self, runner: ForwardRunner, codec: TextCodec, kv: SessionKV | None = None,
+                 tokens: Sequence[int] = (), last_logits: torch.Tensor | None = None, *,
+                 pending: Sequence[int] = (), prefilled_tokens: int = 0):
+        self.runner, self.codec = runner, codec
+        self.kv = kv if kv is not None else runner.new_session_kv()
         self._tokens = list(tokens)
         self._last = last_logits  # fp32 logits after the last token; None when unknown
-        self._pending: list[int] = []  # in the context, not yet run (see `defer`)
-        self.prefilled_tokens = 0  # tokens this session has run through the model
+        self._pending = list(pending)  # in the context, not yet run (see `defer`)
+        self.prefilled_tokens = prefilled_tokens  # tokens this session has run through the model
 
     # --- the context ------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -51,7 +60,7 @@ class Session:
         return list(self._tokens)
 
     def append(self, ids: Sequence[int] | torch.Tensor, *, all_logits: bool = False) -> torch.Tensor:
-        """Run `ids` after the context and keep them in it; returns fp32 logits on the engine's
+        """Run `ids` after the context and keep them in it; returns fp32 logits on the runner's
         device: of the last position ([V]) or, with `all_logits`, of each new one ([len(ids), V])."""
         ids = ids.flatten().tolist() if isinstance(ids, torch.Tensor) else [int(i) for i in ids]
         if not ids:
@@ -60,7 +69,7 @@ class Session:
 
     def _run(self, ids: list[int], all_logits: bool) -> torch.Tensor:
         pending, run = len(self._pending), self._pending + ids
-        logits = self.engine.run_session(self, run, all_logits)
+        logits = self.runner.run(self.kv, run, all_logits)
         self._tokens.extend(ids)
         self._pending = []
         self.prefilled_tokens += len(run)
@@ -91,18 +100,18 @@ class Session:
 
     def fork(self) -> Session:
         """An independent session starting from a copy of this context (its own KV cache)."""
-        twin = Session(self.engine, self.kv.copy(), self._tokens, self._last)
-        twin._pending = list(self._pending)
-        return twin
+        return Session(self.runner, self.codec, self.kv.copy(), self._tokens, self._last, pending=self._pending)
 
     def branch_logits(self, continuations: Sequence[Sequence[int]], skip: int = 0) -> list[torch.Tensor]:
         """fp32 logits of each continuation after this context ([len_i - skip, V] each: none for
         the first `skip` positions), run as one padded batch over a copy of the context's KV
         cache (batch.py); the session is unchanged. The same numbers as
         `fork().append(c, all_logits=True)[skip:]` per continuation, in one pass."""
-        from .batch import branch_logits
-
-        return branch_logits(self, [[int(i) for i in c] for c in continuations], skip)
+        continuations = [[int(i) for i in c] for c in continuations]
+        check_branches(continuations, skip)
+        if len(self):
+            self.last_logits()  # runs any deferred token: the context is then all in the KV cache
+        return branch_logits(self.runner, self.kv, continuations, skip)
 
     def truncate(self, length: int) -> None:
         """Keep the first `length` tokens of the context (0 empties it)."""
@@ -114,7 +123,7 @@ class Session:
             # a sliding-window layer has dropped keys the next position would see (session_kv.py):
             # the kept tokens run again, on a fresh cache, when the context is next used
             self._pending = self._tokens[:length]
-            self.kv = self.engine.new_session_kv()
+            self.kv = self.runner.new_session_kv()
         elif length <= self.kv.length:
             self.kv.length = length
             self._pending = []
@@ -130,26 +139,26 @@ class Session:
     def stream(self, prompt: str | Sequence[int] = (), max_new_tokens: int = 128, *, temperature: float = 0.0,
                top_p: float = 1.0, top_k: int = 0, min_p: float = 0.0, repetition_penalty: float = 1.0,
                seed: int | None = None, stop: Sequence[str] = (), stop_token_ids: Sequence[int] | None = None,
-               logprobs: int = 0, constraint=None, result: list | None = None) -> Iterator[StreamedToken]:
+               logprobs: int = 0, constraint=None) -> TokenStream:
         """Append `prompt` (text or ids; empty: continue the context) and yield a `StreamedToken`
         (id, text piece, logprob, and the `logprobs` most likely alternatives) per new token, up to
         `max_new_tokens`. Sampling (sampling.py): greedy unless `temperature > 0`; `top_k`,
         `top_p`, `min_p`, `repetition_penalty`, `seed`. Stops at an end token (`stop_token_ids`,
-        default the engine's `end_token_ids`) or at the first `stop` string (cut from the text).
+        default the codec's `end_token_ids`, the engine's) or at the first `stop` string (cut from the text).
         `constraint`: a factory of per-row token constraints (`GenerationOptions.constraint`).
         The session keeps the context it generated (the last token deferred: `defer`), so the
-        next call continues it. If `result`
-        is a list, the `GenerationResult` is appended to it when the iterator is exhausted."""
-        prompt_ids = self.engine.encode(prompt) if isinstance(prompt, str) else [int(i) for i in prompt]
+        next call continues it. The returned `TokenStream` holds the `GenerationResult` as its
+        `result` once it is exhausted."""
+        prompt_ids = self.codec.encode(prompt) if isinstance(prompt, str) else [int(i) for i in prompt]
         if not prompt_ids and not self._tokens:
             raise ValueError("the prompt is empty")
-        options = generation_options(self.engine, max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+        options = generation_options(self.codec, max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                                      min_p=min_p, repetition_penalty=repetition_penalty, seed=seed, stop=stop,
                                      stop_token_ids=stop_token_ids, logprobs=logprobs, constraint=constraint)
-        if len(self) + len(prompt_ids) > self.engine.max_context:
+        if len(self) + len(prompt_ids) > self.runner.max_context:
             raise ValueError(f"the prompt ({len(prompt_ids)} tokens after {len(self)} in the context) does not "
-                             f"fit the engine's max_context={self.engine.max_context}")
-        return decode_loop(self, prompt_ids, options, result)
+                             f"fit the engine's max_context={self.runner.max_context}")
+        return TokenStream(decode_loop(self, prompt_ids, options))
 
     def stream_text(self, prompt: str | Sequence[int] = (), max_new_tokens: int = 128, **kwargs) -> Iterator[str]:
         """`stream`, text pieces only (empty pieces skipped)."""
@@ -160,10 +169,25 @@ class Session:
     def generate(self, prompt: str | Sequence[int] = (), max_new_tokens: int = 128, *, on_text=None,
                  on_token=None, **kwargs) -> GenerationResult:
         """`stream` to the end; `on_text(piece)` / `on_token(StreamedToken)` see it as it goes."""
-        result: list[GenerationResult] = []
-        for token in self.stream(prompt, max_new_tokens, result=result, **kwargs):
+        tokens = self.stream(prompt, max_new_tokens, **kwargs)
+        for token in tokens:
             if on_token is not None:
                 on_token(token)
             if on_text is not None and token.text:
                 on_text(token.text)
-        return result[0]
+        return tokens.result
+
+
+@torch.inference_mode()
+def prefill_batch(runner: ForwardRunner, codec: TextCodec, prompts: list[list[int]]) -> list[Session]:
+    """A session per prompt holding it, its last logits ready (`Session.last_logits`), all run as
+    one right-padded batch (batch.py): the batch's keys and values up to each row's length are
+    copied into the row's own session."""
+    kv = runner.new_batch_kv(len(prompts), checked_longest(runner, prompts))
+    last = prefill_rows(runner, prompts, kv)
+    sessions = []
+    for row, prompt in enumerate(prompts):
+        own = runner.new_session_kv()
+        own.load_row([k[row : row + 1] for k in kv.keys], [v[row : row + 1] for v in kv.values], len(prompt))
+        sessions.append(Session(runner, codec, own, prompt, last[row], prefilled_tokens=len(prompt)))
+    return sessions

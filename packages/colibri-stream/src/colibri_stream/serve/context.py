@@ -37,11 +37,10 @@ class ServeContext:
             chat = self.pool.take(template.encode(messages))
             chat.template = template
             prompt_tokens = len(chat.prompt_ids(messages, spec.max_tokens))  # after the overflow policy
-            result: list = []
-            tokens = chat.stream(messages, spec.max_tokens, result=result, **spec.session_kwargs(0))
+            stream = chat.stream(messages, spec.max_tokens, **spec.session_kwargs(0))
             cached = chat.session.kv.length  # what the truncate to the shared prefix kept, already run
-            return single(self.engine, self.pool.returning(chat, tokens), result, cached, self.in_flight,
-                          prompt_tokens=prompt_tokens)
+            return single(self.engine, stream, cached, self.in_flight, prompt_tokens=prompt_tokens,
+                          tokens=self.pool.returning(chat, stream))
         except ContextOverflowError as exc:
             raise bad(str(exc), "messages", "context_length_exceeded") from None
         except ChatTemplateError as exc:
@@ -53,10 +52,8 @@ class ServeContext:
         """Raw prompts (token ids): one prompt and one choice on a fresh session, else a batch."""
         try:
             if len(prompts) == 1 and spec.n == 1:
-                result: list = []
-                tokens = self.engine.session().stream(prompts[0], spec.max_tokens, result=result,
-                                                      **spec.session_kwargs(0))
-                return single(self.engine, tokens, result, 0, self.in_flight, prompt_tokens=len(prompts[0]))
+                stream = self.engine.session().stream(prompts[0], spec.max_tokens, **spec.session_kwargs(0))
+                return single(self.engine, stream, 0, self.in_flight, prompt_tokens=len(prompts[0]))
             return self._batched(prompts, spec)
         except ValueError as exc:
             raise _value_error(exc) from None

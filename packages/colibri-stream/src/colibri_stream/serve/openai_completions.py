@@ -92,12 +92,11 @@ class Echo:
                 self.top.append([(int(t), float(v)) for t, v in zip(which, values)])
             else:
                 self.top.append([])
-        result: list = []
         try:
-            tokens = session.stream((), request.spec.max_tokens, result=result, **request.spec.session_kwargs(0))
+            stream = session.stream((), request.spec.max_tokens, **request.spec.session_kwargs(0))
         except ValueError as exc:
             raise bad(str(exc)) from None
-        self.run = single(engine, tokens, result, 0, ctx.in_flight, telemetry, len(ids))
+        self.run = single(engine, stream, 0, ctx.in_flight, telemetry, len(ids))
         self.text = engine.tokenizer.decode(ids)
 
 

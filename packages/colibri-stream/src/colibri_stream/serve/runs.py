@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
 from ..batch_decode import decode_rows
-from ..generation import GenerationResult, RowDecoder, StreamedToken, generation_options
+from ..generation import GenerationResult, RowDecoder, StreamedToken, TokenStream, generation_options
 from .telemetry import InFlight, RequestTelemetry
 
 
@@ -92,21 +92,29 @@ class Run:
         return self._telemetry.finish(self.completion_tokens())
 
 
-def single(engine, tokens: Iterator[StreamedToken], result: list, cached_tokens: int,
-           in_flight: InFlight | None, telemetry: RequestTelemetry | None = None,
-           prompt_tokens: int | None = None) -> Run:
-    """A run of one choice on a session: `tokens` is its stream, `result` the list it fills (its
-    `prompt_tokens` is the whole prompt, reused prefix included). `telemetry`: one begun earlier
-    (a prefill that ran before the stream did)."""
+def single(engine, stream: TokenStream, cached_tokens: int, in_flight: InFlight | None,
+           telemetry: RequestTelemetry | None = None, prompt_tokens: int | None = None, *,
+           tokens: Iterator[StreamedToken] | None = None) -> Run:
+    """A run of one choice on a session: `stream` is its `TokenStream`, whose result (its
+    `prompt_tokens` the whole prompt, reused prefix included) the run reports once it is over;
+    `tokens`, when given, is what to iterate instead (the stream wrapped, e.g. to return a pooled
+    session). `telemetry`: one begun earlier (a prefill that ran before the stream did)."""
     telemetry = telemetry or RequestTelemetry(engine, in_flight)
     counted = None if prompt_tokens is None else [prompt_tokens]
-    return Run(engine, ((0, t) for t in tokens), result, counted, cached_tokens, telemetry)
+    results: list[GenerationResult | None] = [None]
+
+    def events() -> Iterator[tuple[int, StreamedToken]]:
+        for token in stream if tokens is None else tokens:
+            yield 0, token
+        results[0] = stream.result
+
+    return Run(engine, events(), results, counted, cached_tokens, telemetry)
 
 
 def batched(engine, prompts: list[list[int]], spec: Spec, in_flight: InFlight | None) -> Run:
     """`spec.n` choices of every prompt as batched rows; choice index = prompt index * n + j, as
     OpenAI numbers them. Checked here (a ValueError names a bad option) before any output."""
-    base = generation_options(engine, spec.max_tokens, **spec.session_kwargs(0))
+    base = generation_options(engine.codec, spec.max_tokens, **spec.session_kwargs(0))
     options = [base if spec.seed is None or j == 0 else
                replace(base, sampling=replace(base.sampling, seed=spec.seed + j)) for j in range(spec.n)]
     rows = [(p, options[j]) for p in prompts for j in range(spec.n)]
@@ -121,9 +129,9 @@ def batched(engine, prompts: list[list[int]], spec: Spec, in_flight: InFlight | 
         per_batch = max(1, engine.prefill_chunk)  # a decode step holds no more tokens than the workspace
         for first in range(0, len(rows), per_batch):
             group = rows[first : first + per_batch]
-            decoders = [RowDecoder(engine, o, p) for p, o in group]
+            decoders = [RowDecoder(engine.runner, engine.codec, o, p) for p, o in group]
             done: list = [None] * len(group)
-            for row, event in decode_rows(engine, [p for p, _ in group], decoders, done):
+            for row, event in decode_rows(engine.runner, [p for p, _ in group], decoders, done):
                 yield first + row, event
             results[first : first + len(group)] = done
 
