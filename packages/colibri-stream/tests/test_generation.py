@@ -28,6 +28,15 @@ def test_stream_pieces_add_up_to_the_result(engine):
     assert result.text == engine.tokenizer.decode(result.token_ids)
 
 
+def test_the_deprecated_result_list_still_receives_the_result(engine):
+    """The 0.2 series' `stream(result=[])` keeps working, with a DeprecationWarning."""
+    sink: list = []
+    with pytest.warns(DeprecationWarning, match="TokenStream holds the GenerationResult"):
+        stream = engine.session().stream("Once upon a time", 6, stop_token_ids=[], result=sink)
+    list(stream)
+    assert sink == [stream.result] and len(stream.result.token_ids) == 6
+
+
 def test_stop_string_cuts_the_text(engine):
     full = engine.generate("Once upon a time", 24, stop_token_ids=[])
     stop = full.text[10:14]

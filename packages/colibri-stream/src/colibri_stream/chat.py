@@ -29,7 +29,7 @@ from datetime import datetime
 from colibri_model.chat import encode_chat, validate_messages
 
 from .errors import ChatTemplateError, ContextOverflowError
-from .generation import GenerationResult, StreamedToken, TokenStream
+from .generation import GenerationResult, StreamedToken, TokenStream, result_sink
 
 
 class ChatTemplate:
@@ -148,7 +148,8 @@ class ChatSession:
                 "the message)")
         return ids
 
-    def stream(self, messages: Sequence[dict], max_new_tokens: int = 256, **kwargs) -> TokenStream:
+    def stream(self, messages: Sequence[dict], max_new_tokens: int = 256, *, result: list | None = None,
+               **kwargs) -> TokenStream:
         """The assistant's next turn, streamed (`Session.stream` for the options); the stream's
         `result`, once exhausted, counts the whole prompt in `prompt_tokens`."""
         ids = self.prompt_ids(messages, max_new_tokens)
@@ -156,7 +157,7 @@ class ChatSession:
         reused = min(reused, len(ids) - 1)  # at least one token runs: its logits start the reply
         self.session.truncate(reused)
         tokens = self.session.stream(ids[reused:], max_new_tokens, **kwargs)
-        return TokenStream(self._finish(tokens, len(ids)))
+        return TokenStream(self._finish(tokens, len(ids)), result_sink(result))
 
     @staticmethod
     def _finish(tokens: TokenStream, prompt_tokens: int) -> Generator[StreamedToken, None, GenerationResult | None]:

@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -242,8 +243,10 @@ class TokenStream(Iterator[StreamedToken]):
     """The `StreamedToken`s of one generation; once they are exhausted, `result` is the
     `GenerationResult` (None before, or when the consumer stopped early)."""
 
-    def __init__(self, tokens: Generator[StreamedToken, None, GenerationResult]):
+    def __init__(self, tokens: Generator[StreamedToken, None, GenerationResult], sink: list | None = None):
+        """`sink`: a list that also receives the result (the 0.2 series' `result=` argument)."""
         self._tokens = tokens
+        self._sink = sink
         self.result: GenerationResult | None = None
 
     def __iter__(self) -> TokenStream:
@@ -255,10 +258,20 @@ class TokenStream(Iterator[StreamedToken]):
         except StopIteration as end:
             if end.value is not None:  # a spent generator stops again with no value
                 self.result = end.value
+                if self._sink is not None:
+                    self._sink.append(end.value)
             raise
 
     def close(self) -> None:
         self._tokens.close()
+
+
+def result_sink(result: list | None) -> list | None:
+    """The deprecated `result=` list of `stream`, warned about once per call."""
+    if result is not None:
+        warnings.warn("stream(result=[...]) is deprecated: the returned TokenStream holds the GenerationResult "
+                      "as .result once exhausted", DeprecationWarning, stacklevel=3)
+    return result
 
 
 def decode_loop(session, prompt_ids: list[int],

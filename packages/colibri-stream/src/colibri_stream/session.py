@@ -29,7 +29,7 @@ from collections.abc import Iterator, Sequence
 import torch
 
 from .batch import branch_logits, check_branches, checked_longest, prefill_rows
-from .generation import GenerationResult, TextCodec, TokenStream, decode_loop, generation_options
+from .generation import GenerationResult, TextCodec, TokenStream, decode_loop, generation_options, result_sink
 from .runner import ForwardRunner
 from .session_kv import SessionKV
 
@@ -139,7 +139,7 @@ class Session:
     def stream(self, prompt: str | Sequence[int] = (), max_new_tokens: int = 128, *, temperature: float = 0.0,
                top_p: float = 1.0, top_k: int = 0, min_p: float = 0.0, repetition_penalty: float = 1.0,
                seed: int | None = None, stop: Sequence[str] = (), stop_token_ids: Sequence[int] | None = None,
-               logprobs: int = 0, constraint=None) -> TokenStream:
+               logprobs: int = 0, constraint=None, result: list | None = None) -> TokenStream:
         """Append `prompt` (text or ids; empty: continue the context) and yield a `StreamedToken`
         (id, text piece, logprob, and the `logprobs` most likely alternatives) per new token, up to
         `max_new_tokens`. Sampling (sampling.py): greedy unless `temperature > 0`; `top_k`,
@@ -148,7 +148,7 @@ class Session:
         `constraint`: a factory of per-row token constraints (`GenerationOptions.constraint`).
         The session keeps the context it generated (the last token deferred: `defer`), so the
         next call continues it. The returned `TokenStream` holds the `GenerationResult` as its
-        `result` once it is exhausted."""
+        `result` once it is exhausted (`result=[]`, deprecated, also receives it)."""
         prompt_ids = self.codec.encode(prompt) if isinstance(prompt, str) else [int(i) for i in prompt]
         if not prompt_ids and not self._tokens:
             raise ValueError("the prompt is empty")
@@ -158,7 +158,7 @@ class Session:
         if len(self) + len(prompt_ids) > self.runner.max_context:
             raise ValueError(f"the prompt ({len(prompt_ids)} tokens after {len(self)} in the context) does not "
                              f"fit the engine's max_context={self.runner.max_context}")
-        return TokenStream(decode_loop(self, prompt_ids, options))
+        return TokenStream(decode_loop(self, prompt_ids, options), result_sink(result))
 
     def stream_text(self, prompt: str | Sequence[int] = (), max_new_tokens: int = 128, **kwargs) -> Iterator[str]:
         """`stream`, text pieces only (empty pieces skipped)."""
