@@ -161,6 +161,24 @@ def _quant_options(bf16_note: str | None = None):
     return apply
 
 
+def _run_import(convert, out: Path, quant: str, group_size: str, symmetric: bool, resident_dtype: str | None,
+                embed_dtype: str | None):
+    """`convert(scheme)` with the options' scheme, then the written container's bits per weight;
+    the importers' errors as one line (exit 2)."""
+    from .import_hf import quant_scheme
+
+    try:
+        scheme = quant_scheme(quant, int(group_size), symmetric=symmetric, resident_dtype=resident_dtype,
+                              embed_dtype=embed_dtype)
+        report = convert(scheme)
+        with Container.open(out) as container:
+            return report, container.bits_per_weight
+    except Int4Error as exc:
+        raise _error(exc) from None
+    except OSError as exc:
+        raise InputError(f"{exc.filename or out}: {exc.strerror}") from None
+
+
 @main.command("import-hf")
 @click.argument("hf_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.argument("out", type=click.Path(dir_okay=False, path_type=Path))
@@ -177,18 +195,10 @@ def import_hf_command(hf_dir: Path, out: Path, quant: str, group_size: str, symm
     -FP8 releases), or GPT-OSS's MXFP4 experts: decoded, then re-quantized to --quant. A config
     field whose value Colibri cannot represent is refused by name and value (exit 2).
     """
-    from .import_hf import import_hf, quant_scheme
+    from .import_hf import import_hf
 
-    try:
-        scheme = quant_scheme(quant, int(group_size), symmetric=symmetric, resident_dtype=resident_dtype,
-                              embed_dtype=embed_dtype)
-        report = import_hf(hf_dir, out, scheme, name=name, progress=progress)
-        with Container.open(out) as container:
-            bpw = container.bits_per_weight
-    except Int4Error as exc:
-        raise _error(exc) from None
-    except OSError as exc:
-        raise InputError(f"{exc.filename or out}: {exc.strerror}") from None
+    report, bpw = _run_import(lambda scheme: import_hf(hf_dir, out, scheme, name=name, progress=progress), out,
+                              quant, group_size, symmetric, resident_dtype, embed_dtype)
     click.echo(
         f"wrote {out}: {report.model_type}, {_mb(report.file_size)} from {_mb(report.checkpoint_bytes)} of "
         f"safetensors (experts {quant}, {bpw:.3f} bits/weight) in {report.seconds:.1f} s"
@@ -213,18 +223,9 @@ def import_gguf_command(gguf_file: Path, out: Path, quant: str, group_size: str,
     metadata. A metadata key, tensor or tensor type Colibri has no place for is refused by name (exit 2).
     """
     from .import_gguf import import_gguf
-    from .import_hf import quant_scheme
 
-    try:
-        scheme = quant_scheme(quant, int(group_size), symmetric=symmetric, resident_dtype=resident_dtype,
-                              embed_dtype=embed_dtype)
-        report = import_gguf(gguf_file, out, scheme, name=name, progress=progress)
-        with Container.open(out) as container:
-            bpw = container.bits_per_weight
-    except Int4Error as exc:
-        raise _error(exc) from None
-    except OSError as exc:
-        raise InputError(f"{exc.filename or out}: {exc.strerror}") from None
+    report, bpw = _run_import(lambda scheme: import_gguf(gguf_file, out, scheme, name=name, progress=progress), out,
+                              quant, group_size, symmetric, resident_dtype, embed_dtype)
     types = ", ".join(f"{n} {kind}" for kind, n in sorted(report.tensor_types.items()))
     click.echo(
         f"wrote {out}: {report.architecture} as {report.model_type}, {_mb(report.file_size)} from "

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from .errors import (
     CasLost,
@@ -50,7 +50,7 @@ from .errors import (
 )
 from .lease import log
 from .payload import build_manifest, pull_payload, scan_payload, tree_problems
-from .relay_state import PayloadFile, check_major
+from .relay_state import PayloadFile, parse_versioned_object
 from .store import DeleteFile, PutFile, RelayStore
 
 COMPANION_FILE = "COMPANION.json"
@@ -116,18 +116,7 @@ class Ack:
 
 
 def _parse(model, raw: bytes, where: str):
-    try:
-        data = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise RelayFileCorrupt(f"{where}: not valid JSON ({exc})") from None
-    if not isinstance(data, dict):
-        raise RelayFileCorrupt(f"{where}: expected a JSON object")
-    check_major(data.get("contribution_version"), CONTRIBUTION_VERSION, "contribution_version", where)
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        raise RelayFileCorrupt(f"{where}: field {'.'.join(map(str, first['loc']))!r}: {first['msg']}") from None
+    return parse_versioned_object(raw, where, model, "contribution_version", CONTRIBUTION_VERSION)
 
 
 def _dumps(model: BaseModel) -> bytes:

@@ -83,18 +83,25 @@ def is_parallel(state: RelayState) -> bool:
     return state.relay_version.split(".")[0] == PARALLEL_RELAY_VERSION.split(".")[0]
 
 
-def parse_relay_state(raw: bytes, where: str) -> RelayState:
-    """Parse RELAY.json bytes; `where` (e.g. 'hf://me/run@abc123 RELAY.json') goes into errors."""
+def parse_versioned_object(raw: bytes, where: str, model: type[BaseModel], key: str,
+                           supported: str | tuple[str, ...]):
+    """One JSON object of `model` whose `key` has a major of `supported`; one error naming `where`
+    (and the field) otherwise."""
     try:
         data = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise RelayFileCorrupt(f"{where}: not valid JSON ({exc}); {len(raw)} bytes, possibly truncated") from None
     if not isinstance(data, dict):
         raise RelayFileCorrupt(f"{where}: expected a JSON object, got {type(data).__name__}")
-    check_major(data.get("relay_version"), SUPPORTED_RELAY_VERSIONS, "relay_version", where)
+    check_major(data.get(key), supported, key, where)
     try:
-        return RelayState.model_validate(data)
+        return model.model_validate(data)
     except ValidationError as exc:
         first = exc.errors()[0]
         loc = ".".join(str(x) for x in first["loc"])
         raise RelayFileCorrupt(f"{where}: field {loc!r}: {first['msg']}") from None
+
+
+def parse_relay_state(raw: bytes, where: str) -> RelayState:
+    """Parse RELAY.json bytes; `where` (e.g. 'hf://me/run@abc123 RELAY.json') goes into errors."""
+    return parse_versioned_object(raw, where, RelayState, "relay_version", SUPPORTED_RELAY_VERSIONS)
