@@ -322,3 +322,16 @@ def test_by_default_a_row_gets_what_it_gets_alone():
     together = native_kernel.matmul(x, packed, scales, None, 64, "q4")
     assert all(torch.equal(together[i], native_kernel.matmul(x[i : i + 1], packed, scales, None, 64, "q4")[0])
                for i in (0, 17, 39))
+
+
+def test_projections_of_one_input_share_its_quantization_and_a_change_quantizes_anew():
+    from colibri_stream.compute.native_linear import SharedInput
+
+    shared = SharedInput()
+    x = torch.randn(2, 64)
+    first = shared.quantized(x, 64)
+    assert shared.quantized(x, 64) is first  # k and v after q: no second quantization
+    assert shared.quantized(x.clone(), 64) is not first  # another tensor, same values
+    x.mul_(2)  # an in-place change bumps the version counter
+    again = shared.quantized(x, 64)
+    assert again is not first and torch.equal(again.q, QuantizedActivations(x).q)

@@ -25,7 +25,7 @@ from colibri_model import (
     parse_checkpoint_config,
 )
 
-from .compute.native_linear import install, native_linear_name
+from .compute.native_linear import SharedInput, install, native_linear_name
 from .errors import ContainerConfigError
 from .io.heap import release_free_heap
 
@@ -54,9 +54,10 @@ def build_model(
         model = ColibriForCausalLM(config, expert_backends=backends)
     state = {}
     expected = set(model.state_dict())
+    shared_input = SharedInput()  # q, k, v (gate, up) of a layer read one tensor: quantized once
     for raw in container.iter_resident():
         if native_linears and native_linear_name(raw.name, raw.encoding, raw.shape, raw.group_size):
-            install(model, raw.name, raw)
+            install(model, raw.name, raw, shared_input)
             expected.discard(raw.name)
             continue
         state[raw.name] = _materialise(raw, held_dtype(raw.shape, dtype, raw.name), device)

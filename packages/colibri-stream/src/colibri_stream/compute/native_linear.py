@@ -11,9 +11,9 @@ norms, routers and biases stay as they are (a lookup, or a few KB).
 builder both read it, so the plan counts exactly what the engine holds.
 
 Projections that read the same input (q, k and v of one attention; gate and up of one FFN) share
-its int8 quantization: the last quantized input is remembered with the tensor it came from (and
-its version counter, where it has one), so another tensor, or an in-place change outside
-inference mode, quantizes anew. NOTE: inference tensors have no version counter; the model's
+its int8 quantization: one `SharedInput` per model remembers the last quantized input with the
+tensor it came from (and its version counter, where it has one), so another tensor, or an
+in-place change outside inference mode, quantizes anew. NOTE: inference tensors have no version counter; the model's
 forward never changes a projection's input in place between two projections, and must not.
 """
 
@@ -44,9 +44,11 @@ def _bits(array: np.ndarray | None) -> torch.Tensor | None:
 class NativeLinear(nn.Module):
     """y = x W^T (+ b) with W as stored (q4 or q8); in and out in the caller's dtype, f32 inside."""
 
-    def __init__(self, raw, bias: bool):
-        """`raw`: colibri-int4's RawTensor of the weight (q4 or q8)."""
+    def __init__(self, raw, bias: bool, shared_input: SharedInput | None = None):
+        """`raw`: colibri-int4's RawTensor of the weight (q4 or q8); `shared_input`: the model's
+        memo of its last quantized input (one per model; a new one if None)."""
         super().__init__()
+        self.shared_input = shared_input or SharedInput()
         self.out_features, self.in_features = raw.shape
         self.encoding, self.group, self.fp16_scales = raw.encoding, raw.group_size, raw.scale_dtype == "fp16"
         # not persistent: the weights are the container's bytes, not a state_dict entry
@@ -56,7 +58,7 @@ class NativeLinear(nn.Module):
         self.bias = nn.Parameter(torch.empty(self.out_features, device="meta")) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = matmul(_quantized(x, self.in_features), self.data, self.scales, self.zeros, self.group, self.encoding,
+        out = matmul(self.shared_input.quantized(x, self.in_features), self.data, self.scales, self.zeros, self.group, self.encoding,
                      self.fp16_scales)
         if self.bias is not None:
             out += self.bias
@@ -66,32 +68,35 @@ class NativeLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, {self.encoding} group {self.group}"
 
 
-# (input tensor, its version, its quantization): one entry, read and replaced whole, so threads
-# running other sessions at worst quantize again; holding the tensor keeps its identity unique
-_last_input: tuple = (None, -1, None)
+class SharedInput:
+    """The last input a model's native projections quantized: (tensor, its version, its
+    quantization), one entry read and replaced whole, so sessions of one engine on other threads
+    at worst quantize again; holding the tensor keeps its identity unique."""
 
+    def __init__(self):
+        self._last: tuple = (None, -1, None)
 
-def _quantized(x: torch.Tensor, cols: int) -> torch.Tensor | QuantizedActivations:
-    global _last_input
-    rows = x.reshape(-1, cols)
-    limit = native_kernel.DENSE_FROM_ROWS
-    if limit is not None and rows.shape[0] >= limit:
-        return rows  # the dense path takes the tensor itself
-    version = -1 if x.is_inference() else x._version
-    tensor, last_version, quantized = _last_input
-    if tensor is x and last_version == version:
+    def quantized(self, x: torch.Tensor, cols: int) -> torch.Tensor | QuantizedActivations:
+        rows = x.reshape(-1, cols)
+        limit = native_kernel.DENSE_FROM_ROWS
+        if limit is not None and rows.shape[0] >= limit:
+            return rows  # the dense path takes the tensor itself
+        version = -1 if x.is_inference() else x._version
+        tensor, last_version, quantized = self._last
+        if tensor is x and last_version == version:
+            return quantized
+        quantized = QuantizedActivations(rows)
+        self._last = (x, version, quantized)
         return quantized
-    quantized = QuantizedActivations(rows)
-    _last_input = (x, version, quantized)
-    return quantized
 
 
-def install(model: nn.Module, name: str, raw) -> None:
-    """Replace the nn.Linear whose weight is `name` with a NativeLinear of `raw`."""
+def install(model: nn.Module, name: str, raw, shared_input: SharedInput | None = None) -> None:
+    """Replace the nn.Linear whose weight is `name` with a NativeLinear of `raw` (pass one
+    `shared_input` for all of a model's projections, so those reading one tensor share its quantization)."""
     path = name.rpartition(".")[0]
     parent_path, _, attr = path.rpartition(".")
     parent = model.get_submodule(parent_path) if parent_path else model
     linear = getattr(parent, attr)
     if not isinstance(linear, nn.Linear):
         raise TypeError(f"{path} is a {type(linear).__name__}, not the nn.Linear a native projection replaces")
-    setattr(parent, attr, NativeLinear(raw, bias=linear.bias is not None))
+    setattr(parent, attr, NativeLinear(raw, bias=linear.bias is not None, shared_input=shared_input))
