@@ -11,7 +11,10 @@ from colibri_relay import Relay
 
 def test_push_slower_than_the_lease_keeps_the_heartbeat_running(hub_store, fake_hub, tmp_path):
     mb = int(os.environ.get("COLIBRI_RELAY_BIG_MB", "24"))
-    D = 1.0
+    # Timers as short as the suite's others (1 s leases) fenced this test on a loaded CI machine: the
+    # upload's threads and the in-process fake Hub share one GIL with the heartbeat. 3 s keeps the
+    # point (the upload outlasts two leases) with room for a starved heartbeat.
+    D = 3.0
     # A slow link: the upload alone takes ~2 lease durations.
     fake_hub.upload_bytes_per_s = mb * 1024 * 1024 / (2 * D)
     ck = tmp_path / "ck"
@@ -24,7 +27,7 @@ def test_push_slower_than_the_lease_keeps_the_heartbeat_running(hub_store, fake_
     (ck / "config.json").write_text(json.dumps({"d_model": 64}))
     (ck / "training_state.json").write_text(json.dumps({"step": 100}))
     (ck / "metrics.jsonl").write_text(json.dumps({"step": 100, "loss": 2.5}) + "\n")
-    relay = Relay(hub_store, holder="big", lease_duration_s=D, heartbeat_s=0.15)
+    relay = Relay(hub_store, holder="big", lease_duration_s=D, heartbeat_s=0.3)
     relay.init()
     try:
         with relay.leg() as leg:
