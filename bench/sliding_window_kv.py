@@ -78,7 +78,7 @@ def main() -> None:
         with Engine.open(path, ram_budget="2GB", dtype="f32", prefill_chunk=args.prefill_chunk,
                          max_context=args.context + args.new_tokens + 1) as eng:
             every = SessionKV(config.n_layers, config.kv_cache_heads, config.key_head_dim, eng.max_context, eng.device,
-                              eng.model.embed.weight.dtype, value_head_dim=config.value_head_dim)
+                              eng.runner.dtype, value_head_dim=config.value_head_dim)
             runs = {"windowed": [], "every_position": []}
             for _ in range(args.repeats):  # interleaved, so a load spike hits both arms alike
                 runs["windowed"].append(run_arm(eng, eng.session(), context, args.new_tokens))

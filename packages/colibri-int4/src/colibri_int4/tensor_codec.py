@@ -59,6 +59,36 @@ class RawTensor:
         return RawTensor(self.name, self.encoding, (rows, self.shape[1]), self.data[start:stop],
                          cut(self.scales), cut(self.zeros), self.group_size, self.scale_dtype)
 
+    def take(self, indices: np.ndarray) -> RawTensor:
+        """The given rows of a 2-D tensor (any order, repeats allowed), as copies: an embedding
+        held as stored dequantizes only the rows a batch looks up, each to exactly the values the
+        whole tensor's `dequantize()` gives it (every encoding here groups within a row)."""
+        if len(self.shape) != 2:
+            raise ValueError(f"tensor '{self.name}' has shape {self.shape}: only 2-D tensors have rows")
+        indices = np.asarray(indices, dtype=np.int64).reshape(-1)
+        if indices.size and (indices.min() < 0 or indices.max() >= self.shape[0]):
+            raise IndexError(f"tensor '{self.name}' has {self.shape[0]} rows; asked for rows "
+                             f"{int(indices.min())}..{int(indices.max())}")
+
+        def pick(array):
+            return None if array is None else array[indices]
+
+        return RawTensor(self.name, self.encoding, (indices.size, self.shape[1]), self.data[indices],
+                         pick(self.scales), pick(self.zeros), self.group_size, self.scale_dtype)
+
+    def owned(self) -> RawTensor:
+        """This tensor with its arrays copied out of whatever buffer they view (to keep it alone)."""
+        def copy(array):
+            return None if array is None else np.array(array)
+
+        return RawTensor(self.name, self.encoding, self.shape, np.array(self.data), copy(self.scales),
+                         copy(self.zeros), self.group_size, self.scale_dtype)
+
+    @property
+    def stored_nbytes(self) -> int:
+        """Bytes of its arrays as stored (data, scales, zeros)."""
+        return sum(a.nbytes for a in (self.data, self.scales, self.zeros) if a is not None)
+
     def dequantize(self) -> np.ndarray:
         if self.encoding == "f32":
             return np.array(self.data, dtype=np.float32)

@@ -67,7 +67,7 @@ class Engine:
         self.path = container.path
         self.heap_trimmer = HeapTrimmer(self.budget.heap_slack_bytes)
         self.runner = ForwardRunner(self.model, self.cache, self.stats, self.heap_trimmer, max_context=self.max_context,
-                                    prefill_chunk=self.prefill_chunk, device=self.device)
+                                    prefill_chunk=self.prefill_chunk, device=self.device, dtype=plan.footprint.dtype)
         self.codec = TextCodec(self.tokenizer, tuple(_end_token_ids(container, self.tokenizer)))
 
     # --- construction ----------------------------------------------------------------------

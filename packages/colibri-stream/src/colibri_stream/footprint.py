@@ -32,6 +32,7 @@ from .io.heap import slack_bytes as heap_slack_bytes
 from .options import EngineOptions
 from .session_kv import sliding_windows, windowed_positions
 from .sizes import format_size
+from .stored_embedding import stored_embedding_name
 
 # NOTE: a loaded byte-level BPE tokenizer holds its vocabulary and merges in Rust structures that
 # torch never sees. Measured for SmolLM2's 49152 tokens: 38.7-43 MB of anonymous RSS on a
@@ -258,6 +259,9 @@ class Sizing:
         for t in self.container.header.tensors:
             if native and native_linear_name(t.name, t.encoding, t.shape, group):
                 by_dtype[t.encoding] = by_dtype.get(t.encoding, 0) + t.length  # weights + scales (+ zeros), as stored
+                continue
+            if stored_embedding_name(t.name, self.config.tie_embeddings):
+                by_dtype[t.encoding] = by_dtype.get(t.encoding, 0) + t.length  # held as stored
                 continue
             target = held_dtype(t.shape, dtype, t.name)  # colibri-model's rule, as resident.py materialises
             n = target.itemsize * _numel(t.shape)

@@ -28,6 +28,7 @@ from colibri_model import (
 from .compute.native_linear import SharedInput, install, native_linear_name
 from .errors import ContainerConfigError
 from .io.heap import release_free_heap
+from .stored_embedding import StoredEmbedding, stored_embedding_name
 
 
 def model_config(container: Container) -> ColibriConfig:
@@ -49,7 +50,8 @@ def build_model(
 ) -> ColibriForCausalLM:
     """An eval-mode model whose resident weights come from `container` and routed experts from
     `backends` (one per MoE layer). `native_linears`: the q4 projections stay q4 and run on the
-    native kernel (compute/native_linear.py)."""
+    native kernel (compute/native_linear.py). An untied embedding stays as stored
+    (stored_embedding.py)."""
     with torch.device("meta"):
         model = ColibriForCausalLM(config, expert_backends=backends)
     state = {}
@@ -58,6 +60,10 @@ def build_model(
     for raw in container.iter_resident():
         if native_linears and native_linear_name(raw.name, raw.encoding, raw.shape, raw.group_size):
             install(model, raw.name, raw, shared_input)
+            expected.discard(raw.name)
+            continue
+        if stored_embedding_name(raw.name, config.tie_embeddings):
+            model.embed = StoredEmbedding(raw, held_dtype(raw.shape, dtype, raw.name), device)
             expected.discard(raw.name)
             continue
         state[raw.name] = _materialise(raw, held_dtype(raw.shape, dtype, raw.name), device)

@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
-from colibri_model import ColibriForCausalLM
+from colibri_model import ColibriForCausalLM, KVCache
 
 from .cache.expert_cache import ExpertCache
 from .io.accounting import ReadBytesCounter, agreement
@@ -39,12 +39,12 @@ from .stats import StreamStats
 
 class ForwardRunner:
     """The model as served: `model`, `cache`, `stats`, `lock`, the I/O accounting and the limits
-    a pass keeps to (`max_context`, `prefill_chunk`, `device`)."""
+    a pass keeps to (`max_context`, `prefill_chunk`, `device`, `dtype`: activations and KV caches)."""
 
     def __init__(self, model: ColibriForCausalLM, cache: ExpertCache, stats: StreamStats, heap_trimmer: HeapTrimmer, *,
-                 max_context: int, prefill_chunk: int, device):
+                 max_context: int, prefill_chunk: int, device, dtype: torch.dtype = torch.float32):
         self.model, self.cache, self.stats, self.heap_trimmer = model, cache, stats, heap_trimmer
-        self.max_context, self.prefill_chunk, self.device = max_context, prefill_chunk, device
+        self.max_context, self.prefill_chunk, self.device, self.dtype = max_context, prefill_chunk, device, dtype
         # reentrant: a caller holding it for a batch may run helpers that take it again
         self.lock = threading.RLock()
         self.os_reads = ReadBytesCounter()  # from here on, every storage read is the run's
@@ -65,12 +65,12 @@ class ForwardRunner:
 
     # --- KV caches --------------------------------------------------------------------------
     def new_session_kv(self) -> SessionKV:
-        return SessionKV.for_model(self.model.config, self.max_context, self.device, self.model.embed.weight.dtype,
+        return SessionKV.for_model(self.model.config, self.max_context, self.device, self.dtype,
                                    prefill_chunk=self.prefill_chunk)
 
     def new_batch_kv(self, rows: int, length: int):
         """colibri-model's KV cache of `rows` rows and `length` columns (a padded batch's)."""
-        return self.model.new_kv_cache(rows, length)
+        return KVCache(self.model.config, rows, length, self.device, self.dtype)
 
     # --- passes -----------------------------------------------------------------------------
     def forward(self, ids: torch.Tensor, kv, keep_from: int | None = None, **model_kwargs) -> torch.Tensor:

@@ -1,0 +1,53 @@
+"""`StoredEmbedding`: the token embedding held as the container stores it (bf16, q8, q4 or f32),
+each looked-up row dequantized when a pass needs it.
+
+A pass reads one row per token, but a materialised embedding costs the whole table in the
+engine dtype: a 32k x 1024 vocabulary is 131 MB in f32 against 65 MB as stored bf16 (33 MB q8),
+a 152k x 2048 one (Qwen3-30B-A3B) 1.24 GB against 0.62 GB. That table was the largest part of
+the smallest budget such models run in. A looked-up row is exactly the row the materialised
+table would hold (the same dequantization of the same stored row; within-row groups), so
+logits do not change by a bit.
+
+`stored_embedding_name` is the one rule for which tensor is held this way; the footprint and the
+model builder both read it. A tied LM head (the embedding doubles as the vocab projection) needs
+the whole table in the engine dtype, so a tied model keeps the materialised one.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+EMBEDDING = "embed.weight"
+# numpy views torch can hold for any stored dtype of that width (uint16 bf16 bits, uint8 nibbles)
+_SIGNED = {1: np.int8, 2: np.int16, 4: np.float32}
+
+
+def stored_embedding_name(name: str, tied: bool) -> bool:
+    """True when the resident tensor `name` is held as a `StoredEmbedding`."""
+    return name == EMBEDDING and not tied
+
+
+class StoredEmbedding(nn.Module):
+    """nn.Embedding's forward over a table kept as stored: `ids` [...] -> [..., dim] in `dtype`."""
+
+    def __init__(self, raw, dtype: torch.dtype, device: torch.device):
+        """`raw`: colibri-int4's RawTensor of `embed.weight` (copied out of its read buffer)."""
+        super().__init__()
+        self.raw = raw.owned()
+        self.num_embeddings, self.embedding_dim = raw.shape
+        self.dtype, self.device = dtype, device
+        # The same memory as torch buffers (not persistent: the container's bytes, not a state_dict
+        # entry), so whatever counts a module's tensors (the engine's resident bytes) counts them.
+        for name in ("data", "scales", "zeros"):
+            array = getattr(self.raw, name)
+            self.register_buffer(name, None if array is None else torch.from_numpy(array.view(_SIGNED[array.dtype.itemsize])),
+                                 persistent=False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        rows = torch.from_numpy(self.raw.take(ids.detach().reshape(-1).cpu().numpy()).dequantize())
+        return rows.to(device=self.device, dtype=self.dtype).view(*ids.shape, self.embedding_dim)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, {self.raw.encoding} as stored"
