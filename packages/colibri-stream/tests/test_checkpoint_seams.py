@@ -30,16 +30,18 @@ def test_config_without_model_type_is_refused_at_open_by_colibri_models_rule(tin
 
 def test_engine_holds_every_tensor_in_the_dtype_load_checkpoint_does(tiny):
     from colibri_stream.compute.native_linear import NativeLinear
+    from colibri_stream.stored_embedding import StoredEmbedding
 
     dense = load_checkpoint(tiny[1], dtype=torch.bfloat16)
     with Engine.open(tiny[0], ram_budget="200MB", dtype="bf16", compute="int4") as eng:
         streamed = {n: t.dtype for n, t in eng.model.state_dict().items()}
+        assert isinstance(eng.model.embed, StoredEmbedding)  # untied: held as stored, not a parameter
     with Engine.open(tiny[0], ram_budget="200MB", dtype="bf16", compute="native") as eng:
         native = {n: t.dtype for n, t in eng.model.state_dict().items()}
         as_stored = {f"{n}.weight" for n, m in eng.model.named_modules() if isinstance(m, NativeLinear)}
-    expected = {n: t.dtype for n, t in dense.state_dict().items() if ".moe.experts." not in n}
+    expected = {n: t.dtype for n, t in dense.state_dict().items() if ".moe.experts." not in n and n != "embed.weight"}
     assert streamed == expected
-    # a native engine holds its q4/q8 projections as stored (not torch parameters), the rest alike
+    # a native engine holds its q4/q8 projections (and a bf16 LM head) as stored, the rest alike
     assert as_stored and native == {n: d for n, d in expected.items() if n not in as_stored}
     assert streamed["layers.1.ffn_norm.weight"] == torch.float32 == held_dtype((64,), torch.bfloat16)
     assert streamed["layers.1.attn.q_proj.weight"] == torch.bfloat16

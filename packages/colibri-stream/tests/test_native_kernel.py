@@ -17,6 +17,7 @@ from colibri_stream.compute.native_kernel import (
     AVX512_VNNI,
     SCALAR,
     QuantizedActivations,
+    bf16_matmul,
     q4_experts,
     q4_matmul,
     q8_matmul,
@@ -170,6 +171,22 @@ def test_rows_in_tiles_and_experts_together_are_bitwise_each_alone(level, group,
         q4_experts(x, matrices, group, row_each=True)
 
 
+@pytest.mark.parametrize("rows", [1, 3, 4, 9])
+def test_bf16_weights_give_the_same_bits_at_every_level_and_each_row_what_it_gets_alone(rows):
+    torch.manual_seed(rows)
+    weights = (torch.randn(40, 96) * 0.1).bfloat16()  # 40: a partial block of 16 weight rows
+    x = torch.randn(rows, 96)
+    outs = [bf16_matmul(x, weights.view(torch.int16), level=level) for level in LEVELS]
+    for out in outs[1:]:
+        assert torch.equal(out, outs[0])  # the portable code runs AVX2's order lane for lane
+    alone = torch.cat([bf16_matmul(x[r:r + 1], weights.view(torch.int16)) for r in range(rows)])
+    assert torch.equal(alone, outs[0])
+    exact = x.double() @ weights.double().T  # each product is exact; only f32 sums round
+    assert (outs[0].double() - exact).abs().max() < 1e-5 * max(1.0, float(exact.abs().max()))
+    with pytest.raises(ValueError, match="multiple of 16"):
+        bf16_matmul(torch.randn(1, 24), torch.zeros(4, 24, dtype=torch.int16))
+
+
 def test_bad_shapes_are_refused_with_the_shapes():
     x = QuantizedActivations(torch.randn(1, 64))
     with pytest.raises(ValueError, match="do not fit 64 columns"):
@@ -278,14 +295,18 @@ def test_native_engine_holds_resident_projections_as_stored(tmp_path, resident_d
         expected = reference(ids[None]).logits[0]
     with Engine.open(container, ram_budget="200MB", compute="native") as native, \
             Engine.open(container, ram_budget="200MB", compute="int4", kernel_dtype="f32") as exact:
-        projections = [m for m in native.model.modules() if isinstance(m, NativeLinear)]
+        natives = [m for m in native.model.modules() if isinstance(m, NativeLinear)]
+        head = native.model.lm_head
+        projections = [m for m in natives if m is not head]
         assert len(projections) >= 4 * native.config.n_layers  # q, k, v, o of every layer at least
         assert {m.encoding for m in projections} == {"q4" if resident_dtype == "int4" else "q8"}
+        assert head in natives and head.encoding == "bf16"  # embed_dtype's default: held as stored too
+        assert head.data.nbytes == 2 * head.in_features * head.out_features
         # each projection holds its stored bytes where the exact engine holds 4 bytes a weight
         stored = sum(b.nbytes for m in projections for b in m.buffers())
         assert stored < 0.3 * sum(4 * m.in_features * m.out_features for m in projections)
         assert exact.stats.resident_bytes - native.stats.resident_bytes == \
-            sum(4 * m.in_features * m.out_features for m in projections) - stored
+            sum(4 * m.in_features * m.out_features for m in natives) - stored - head.data.nbytes
         # the plan counted exactly what the engine holds
         assert native.stats.resident_bytes == sum(native.opened_plan.footprint.resident_by_dtype.values())
         got = native.logits(ids)

@@ -77,6 +77,8 @@ def _library() -> ctypes.CDLL:
     library.colibri_q4_experts.restype = i32
     library.colibri_q8w_matmul.argtypes = [pointer, pointer, i64, i64, pointer, pointer, i32, i64, i64, pointer, i32,
                                            i32]
+    library.colibri_bf16w_matmul.argtypes = [pointer, i64, i64, pointer, i64, pointer, i32, i32]
+    library.colibri_bf16w_matmul.restype = i32
     library.colibri_dequantize_rows.argtypes = [pointer, i32, pointer, pointer, i32, i64, i64, i64, i64, pointer]
     library.colibri_dequantize_rows.restype = i32
     library.colibri_q8_quantize.restype = library.colibri_q4_matmul.restype = i32
@@ -217,6 +219,23 @@ def q8_matmul(x: QuantizedActivations, weights: torch.Tensor, scales: torch.Tens
         cpu_level() if level is None else level)
     if status != 0:
         raise ValueError(f"the native kernel refused {x.cols} columns in groups of {group} (multiples of {BLOCK})")
+    return out
+
+
+def bf16_matmul(x: torch.Tensor, weights: torch.Tensor, level: int | None = None) -> torch.Tensor:
+    """x [M, K] (any float dtype, computed in f32) @ W.T -> [M, N] f32, W bf16 as stored (`weights`:
+    int16 bits [N, K]): exact products, f32 sums in one fixed order at every level, each row
+    what it gets alone."""
+    x = x.detach().to(torch.float32).contiguous()
+    rows, cols = weights.shape
+    if x.dim() != 2 or x.shape[1] != cols or cols % 16:
+        raise ValueError(f"bf16 matrix {tuple(weights.shape)} does not fit activations {tuple(x.shape)} "
+                         "(columns must match, a multiple of 16)")
+    out = torch.empty(x.shape[0], rows, dtype=torch.float32)
+    status = _library().colibri_bf16w_matmul(x.data_ptr(), x.shape[0], cols, weights.data_ptr(), rows, out.data_ptr(),
+                                             torch.get_num_threads(), cpu_level() if level is None else level)
+    if status != 0:
+        raise ValueError(f"the native kernel refused a bf16 matrix of {cols} columns (a multiple of 16)")
     return out
 
 

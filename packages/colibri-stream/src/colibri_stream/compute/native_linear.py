@@ -1,10 +1,13 @@
 """`NativeLinear`: a resident projection (attention, dense FFN, shared expert, LM head) computed by
-the native kernel from the container's q4 or q8 bytes, as llama.cpp keeps its weights.
+the native kernel from the container's q4 or q8 bytes, as llama.cpp keeps its weights; and a
+bf16-stored LM head (the default of an imported checkpoint) from its bf16 bytes, in f32.
 
 With `compute="native"` the engine holds these matrices as stored (q4: nibbles + 16-bit scales,
 about 0.53 bytes per weight at group 64; q8: about 1.03) instead of dequantized f32 (4 bytes):
 the resident part shrinks 4-8x, which lowers the smallest budget a model runs in, and a decode
-step, which reads every resident matrix once per token, reads that much less. Embeddings,
+step, which reads every resident matrix once per token, reads that much less. A bf16 LM head held
+as stored is half of f32 (152k x 2048: 0.62 GB instead of 1.24 GB), each product exact and the
+sums in f32 (compute/native/q4_matvec.c, `colibri_bf16w_matmul`). Embeddings,
 norms, routers and biases stay as they are (a lookup, or a few KB).
 
 `native_linear_name` is the one rule for which tensors go this way; the footprint and the model
@@ -24,17 +27,21 @@ import torch
 from torch import nn
 
 from . import native_kernel
-from .native_kernel import BLOCK, QuantizedActivations, matmul
+from .native_kernel import BLOCK, QuantizedActivations, bf16_matmul, matmul
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 def native_linear_name(name: str, encoding: str, shape, group_size: int) -> bool:
     """True when the resident tensor `name` is held as a `NativeLinear` under compute="native"."""
-    if encoding not in ("q4", "q8") or len(shape) != 2 or group_size % BLOCK or shape[1] % BLOCK:
-        return False
     module, _, leaf = name.rpartition(".")
-    return leaf == "weight" and (module == "lm_head" or module.rpartition(".")[2] in PROJECTIONS)
+    if leaf != "weight" or len(shape) != 2:
+        return False
+    if encoding == "bf16":  # the vocab projection: half of f32's bytes, read once per token
+        return module == "lm_head" and shape[1] % 16 == 0
+    if encoding not in ("q4", "q8") or group_size % BLOCK or shape[1] % BLOCK:
+        return False
+    return module == "lm_head" or module.rpartition(".")[2] in PROJECTIONS
 
 
 def _bits(array: np.ndarray | None) -> torch.Tensor | None:
@@ -42,24 +49,30 @@ def _bits(array: np.ndarray | None) -> torch.Tensor | None:
 
 
 class NativeLinear(nn.Module):
-    """y = x W^T (+ b) with W as stored (q4 or q8); in and out in the caller's dtype, f32 inside."""
+    """y = x W^T (+ b) with W as stored (q4, q8, or bf16 for the LM head); in and out in the
+    caller's dtype, f32 inside."""
 
     def __init__(self, raw, bias: bool, shared_input: SharedInput | None = None):
-        """`raw`: colibri-int4's RawTensor of the weight (q4 or q8); `shared_input`: the model's
+        """`raw`: colibri-int4's RawTensor of the weight (q4, q8, bf16); `shared_input`: the model's
         memo of its last quantized input (one per model; a new one if None)."""
         super().__init__()
         self.shared_input = shared_input or SharedInput()
         self.out_features, self.in_features = raw.shape
         self.encoding, self.group, self.fp16_scales = raw.encoding, raw.group_size, raw.scale_dtype == "fp16"
         # not persistent: the weights are the container's bytes, not a state_dict entry
-        self.register_buffer("data", torch.from_numpy(np.array(raw.data)), persistent=False)
+        data = np.array(raw.data)
+        self.register_buffer("data", torch.from_numpy(data.view(np.int16) if raw.encoding == "bf16" else data),
+                             persistent=False)
         self.register_buffer("scales", _bits(raw.scales), persistent=False)
         self.register_buffer("zeros", _bits(raw.zeros), persistent=False)
         self.bias = nn.Parameter(torch.empty(self.out_features, device="meta")) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = matmul(self.shared_input.quantized(x, self.in_features), self.data, self.scales, self.zeros, self.group, self.encoding,
-                     self.fp16_scales)
+        if self.encoding == "bf16":  # f32 activations as they are: nothing to quantize or share
+            out = bf16_matmul(x.reshape(-1, self.in_features), self.data)
+        else:
+            out = matmul(self.shared_input.quantized(x, self.in_features), self.data, self.scales, self.zeros,
+                         self.group, self.encoding, self.fp16_scales)
         if self.bias is not None:
             out += self.bias
         return out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)

@@ -502,6 +502,82 @@ int colibri_q4_experts(const int8_t *xq, const float *dx, const int32_t *xs, con
                        row_start, fp16, N, G, y, threads, level);
 }
 
+/* y [M, N] f32 = x [M, K] f32 @ w[N, K].T for bf16 weights (u16 bits), a vocab projection kept as
+ * stored: half the bytes of f32 weights, the same products (a bf16 is an f32 with a shorter
+ * mantissa, so each product is exact). The sums run in f32 over two 8-lane accumulators per row
+ * (columns k..k+7 and k+8..k+15 of every 16) in one fixed order, the same in the portable code
+ * (fmaf per lane) as in AVX2, so every level gives the same bits and a row's result never depends
+ * on the rows beside it. K must be a multiple of 16. */
+static float rowbf_scalar(const uint16_t *w, const float *x, int64_t K) {
+    float a[8] = {0}, b[8] = {0}, v[8], lo[4];
+    for (int64_t k = 0; k < K; k += 16)
+        for (int l = 0; l < 8; l++) {
+            a[l] = fmaf(x[k + l], bf16_to_f32(w[k + l]), a[l]);
+            b[l] = fmaf(x[k + 8 + l], bf16_to_f32(w[k + 8 + l]), b[l]);
+        }
+    for (int l = 0; l < 8; l++) v[l] = a[l] + b[l];
+    for (int l = 0; l < 4; l++) lo[l] = v[l] + v[l + 4];  /* hsum256's order, lane for lane */
+    return (lo[0] + lo[2]) + (lo[1] + lo[3]);
+}
+
+#ifdef COLIBRI_X86
+__attribute__((target("avx2,fma"), always_inline)) static inline __m256 bf16x8(const uint16_t *w) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)w)), 16));
+}
+
+/* R activation rows (1..4) times one bf16 weight row; each row runs the one-row sequence exactly */
+#define ROWSBF(R)                                                                                               \
+    do {                                                                                                        \
+        __m256 a[4], b[4];                                                                                      \
+        for (int r = 0; r < R; r++) a[r] = b[r] = _mm256_setzero_ps();                                          \
+        for (int64_t k = 0; k < K; k += 16) {                                                                   \
+            __m256 w0 = bf16x8(w + k), w1 = bf16x8(w + k + 8);                                                  \
+            for (int r = 0; r < R; r++) {                                                                       \
+                a[r] = _mm256_fmadd_ps(_mm256_loadu_ps(x[r] + k), w0, a[r]);                                    \
+                b[r] = _mm256_fmadd_ps(_mm256_loadu_ps(x[r] + k + 8), w1, b[r]);                                \
+            }                                                                                                   \
+        }                                                                                                       \
+        for (int r = 0; r < R; r++) *out[r] = hsum256(_mm256_add_ps(a[r], b[r]));                               \
+    } while (0)
+
+__attribute__((target("avx2,fma"))) static void tilebf_avx2(const uint16_t *w, int64_t K, int R,
+                                                            const float *const *x, float *const *out) {
+    switch (R) {
+    case 4: ROWSBF(4); break;
+    case 3: ROWSBF(3); break;
+    case 2: ROWSBF(2); break;
+    default: ROWSBF(1); break;
+    }
+}
+#endif
+
+int colibri_bf16w_matmul(const float *x, int64_t M, int64_t K, const uint16_t *weights, int64_t N, float *y,
+                         int threads, int level) {
+    if (K % 16) return -1;
+#ifndef COLIBRI_X86
+    level = 0;
+#endif
+    int64_t row_blocks = (N + 15) / 16;
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+    for (int64_t task = 0; task < row_blocks; task++) {
+        int64_t n0 = task * 16, n1 = n0 + 16 < N ? n0 + 16 : N;
+        for (int64_t m = 0; m < M; m += 4) {
+            int R = M - m < 4 ? (int)(M - m) : 4;
+            const float *rows[4];
+            for (int r = 0; r < R; r++) rows[r] = x + (m + r) * K;
+            for (int64_t n = n0; n < n1; n++) {
+                float *out[4];
+                for (int r = 0; r < R; r++) out[r] = y + (m + r) * N + n;
+#ifdef COLIBRI_X86
+                if (level >= 1) { tilebf_avx2(weights + n * K, K, R, rows, out); continue; }
+#endif
+                for (int r = 0; r < R; r++) *out[r] = rowbf_scalar(weights + n * K, rows[r], K);
+            }
+        }
+    }
+    return 0;
+}
+
 /* The fastest path this CPU runs: 2 AVX-512 VNNI (on 256-bit vectors), 1 AVX2, 0 portable C */
 int colibri_q4_cpu_level(void) {
 #ifdef COLIBRI_X86
