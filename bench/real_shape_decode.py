@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 import torch
-from colibri_int4 import SYNTHETIC_SCHEME, write_synthetic_container
+from colibri_int4 import SYNTHETIC_SCHEME, QuantScheme, write_synthetic_container
 from colibri_int4.import_hf import read_hf_config
 from colibri_stream import Engine, belady
 from colibri_stream.cache.expert_cache import ExpertCache
@@ -59,16 +59,21 @@ def main() -> None:
     parser.add_argument("--cap", action="store_true",
                         help="run inside a memory cgroup of --share x the container, budget auto")
     parser.add_argument("--keep", action="store_true", help="keep the container (for a rerun)")
+    parser.add_argument("--import-scheme", action="store_true",
+                        help="the scheme `colibri-int4 import-hf` writes by default (int8 resident, bf16 embedding and "
+                             "LM head) instead of the synthetic one (int4 everywhere)")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     config, _, _ = read_hf_config(args.config)
-    path = Path(args.dir) / f"synthetic-{Path(args.config).resolve().parent.name}.coli"
+    scheme = QuantScheme(group_size=64) if args.import_scheme else SYNTHETIC_SCHEME
+    suffix = "-import" if args.import_scheme else ""
+    path = Path(args.dir) / f"synthetic-{Path(args.config).resolve().parent.name}{suffix}.coli"
     try:
         if not path.exists():
             started = time.perf_counter()
-            write_synthetic_container(path, config, SYNTHETIC_SCHEME)
+            write_synthetic_container(path, config, scheme)
             print(f"wrote {path} ({path.stat().st_size / 1e9:.2f} GB) in {time.perf_counter() - started:.0f} s",
                   flush=True)
         if args.child:  # inside the cgroup: one JSON line for the parent
@@ -89,7 +94,7 @@ def capped(path: Path, args) -> dict:
     drop_from_page_cache(path)
     command = [sys.executable, __file__, args.config, "--dir", args.dir, "--share", args.share, "--tokens",
                args.tokens, "--warmup", args.warmup, "--threads", args.threads, "--prefetch", args.prefetch,
-               "--compute", args.compute, "--child"] + (["--policy", args.policy] if args.policy else [])
+               "--compute", args.compute, "--child"] + (["--import-scheme"] if args.import_scheme else []) + (["--policy", args.policy] if args.policy else [])
     done = run_measured(command, cap, timeout=3600)
     row = {"cap_gb": round(cap / 1e9, 3), "max_rss_gb": round(done["max_rss"] / 1e9, 3),
            "oom_kills": done["oom_kills"], "returncode": done["returncode"]}

@@ -43,7 +43,8 @@ def test_unset_defaults_step_down_to_fit_and_explicit_ones_do_not(tiny):
     with Engine.open(tiny[0], ram_budget=bf16.min_budget) as eng:  # below f32's minimum
         assert eng.opened_plan.degraded == ["dtype f32 -> bf16"]
         assert eng.opened_plan.footprint.dtype == torch.bfloat16 and eng.prefill_chunk == 128
-        assert eng.model.lm_head.weight.dtype == torch.bfloat16
+        assert eng.runner.dtype == torch.bfloat16
+        assert all(p.dtype == torch.bfloat16 for p in eng.model.parameters() if p.dim() == 2)
         eng.generate([1, 2, 3], max_new_tokens=2)
     plan = Engine.plan(tiny[0])
     with Engine.open(tiny[0], ram_budget=plan.smallest_budget) as eng:  # as far as they go

@@ -17,6 +17,7 @@ from colibri_int4.import_hf import planned_container, sizes_by_quant
 from colibri_stream import Engine
 from colibri_stream.cli import main
 from colibri_stream.plan import DEFAULT_MAX_CONTEXT
+from colibri_stream.sizes import format_size
 from tokenizers import Tokenizer, models
 
 QWEN3_30B = Path(__file__).parent / "fixtures" / "qwen3_30b_a3b"
@@ -37,9 +38,11 @@ def test_qwen3_30b_a3b_plan_from_config_matches_a_hand_computation():
     assert INT4_BLOB % 4096 == 0 and INT8_BLOB % 4096 == 0  # no padding at these shapes
     plan = Engine.plan(planned_container(QWEN3_30B, "int4"), compute="int4")
     f = plan.footprint
-    # defaults for a 16 GB laptop: bf16 (f32 would be 6.2 GB of backbone), 4096 of 40,960 positions
+    # defaults for a 16 GB laptop: bf16 (f32 would be 5.5 GB of backbone: the embedding stays as
+    # stored, bf16, the rest in f32), 4096 of 40,960 positions
     assert f.dtype == torch.bfloat16 and f.max_context == DEFAULT_MAX_CONTEXT and plan.max_seq_len == 40960
-    assert len(plan.defaults) == 2 and "6.16 GB in f32" in plan.defaults[0]
+    f32_backbone = 2 * V * D + 4 * (MATRICES - V * D) + 4 * (VECTORS + ROUTER_COUNTERS)
+    assert len(plan.defaults) == 2 and f"{format_size(f32_backbone)} in f32" in plan.defaults[0]
     assert f.resident_by_dtype == {"bf16": 2 * MATRICES, "f32": 4 * (VECTORS + ROUTER_COUNTERS)}
     assert plan.kv_bytes_per_token == 2 * L * KV * HD * 2 == 98_304  # K and V, bf16
     assert plan.kv_cache_at(40960) == 4_026_531_840  # the ~4 GB the config's context would take
@@ -54,7 +57,8 @@ def test_qwen3_30b_a3b_plan_from_config_matches_a_hand_computation():
     assert {q: s.blob_length for q, s in sizes.items()} == {"bf16": BF16_BLOB, "int8": INT8_BLOB, "int4": INT4_BLOB}
     assert sizes["int4"].file_size < sizes["int8"].file_size < sizes["bf16"].file_size
     explicit = Engine.plan(planned_container(QWEN3_30B, "bf16"), dtype="f32", max_context=40960)
-    assert explicit.defaults == [] and explicit.footprint.resident_by_dtype["f32"] > 4 * MATRICES
+    assert explicit.defaults == [] and explicit.footprint.resident_by_dtype["f32"] > 4 * (MATRICES - V * D)
+    assert explicit.footprint.resident_by_dtype["bf16"] == 2 * V * D  # the embedding, as stored
     assert explicit.footprint.kv_cache_bytes == 2 * 98_304 * 40960  # f32 KV
 
 

@@ -76,19 +76,6 @@ class RawTensor:
         return RawTensor(self.name, self.encoding, (indices.size, self.shape[1]), self.data[indices],
                          pick(self.scales), pick(self.zeros), self.group_size, self.scale_dtype)
 
-    def owned(self) -> RawTensor:
-        """This tensor with its arrays copied out of whatever buffer they view (to keep it alone)."""
-        def copy(array):
-            return None if array is None else np.array(array)
-
-        return RawTensor(self.name, self.encoding, self.shape, np.array(self.data), copy(self.scales),
-                         copy(self.zeros), self.group_size, self.scale_dtype)
-
-    @property
-    def stored_nbytes(self) -> int:
-        """Bytes of its arrays as stored (data, scales, zeros)."""
-        return sum(a.nbytes for a in (self.data, self.scales, self.zeros) if a is not None)
-
     def dequantize(self) -> np.ndarray:
         if self.encoding == "f32":
             return np.array(self.data, dtype=np.float32)

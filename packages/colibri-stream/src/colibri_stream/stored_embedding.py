@@ -15,6 +15,8 @@ the whole table in the engine dtype, so a tied model keeps the materialised one.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import torch
 from torch import nn
@@ -33,17 +35,20 @@ class StoredEmbedding(nn.Module):
     """nn.Embedding's forward over a table kept as stored: `ids` [...] -> [..., dim] in `dtype`."""
 
     def __init__(self, raw, dtype: torch.dtype, device: torch.device):
-        """`raw`: colibri-int4's RawTensor of `embed.weight` (copied out of its read buffer)."""
+        """`raw`: colibri-int4's RawTensor of `embed.weight`."""
         super().__init__()
-        self.raw = raw.owned()
         self.num_embeddings, self.embedding_dim = raw.shape
         self.dtype, self.device = dtype, device
-        # The same memory as torch buffers (not persistent: the container's bytes, not a state_dict
-        # entry), so whatever counts a module's tensors (the engine's resident bytes) counts them.
+        # Copied into torch buffers (not persistent: the container's bytes, not a state_dict entry),
+        # so whatever counts a module's tensors (the engine's resident bytes) counts them, and the
+        # read buffer is not kept; lookups read numpy views of the same memory.
+        arrays = {}
         for name in ("data", "scales", "zeros"):
-            array = getattr(self.raw, name)
-            self.register_buffer(name, None if array is None else torch.from_numpy(array.view(_SIGNED[array.dtype.itemsize])),
-                                 persistent=False)
+            array = getattr(raw, name)
+            held = None if array is None else torch.tensor(array.view(_SIGNED[array.dtype.itemsize]))
+            self.register_buffer(name, held, persistent=False)
+            arrays[name] = None if held is None else held.numpy().view(array.dtype)
+        self.raw = replace(raw, **arrays)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         rows = torch.from_numpy(self.raw.take(ids.detach().reshape(-1).cpu().numpy()).dequantize())

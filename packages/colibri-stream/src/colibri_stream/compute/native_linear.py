@@ -60,9 +60,9 @@ class NativeLinear(nn.Module):
         self.out_features, self.in_features = raw.shape
         self.encoding, self.group, self.fp16_scales = raw.encoding, raw.group_size, raw.scale_dtype == "fp16"
         # not persistent: the weights are the container's bytes, not a state_dict entry
-        data = np.array(raw.data)
-        self.register_buffer("data", torch.from_numpy(data.view(np.int16) if raw.encoding == "bf16" else data),
-                             persistent=False)
+        # torch.tensor copies into torch's memory: the read buffer is not kept
+        data = raw.data.view(np.int16) if raw.encoding == "bf16" else raw.data
+        self.register_buffer("data", torch.tensor(data), persistent=False)
         self.register_buffer("scales", _bits(raw.scales), persistent=False)
         self.register_buffer("zeros", _bits(raw.zeros), persistent=False)
         self.bias = nn.Parameter(torch.empty(self.out_features, device="meta")) if bias else None
