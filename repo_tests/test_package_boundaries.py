@@ -110,10 +110,10 @@ RULES = {
 }
 
 # colibri-stream modules that are not its runtime: the studies and the CLI modules that run them
-# (`bench` lives in cli/sweep.py, `bench-suite` in cli/bench.py, `policy-study` and `trace-hf` in
+# (`bench` lives in cli/bench.py, `bench-suite` in cli/bench_suite.py, `policy-study` and `trace-hf` in
 # cli/traces.py; they import studies/ only inside the command, so `colibri-stream generate` never
 # loads them).
-STREAM_NOT_RUNTIME = ("studies/", "cli/sweep.py", "cli/bench.py", "cli/traces.py")
+STREAM_NOT_RUNTIME = ("studies/", "cli/bench.py", "cli/bench_suite.py", "cli/traces.py")
 STREAM_RUNTIME_NEVER = ("colibri_stream.studies", "colibri_model.training")
 
 # distribution name -> import name, where they differ beyond "-" -> "_"

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import click
 
-from ..cli.bench import percentages
+from .bench_suite import percentages
 from ..exit_status import InputError
 from ..sizes import budget_share
 from ..traces.routing_dumps import FORMATS, DumpFormatError, import_dump
