@@ -267,7 +267,7 @@ def test_checker_resolves_relative_lazy_and_dynamic_imports(tmp_path):
     assert ("cache/lazy.py", "colibri_stream.studies.bench", True) in found
     assert ("cache/lazy.py", "colibri_model.training", True) in found
     assert _within("colibri_model.training.trainer", STREAM_RUNTIME_NEVER)
-    assert not _within("colibri_model.training_cli", STREAM_RUNTIME_NEVER)
+    assert not _within("colibri_model.cli.training", STREAM_RUNTIME_NEVER)
 
 
 def test_checker_reports_each_kind_of_violation(tmp_path):
