@@ -18,6 +18,7 @@ times a kernel.
 
 from __future__ import annotations
 
+import functools
 import warnings
 from dataclasses import dataclass, replace
 
@@ -156,6 +157,25 @@ class Footprint:
             f"{format_size(self.heap_slack_bytes)} + one layer's working set ({self.top_k} x "
             f"{format_size(self.slot_bytes)}) with {self.describe()}"
         )
+
+
+def _accepting_the_old_name(init):
+    """`Footprint(..., expert_dtype=...)` and `dataclasses.replace(f, expert_dtype=...)`: the old
+    name of `expert_compute_dtype`, accepted for the 0.x series with a DeprecationWarning (it
+    wins over the current name, which `replace` passes too)."""
+
+    @functools.wraps(init)
+    def __init__(self, *args, expert_dtype: torch.dtype | None = None, **kwargs):
+        if expert_dtype is not None:
+            warnings.warn("Footprint(expert_dtype=...) is deprecated: use expert_compute_dtype (the dtype the "
+                          "expert kernels compute in)", DeprecationWarning, stacklevel=2)
+            kwargs["expert_compute_dtype"] = expert_dtype
+        init(self, *args, **kwargs)
+
+    return __init__
+
+
+Footprint.__init__ = _accepting_the_old_name(Footprint.__init__)
 
 
 def kv_cache_bytes(config: ColibriConfig, max_context: int, elem: int, prefill_chunk: int) -> int:
