@@ -110,10 +110,10 @@ RULES = {
 }
 
 # colibri-stream modules that are not its runtime: the studies and the CLI modules that run them
-# (`bench` lives in cli/sweep.py, `bench-suite` in cli/bench.py, `policy-study` and `trace-hf` in
+# (`bench` lives in cli/bench.py, `bench-suite` in cli/bench_suite.py, `policy-study` and `trace-hf` in
 # cli/traces.py; they import studies/ only inside the command, so `colibri-stream generate` never
 # loads them).
-STREAM_NOT_RUNTIME = ("studies/", "cli/sweep.py", "cli/bench.py", "cli/traces.py")
+STREAM_NOT_RUNTIME = ("studies/", "cli/bench.py", "cli/bench_suite.py", "cli/traces.py")
 STREAM_RUNTIME_NEVER = ("colibri_stream.studies", "colibri_model.training")
 
 # distribution name -> import name, where they differ beyond "-" -> "_"
@@ -267,7 +267,7 @@ def test_checker_resolves_relative_lazy_and_dynamic_imports(tmp_path):
     assert ("cache/lazy.py", "colibri_stream.studies.bench", True) in found
     assert ("cache/lazy.py", "colibri_model.training", True) in found
     assert _within("colibri_model.training.trainer", STREAM_RUNTIME_NEVER)
-    assert not _within("colibri_model.training_cli", STREAM_RUNTIME_NEVER)
+    assert not _within("colibri_model.cli.training", STREAM_RUNTIME_NEVER)
 
 
 def test_checker_reports_each_kind_of_violation(tmp_path):

@@ -94,7 +94,7 @@ def test_every_dtype_option_is_spelled_f32_bf16():
 
 def test_old_dtype_spellings_are_hidden_aliases():
     from colibri_eval.cli import DtypeChoice as EvalDtype
-    from colibri_model.training_cli import DtypeChoice as ModelDtype
+    from colibri_model.cli.training import DtypeChoice as ModelDtype
 
     assert EvalDtype().convert("bfloat16", None, None) == "bf16"
     assert EvalDtype().convert("float32", None, None) == "f32"

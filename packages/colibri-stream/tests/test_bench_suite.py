@@ -7,7 +7,7 @@ import pytest
 from click.testing import CliRunner
 from colibri_int4 import Container
 from colibri_stream import Engine, TraceEvent
-from colibri_stream.cli.bench import bench_suite, goals
+from colibri_stream.cli.bench_suite import bench_suite, goals
 from colibri_stream.io.accounting import IOMeter, IOWindow, ProcIOUnavailable, read_proc_io
 from colibri_stream.studies.cache_studies import (
     policy_study,

@@ -63,3 +63,67 @@ def test_auto_on_this_machine_agrees_with_its_timing(tiny):
         timing = time_compute(config["d_model"], config["expert_dim"], torch.float32, torch.bfloat16, native)
         assert eng.stats.compute_mode.startswith(timing.choice)
         print(timing)
+
+
+def _no_timing(*args, **kwargs):
+    raise AssertionError("a kernel was timed")
+
+
+def test_building_a_plan_times_no_kernel(tiny, monkeypatch):
+    """make_plan takes the routes resolved before it (resolve_compute): with compute="auto" and
+    every timing function refusing to run, the plan still builds, on the routes it was given."""
+    from colibri_stream.compute.choice import ComputeRoutes
+    from colibri_stream.options import EngineOptions
+    from colibri_stream.plan import make_plan, plan_dtypes
+
+    monkeypatch.setattr(compute_choice, "_timings", {})
+    monkeypatch.setattr(compute_choice, "time_compute", _no_timing)
+    monkeypatch.setattr(compute_choice, "_best_seconds", _no_timing)
+    opts = EngineOptions(compute="auto")
+    assert plan_dtypes(opts) == (torch.float32, torch.bfloat16)
+    with Container.open(tiny[0]) as container:
+        for route in ("native", "int4", "dequant"):
+            routes = ComputeRoutes(dict.fromkeys(plan_dtypes(opts), route))
+            plan = make_plan(container, opts, 200 << 20, compute=routes)
+            assert plan.footprint.compute == route
+        with pytest.raises(ValueError, match="no compute route was resolved for dtype bfloat16"):
+            make_plan(container, EngineOptions(dtype="bf16"), compute=ComputeRoutes({torch.float32: "int4"}))
+
+
+@needs_kernel
+@pytest.mark.parametrize("timed, expected", [({"int4": 1e-3, "dequant": 1e-3}, "int4"),
+                                             ({"int4": 1.0, "dequant": 1e-3}, "dequant")])
+def test_open_and_plan_resolve_auto_once_per_dtype_before_the_plan(tiny, monkeypatch, timed, expected):
+    """Engine.open / Engine.plan time compute="auto" before the plan, once per dtype the plan may
+    size (f32 and bf16 when dtype is unset), and follow the timed choice as they always did."""
+    from colibri_stream import plan as plan_module
+
+    calls = []
+    real = compute_choice.time_compute
+
+    def counted(d_model, expert_dim, dtype, kernel_dtype, native=False):
+        calls.append(dtype)
+        return real(d_model, expert_dim, dtype, kernel_dtype, native)
+
+    building = []
+    real_make_plan = plan_module.make_plan
+
+    def make_plan(*args, **kwargs):
+        building.append(len(calls))
+        return real_make_plan(*args, **kwargs)
+
+    monkeypatch.setattr(compute_choice, "_timings", {})
+    monkeypatch.setattr(compute_choice, "_best_seconds", lambda routes: dict(timed))
+    monkeypatch.setattr(compute_choice, "time_compute", counted)
+    monkeypatch.setattr("colibri_stream.assembly.make_plan", make_plan)
+    plan = Engine.plan(tiny[0], "200MB")
+    assert plan.footprint.compute == expected and sorted(map(str, calls)) == ["torch.bfloat16", "torch.float32"]
+    assert building == [2]  # both timed before the plan was built, none while it was
+    calls.clear()
+    with Engine.open(tiny[0], ram_budget="200MB", compute="auto") as eng:
+        assert eng.opened_plan.footprint.compute == expected and len(calls) == 2
+        assert eng.stats.compute_mode == ("int4-bf16" if expected == "int4" else expected)
+    calls.clear()
+    assert Engine.plan(tiny[0], dtype="bf16").footprint.compute == expected and calls == [torch.bfloat16]
+    calls.clear()
+    assert Engine.plan(tiny[0], compute="int4").footprint.compute == "int4" and calls == []  # asked for: never timed

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -162,3 +163,21 @@ def test_a_hit_rate_target_for_a_per_layer_cache_starts_at_one_slot_per_layer(ti
     plan = Engine.plan(tiny[0], trace=routing_trace_file, hit_rate=0.01, cache_policy="lru-per-layer", prefill_chunk=1)
     layers = plan.footprint.total_experts // plan.footprint.n_experts
     assert plan.target.reachable and plan.target.policy == "lru-per-layer" and plan.target.slots >= layers
+
+
+def test_expert_compute_dtype_and_its_old_name(tiny):
+    """The plan's `expert_compute_dtype` (what the expert kernels compute in; colibri-int4's
+    `expert_dtype` is a storage format) is still readable as `expert_dtype` for the 0.x series:
+    the attribute and the keyword with a DeprecationWarning, the JSON key with the same value (PLAN.md 1.1)."""
+    plan = Engine.plan(tiny[0], compute="int4", kernel_dtype="f32")
+    f = plan.footprint
+    assert f.expert_compute_dtype == torch.float32
+    with pytest.warns(DeprecationWarning, match="expert_compute_dtype"):
+        assert f.expert_dtype == f.expert_compute_dtype
+    with pytest.warns(DeprecationWarning, match="expert_compute_dtype"):  # a user passing the old name
+        assert replace(f, expert_dtype=torch.bfloat16) == replace(f, expert_compute_dtype=torch.bfloat16)
+    out = plan.to_dict()
+    assert out["expert_compute_dtype"] == out["expert_dtype"] == "f32"
+    assert list(out)[:5] == ["plan_version", "container", "dtype", "compute", "expert_compute_dtype"]
+    dequant = Engine.plan(tiny[0], compute="dequant", dtype="bf16").to_dict()
+    assert dequant["expert_compute_dtype"] == dequant["expert_dtype"] == "bf16"

@@ -1,7 +1,9 @@
 """Putting an engine together from its plan: budget resolution, reader, cache, model, prefetch.
 
-`plan_for` turns a caller's `ram_budget` (bytes, a size string or "auto") into a `Plan`
-(plan.py; "auto" asks io/memory_cap.py what fits under this process's memory cap).
+`compute_routes` resolves the `compute` option (compute/choice.py: "auto" times the kernels
+here, once) before any plan is built; `plan_for` then turns a caller's `ram_budget` (bytes, a
+size string or "auto") into a `Plan` on those routes (plan.py, which times nothing; "auto" asks
+io/memory_cap.py what fits under this process's memory cap).
 `assemble` then builds, in this order, what the plan sized: the blob reader, the expert cache
 (its slots in one slab for int4 experts, cache/slab.py), a `StreamedExperts` backend per MoE
 layer, colibri-model's model over the resident region (resident.py), and the routing predictor
@@ -23,6 +25,7 @@ from .cache.expert_cache import ExpertCache
 from .cache.policies import make_policy
 from .cache.prefetch import Prefetcher, RoutingPredictor
 from .cache.slab import ExpertSlab
+from .compute.choice import ComputeRoutes, resolve_compute
 from .compute.expert_compute import DequantExpert, Int4Expert
 from .compute.native_expert import NativeQ4Expert
 from .compute.native_kernel import QuantizedActivations
@@ -31,18 +34,25 @@ from .errors import BudgetError, SmallCacheWarning
 from .io.direct_io import BlobReader
 from .io.memory_cap import read_memory_cap
 from .options import EngineOptions
-from .plan import Plan, make_plan
+from .plan import Plan, make_plan, plan_dtypes
 from .resident import build_model, model_config, module_bytes
 from .stats import StreamStats
 
 
-def plan_for(container: Container, opts: EngineOptions, ram_budget: int | str | None) -> Plan:
-    """The plan at `ram_budget` (None: no budget, only the minimum and full budgets)."""
+def compute_routes(container: Container, opts: EngineOptions) -> ComputeRoutes:
+    """`opts.compute` resolved for every dtype a plan of `container` may size ("auto": timed here)."""
+    return resolve_compute(opts, container.blob_layout, model_config(container), plan_dtypes(opts))
+
+
+def plan_for(container: Container, opts: EngineOptions, ram_budget: int | str | None, *,
+             compute: ComputeRoutes) -> Plan:
+    """The plan at `ram_budget` (None: no budget, only the minimum and full budgets) on the
+    resolved `compute` routes (`compute_routes`)."""
     if ram_budget != "auto":
-        return make_plan(container, opts, ram_budget)
+        return make_plan(container, opts, ram_budget, compute=compute)
     cap = read_memory_cap()
     try:
-        plan = make_plan(container, opts, cap.budget_bytes)
+        plan = make_plan(container, opts, cap.budget_bytes, compute=compute)
     except BudgetError as exc:
         raise BudgetError(f"ram budget auto: {cap.describe()}; {exc}", exc.minimum_bytes) from None
     return replace(plan, memory_cap=cap)
@@ -77,11 +87,11 @@ def assemble(container: Container, plan: Plan, opts: EngineOptions) -> Assembled
         elif f.compute == "int4":
 
             def prepare(blob):
-                return Int4Expert(blob, f.expert_dtype, glu)
+                return Int4Expert(blob, f.expert_compute_dtype, glu)
         else:
 
             def prepare(blob):
-                return DequantExpert(blob, f.expert_dtype, opts.device, glu)
+                return DequantExpert(blob, f.expert_compute_dtype, opts.device, glu)
 
         capacity = max(budget.slots, 1)
         # CPU int4 experts live in one slab allocated now (cache/slab.py); the dequantized
@@ -113,7 +123,7 @@ def assemble(container: Container, plan: Plan, opts: EngineOptions) -> Assembled
     stats.kv_cache_bytes, stats.staging_bytes = budget.kv_cache_bytes, budget.staging_bytes
     stats.workspace_bytes, stats.cache_capacity_bytes = budget.workspace_bytes, budget.cache_capacity_bytes
     stats.cache_slots, stats.io_mode, stats.filesystem = budget.slots, reader.mode, reader.filesystem
-    bf16 = f.expert_dtype == torch.bfloat16
+    bf16 = f.expert_compute_dtype == torch.bfloat16
     stats.compute_mode = f"int4-{'bf16' if bf16 else 'f32'}" if f.compute == "int4" else f.compute
     stats.policy, stats.prefetch = policy.name, plan.prefetch
     warn_if_smaller_than_a_token(budget.slots, len(backends), f.top_k, policy.name)

@@ -24,7 +24,8 @@ decoding reads an expert once per row that routes to it (when the cache does not
 `bench/batch_decode.py` measures it. `stats.decode_tokens` counts one per real token, `steps`
 one per pass. `stream_batch` yields each row's tokens as they come (the server's list of
 prompts); `generate_batch` (`Engine.generate` with a list) runs it to the end. Each takes the
-`ForwardRunner` (runner.py) and the `TextCodec` (generation.py), never the engine.
+`ForwardRunner` (runner.py) and the `TextCodec` (generation.py), never the engine. The results
+are what the generators return (`StopIteration.value`, or `x = yield from ...`), in prompt order.
 
 Memory: the batch KV cache holds B x (longest + the most tokens a row can still run) positions,
 beyond the budget's one `max_context` (as extra sessions are), on every layer: a sliding-window
@@ -37,7 +38,7 @@ no more tokens than the budget's workspace.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Generator
 
 import torch
 
@@ -45,53 +46,54 @@ from .batch import checked_longest, prefill_rows
 from .generation import GenerationResult, RowDecoder, StreamedToken, TextCodec, generation_options
 from .runner import ForwardRunner
 
+BatchEvents = Generator[tuple[int, StreamedToken], None, list[GenerationResult]]
+"""(row index, `StreamedToken`) as the rows produce them; returns one `GenerationResult` per row."""
 
-def stream_batch(runner: ForwardRunner, codec: TextCodec, prompts, max_new_tokens: int, **kwargs
-                 ) -> tuple[Iterator[tuple[int, StreamedToken]], list[GenerationResult | None]]:
-    """A list of prompts (text or ids) generated as one batch, streamed: (an iterator of
-    (prompt index, `StreamedToken`) as the rows produce them, the results list, each filled when
-    its row ends). The prompts and keywords (`Session.stream`'s) are checked here, before any
-    output; more prompts than `prefill_chunk` run as consecutive batches."""
+
+def stream_batch(runner: ForwardRunner, codec: TextCodec, prompts, max_new_tokens: int, **kwargs) -> BatchEvents:
+    """A list of prompts (text or ids) generated as one batch, streamed: yields (prompt index,
+    `StreamedToken`) as the rows produce them and returns the `GenerationResult`s in prompt order.
+    The prompts and keywords (`Session.stream`'s) are checked here, before any output; more
+    prompts than `prefill_chunk` run as consecutive batches."""
     if kwargs.pop("on_text", None) is not None:
         raise ValueError("on_text is for one prompt; stream each session for a batch")
     ids = [codec.encode(p) if isinstance(p, str) else [int(i) for i in p] for p in prompts]
     options = generation_options(codec, max_new_tokens, **kwargs)
     checked_longest(runner, ids)
-    results: list[GenerationResult | None] = [None] * len(ids)
 
-    def batches() -> Iterator[tuple[int, StreamedToken]]:
+    def batches() -> BatchEvents:
+        results: list[GenerationResult] = []
         rows_per_batch = max(1, runner.prefill_chunk)
         for first in range(0, len(ids), rows_per_batch):
             group = ids[first : first + rows_per_batch]
             rows = [RowDecoder(runner, codec, options, p) for p in group]
-            done = [None] * len(group)
-            for row, event in decode_rows(runner, group, rows, done):
-                yield first + row, event
-            results[first : first + len(group)] = done
+            results += yield from decode_rows(runner, group, rows, first=first)
+        return results
 
-    return batches(), results
+    return batches()
 
 
 def generate_batch(runner: ForwardRunner, codec: TextCodec, prompts, max_new_tokens: int,
                    **kwargs) -> list[GenerationResult]:
     """`Engine.generate` for a list of prompts (text or ids): a list of `GenerationResult`s, in
     order, each as the prompt alone would give (the sampling keywords apply to every row)."""
-    events, results = stream_batch(runner, codec, prompts, max_new_tokens, **kwargs)
-    for _ in events:
-        pass
-    return results
+    events = stream_batch(runner, codec, prompts, max_new_tokens, **kwargs)
+    while True:
+        try:
+            next(events)
+        except StopIteration as end:
+            return end.value
 
 
 @torch.inference_mode()
-def decode_rows(runner: ForwardRunner, prompts: list[list[int]], rows: list[RowDecoder],
-                results: list) -> Iterator[tuple[int, StreamedToken]]:
+def decode_rows(runner: ForwardRunner, prompts: list[list[int]], rows: list[RowDecoder], *,
+                first: int = 0) -> BatchEvents:
     """Prefill `prompts` as one padded batch, then step every unfinished row's `RowDecoder`
-    together (see the module docstring), yielding (row, event); `results[row]` is set when the
-    row ends."""
+    together (see the module docstring), yielding (first + row, event); returns the rows'
+    `GenerationResult`s, in row order (`first`: the index of row 0 in the caller's numbering)."""
     began = time.perf_counter()
     if all(row.done for row in rows):  # max_new_tokens 0: nothing to run
-        results[:] = [row.result(len(p), 0.0, 0.0) for row, p in zip(rows, prompts)]
-        return
+        return [row.result(len(p), 0.0, 0.0) for row, p in zip(rows, prompts)]
     longest = checked_longest(runner, prompts)
     lengths = torch.tensor([len(p) for p in prompts], device=runner.device)
     # a row runs at most max_new_tokens - 1 sampled tokens, and none past the context's end
@@ -105,16 +107,17 @@ def decode_rows(runner: ForwardRunner, prompts: list[list[int]], rows: list[RowD
     logits = torch.stack(prefill_rows(runner, prompts, kv)).cpu()
     prefill_seconds = time.perf_counter() - began
     live = list(range(len(rows)))  # batch row -> prompt index, in the KV cache's row order
+    results: list[GenerationResult | None] = [None] * len(rows)
     step = 0
     while live:
         for i, r in enumerate(live):
             if not rows[r].done and (event := rows[r].step(logits[i])) is not None:
-                yield r, event
+                yield first + r, event
         going = [i for i, r in enumerate(live) if rows[r].next_token is not None]
         for r in live:
             if rows[r].next_token is None:
                 if (tail := rows[r].tail()) is not None:
-                    yield r, tail
+                    yield first + r, tail
                 decode_seconds = time.perf_counter() - began - prefill_seconds
                 results[r] = rows[r].result(len(prompts[r]), prefill_seconds, decode_seconds)
         if not going:
@@ -131,3 +134,4 @@ def decode_rows(runner: ForwardRunner, prompts: list[list[int]], rows: list[RowD
                                  attention_mask=real[:, : kv.length + 1])
         logits = out[:, -1].cpu()
         step += 1
+    return results

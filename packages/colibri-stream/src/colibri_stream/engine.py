@@ -37,7 +37,7 @@ import torch
 from colibri_int4 import Container
 from colibri_model.tokenizer import EOS_TOKEN, IM_END
 
-from .assembly import assemble, plan_for
+from .assembly import assemble, compute_routes, plan_for
 from .chat import ChatSession, ChatTemplate
 from .generation import GenerationResult, TextCodec, TokenStream
 from .hit_rate_target import budget_for_hit_rate
@@ -100,8 +100,8 @@ class Engine:
         budget = parse_budget(ram_budget)
         opts = EngineOptions(**options)
         container = Container.open(path)
-        try:
-            return cls(container, plan_for(container, opts, budget), opts)
+        try:  # compute="auto" is timed here, once, before the (pure) plan is built
+            return cls(container, plan_for(container, opts, budget, compute=compute_routes(container, opts)), opts)
         except BaseException:
             container.close()
             raise
@@ -118,7 +118,7 @@ class Engine:
         own = not isinstance(container, Container)
         opened = Container.open(container) if own else container
         try:
-            plan = plan_for(opened, opts, budget)
+            plan = plan_for(opened, opts, budget, compute=compute_routes(opened, opts))
         finally:
             if own:
                 opened.close()

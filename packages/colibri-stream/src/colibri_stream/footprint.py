@@ -11,11 +11,15 @@
 Weights, caches and buffers are counted exactly from tensor sizes, read from the container's
 header; the workspace is an upper estimate of the live activations of one forward pass over
 `prefill_chunk` tokens. Not counted: the interpreter and torch's own memory (io/memory_cap.py
-counts those when fitting under a cgroup). plan.py chooses which configuration to size.
+counts those when fitting under a cgroup). plan.py chooses which configuration to size. The
+compute route of each dtype comes in resolved (`ComputeRoutes`, compute/choice.py): nothing here
+times a kernel.
 """
 
 from __future__ import annotations
 
+import functools
+import warnings
 from dataclasses import dataclass, replace
 
 import torch
@@ -23,9 +27,9 @@ from colibri_int4 import Container
 from colibri_model import ColibriConfig, held_dtype
 from colibri_model.mla_cost import most_decompressed_keys
 
-from .compute.choice import time_compute
-from .compute.expert_compute import int4_supported, prepared_nbytes
-from .compute.native_expert import native_nbytes, native_supported
+from .compute.choice import ComputeRoutes
+from .compute.expert_compute import prepared_nbytes
+from .compute.native_expert import native_nbytes
 from .compute.native_linear import native_linear_name
 from .errors import BudgetError
 from .io.heap import slack_bytes as heap_slack_bytes
@@ -86,7 +90,7 @@ class Footprint:
 
     dtype: torch.dtype  # resident weights, activations, KV cache
     compute: str  # "native" | "int4" | "dequant"
-    expert_dtype: torch.dtype  # activations inside the expert kernels (or the dequantized weights)
+    expert_compute_dtype: torch.dtype  # activations inside the expert kernels (or the dequantized weights)
     max_context: int
     prefill_chunk: int
     top_k: int
@@ -100,6 +104,15 @@ class Footprint:
     slot_bytes: int
     n_experts: int
     total_experts: int
+
+    @property
+    def expert_dtype(self) -> torch.dtype:
+        """Deprecated old name of `expert_compute_dtype` (read for the 0.x series, with a
+        DeprecationWarning): the dtype the expert kernels compute in, not a storage format like
+        colibri-int4's `expert_dtype`."""
+        warnings.warn("Footprint.expert_dtype is deprecated: use expert_compute_dtype (the dtype the expert "
+                      "kernels compute in)", DeprecationWarning, stacklevel=2)
+        return self.expert_compute_dtype
 
     @property
     def resident_bytes(self) -> int:
@@ -145,6 +158,25 @@ class Footprint:
             f"{format_size(self.heap_slack_bytes)} + one layer's working set ({self.top_k} x "
             f"{format_size(self.slot_bytes)}) with {self.describe()}"
         )
+
+
+def _accepting_the_old_name(init):
+    """`Footprint(..., expert_dtype=...)` and `dataclasses.replace(f, expert_dtype=...)`: the old
+    name of `expert_compute_dtype`, accepted for the 0.x series with a DeprecationWarning (it
+    wins over the current name, which `replace` passes too)."""
+
+    @functools.wraps(init)
+    def __init__(self, *args, expert_dtype: torch.dtype | None = None, **kwargs):
+        if expert_dtype is not None:
+            warnings.warn("Footprint(expert_dtype=...) is deprecated: use expert_compute_dtype (the dtype the "
+                          "expert kernels compute in)", DeprecationWarning, stacklevel=2)
+            kwargs["expert_compute_dtype"] = expert_dtype
+        init(self, *args, **kwargs)
+
+    return __init__
+
+
+Footprint.__init__ = _accepting_the_old_name(Footprint.__init__)
 
 
 def kv_cache_bytes(config: ColibriConfig, max_context: int, elem: int, prefill_chunk: int) -> int:
@@ -216,33 +248,32 @@ def mla_decompressed_bytes(config: ColibriConfig, prefill_chunk: int, max_contex
 
 
 class Sizing:
-    """Computes a `Footprint` for given knobs; the compute choice is resolved once per dtype."""
+    """Computes a `Footprint` for given knobs, with the compute route resolved for each dtype."""
 
-    def __init__(self, container: Container, config: ColibriConfig, opts: EngineOptions, top_k: int):
+    def __init__(self, container: Container, config: ColibriConfig, opts: EngineOptions, top_k: int,
+                 compute: ComputeRoutes):
         self.container, self.config, self.opts, self.top_k = container, config, opts, top_k
         self.layout = container.blob_layout
-        self._compute: dict[torch.dtype, str] = {}
+        self.routes = compute
 
     def compute(self, dtype: torch.dtype) -> str:
-        if dtype not in self._compute:
-            self._compute[dtype] = choose_compute(self.opts, self.layout, self.config, dtype)
-        return self._compute[dtype]
+        return self.routes.route(dtype)
 
     def footprint(self, dtype: torch.dtype, max_context: int, chunk: int, threads: int) -> Footprint:
         config, opts, layout = self.config, self.opts, self.layout
         compute = self.compute(dtype)
-        expert_dtype = {"int4": opts.kernel_dtype, "native": torch.float32}.get(compute, dtype)
+        expert_compute_dtype = {"int4": opts.kernel_dtype, "native": torch.float32}.get(compute, dtype)
         elem = torch.empty((), dtype=dtype).element_size()
         if layout is None:
             slot = 0
         elif compute == "native":
             slot = native_nbytes(layout, config.d_model, config.expert_dim)
         else:
-            slot = prepared_nbytes(layout, config.d_model, config.expert_dim, compute, expert_dtype)
+            slot = prepared_nbytes(layout, config.d_model, config.expert_dim, compute, expert_compute_dtype)
         by_dtype = self.resident_by_dtype(dtype)
         blob = layout.blob_length if layout else 0
         f = Footprint(
-            dtype, compute, expert_dtype, max_context, min(chunk, max_context), self.top_k, threads, by_dtype,
+            dtype, compute, expert_compute_dtype, max_context, min(chunk, max_context), self.top_k, threads, by_dtype,
             kv_cache_bytes(config, max_context, elem, min(chunk, max_context)),
             workspace_bytes(config, min(chunk, max_context), max_context, elem),
             0, TOKENIZER_BYTES_PER_TOKEN * config.vocab_size, heap_slack_bytes(blob),
@@ -274,29 +305,6 @@ class Sizing:
         # Prefetch workers each hold a staging buffer and, until it is stored, one prepared expert.
         blob = self.layout.blob_length if self.layout else 0
         return blob + threads * (blob + f.slot_bytes) if blob else 0
-
-
-def choose_compute(opts: EngineOptions, layout, config: ColibriConfig, dtype: torch.dtype) -> str:
-    """native or int4 where asked or where possible and timed faster here (compute/choice.py)."""
-    if layout is None or opts.compute == "dequant":
-        return "dequant"
-    native_reason = native_supported(layout, config.d_model, config.expert_dim)
-    if opts.device.type != "cpu":
-        native_reason = native_reason or f"the native kernel is a CPU kernel (device {opts.device})"
-    if opts.compute == "native":
-        if native_reason:
-            raise ValueError(f"compute='native' is not possible: {native_reason}")
-        return "native"
-    reason = int4_supported(layout, config.d_model, config.expert_dim)
-    if opts.device.type != "cpu":
-        reason = reason or f"the int4 kernels used here are CPU kernels (device {opts.device})"
-    if opts.compute == "int4" and reason:
-        raise ValueError(f"compute='int4' is not possible: {reason}")
-    if reason:
-        return "native" if opts.compute == "auto" and not native_reason else "dequant"
-    if opts.compute == "auto":
-        return time_compute(config.d_model, config.expert_dim, dtype, opts.kernel_dtype, not native_reason).choice
-    return "int4"
 
 
 def dtype_name(dtype: torch.dtype) -> str:

@@ -1,8 +1,10 @@
 """The plan: container header + options -> how a RAM budget is split, and which budgets matter.
 
 Pure: it reads the container's header (config, tensor shapes, blob layout), never the weights,
-and builds no model, so `Engine.plan(path)` and `colibri-stream plan` answer in well under a
-second. `Engine.open` follows the very same plan.
+builds no model and runs no kernel, so `Engine.plan(path)` and `colibri-stream plan` answer in
+well under a second. `compute="auto"` is resolved before the plan (compute/choice.py's
+`resolve_compute`, which may time the kernels once per process): `make_plan` takes the resolved
+routes, one per dtype it may size (`plan_dtypes`). `Engine.open` follows the very same plan.
 
 The parts of a budget and how each is sized: footprint.py.
 
@@ -37,15 +39,16 @@ import torch
 from colibri_int4 import Container
 from colibri_model import ColibriConfig
 
+from .compute.choice import ComputeRoutes
 from .errors import BudgetError
 from .footprint import Budget, Footprint, Sizing, SlidingKV, dtype_name
 from .options import EngineOptions
 from .resident import model_config
 from .sizes import format_size
 
-__all__ = ["PLAN_VERSION", "Budget", "Footprint", "Plan", "make_plan"]
+__all__ = ["PLAN_VERSION", "Budget", "ComputeRoutes", "Footprint", "Plan", "make_plan", "plan_dtypes"]
 
-PLAN_VERSION = "1.0"  # of `plan --json` (PLAN.md): a new minor may add keys, a new major changes them
+PLAN_VERSION = "1.1"  # of `plan --json` (PLAN.md): a new minor may add keys, a new major changes them
 
 PREFERRED_PREFILL_CHUNK = 128
 AUTO_PREFILL_CHUNKS = (128, 64, 32)
@@ -138,7 +141,8 @@ class Plan:
             "container": self.path,
             "dtype": dtype_name(f.dtype),
             "compute": f.compute,
-            "expert_dtype": dtype_name(f.expert_dtype),
+            "expert_compute_dtype": dtype_name(f.expert_compute_dtype),
+            "expert_dtype": dtype_name(f.expert_compute_dtype),  # its 1.0 name, written until plan format 2.0
             "max_context": f.max_context,
             "prefill_chunk": f.prefill_chunk,
             "top_k": f.top_k,
@@ -179,8 +183,17 @@ class Plan:
         return f.fixed_bytes + max(f.working_set_slots, min(slots, f.total_experts)) * f.slot_bytes
 
 
-def make_plan(container: Container, opts: EngineOptions, ram_budget: int | None = None) -> Plan:
-    """The plan of `container` with `opts`, split at `ram_budget` when given (see module doc)."""
+def plan_dtypes(opts: EngineOptions) -> tuple[torch.dtype, ...]:
+    """The engine dtypes a plan with `opts` may size, so the compute routes to resolve first: the
+    one asked for, else f32 and bf16 (`_candidate_knobs`)."""
+    return (opts.dtype,) if opts.dtype is not None else (torch.float32, torch.bfloat16)
+
+
+def make_plan(container: Container, opts: EngineOptions, ram_budget: int | None = None, *,
+              compute: ComputeRoutes) -> Plan:
+    """The plan of `container` with `opts`, split at `ram_budget` when given (see module doc).
+    `compute`: `opts.compute` already resolved for `plan_dtypes(opts)` (compute/choice.py's
+    `resolve_compute`); the plan never times a kernel."""
     config = model_config(container)
     top_k = opts.top_k or config.top_k_infer
     if config.n_moe_layers and not 1 <= top_k <= config.n_experts:  # a dense model has no top_k
@@ -196,8 +209,9 @@ def make_plan(container: Container, opts: EngineOptions, ram_budget: int | None 
     layout = container.blob_layout
     prefetch = opts.prefetch
     counted_threads = opts.prefetch_threads if prefetch == "on" and layout else 0
-    sizes = Sizing(container, config, opts, top_k)
-    f32_resident = sum(sizes.resident_by_dtype(torch.float32).values())
+    sizes = Sizing(container, config, opts, top_k, compute)
+    # what the preferred dtype depends on, when none was asked for (the f32 route is resolved then)
+    f32_resident = sum(sizes.resident_by_dtype(torch.float32).values()) if opts.dtype is None else 0
     knobs, defaults = _candidate_knobs(opts, config, f32_resident)
     candidates = [sizes.footprint(*k, counted_threads) for k in knobs]
     chosen = candidates[0]

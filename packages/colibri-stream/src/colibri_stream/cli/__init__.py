@@ -1,12 +1,12 @@
 """The `colibri-stream` command line: the group, and where each command lives.
 
-    run.py     generate, chat             (serving), and the engine options every command shares
-    plan.py    plan                       (the budget plan of a container or an HF config.json)
-    serve.py   serve                      (the OpenAI-compatible HTTP server)
-    sweep.py   bench                      (a budget sweep with disk-honesty checks)
-    bench.py   bench-suite                (every workload and cache study)
-    traces.py  trace-hf, trace-import,    (routing traces of any MoE, other runtimes' dumps imported,
-               policy-study               policies replayed on them)
+    run.py          generate, chat           (serving), and the engine options every command shares
+    plan.py         plan                     (the budget plan of a container or an HF config.json)
+    serve.py        serve                    (the OpenAI-compatible HTTP server)
+    bench.py        bench                    (a budget sweep with disk-honesty checks)
+    bench_suite.py  bench-suite              (every workload and cache study)
+    traces.py       trace-hf, trace-import,  (routing traces of any MoE, other runtimes' dumps imported,
+                    policy-study             policies replayed on them)
 
 Errors are one line on stderr, no traceback. Exit status (exit_status.py, the same for every
 Colibri command): 0 ok; 1 a check failed (a blob or tensor failed its checksum or could not be
@@ -32,11 +32,11 @@ def main() -> None:
     """
 
 
-from .bench import bench_suite  # noqa: E402 - commands register on the group defined above
+from .bench import bench  # noqa: E402 - commands register on the group defined above
+from .bench_suite import bench_suite  # noqa: E402
 from .plan import plan  # noqa: E402
 from .run import chat, generate  # noqa: E402
 from .serve import serve  # noqa: E402
-from .sweep import bench  # noqa: E402
 from .traces import policy_study_command, trace_hf, trace_import  # noqa: E402
 
 for _command in (generate, chat, plan, serve, bench, bench_suite, policy_study_command, trace_hf, trace_import):

@@ -21,11 +21,11 @@ from pathlib import Path
 
 import click
 
-from ..cli.bench import percentages
 from ..exit_status import InputError
 from ..sizes import budget_share
 from ..traces.routing_dumps import FORMATS, DumpFormatError, import_dump
 from ..traces.routing_trace import TraceFormatError, read_trace, write_trace
+from .bench_suite import percentages
 
 _DTYPES = {"auto": "auto", "bf16": "bfloat16", "f32": "float32"}
 

@@ -1,6 +1,11 @@
 """`compute="auto"`: the native q4 kernel, torch's int4 kernels or dequantized matmuls, decided by
 timing them here.
 
+`resolve_compute` is where that happens, once, before a plan is built: `Engine.open` and
+`Engine.plan` (engine.py, through assembly.py) resolve the option into `ComputeRoutes`, one route
+per engine dtype the plan may size, and hand those to plan.py, which (with footprint.py) only adds
+sizes up and never runs a kernel.
+
 Which is faster depends on the CPU torch dispatches to, not on the model, and by a lot. Measured
 on one machine (AMD EPYC, Zen 5, 2 vCPUs, torch 2.13.0+cpu, 1 thread, one token, median of 15),
 forcing each capability with ATEN_CPU_CAPABILITY, one expert's SwiGLU in microseconds:
@@ -42,10 +47,21 @@ its size decoded 0.42 tok/s on torch's route (26 experts cached beside its f32 r
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
+
+from .expert_compute import int4_supported
+from .native_expert import native_supported
+
+if TYPE_CHECKING:
+    from colibri_int4 import ExpertBlobLayout
+    from colibri_model import ColibriConfig
+
+    from ..options import EngineOptions
 
 DEQUANT_MARGIN = 2.0
 NATIVE_MARGIN = 1.6
@@ -175,3 +191,59 @@ def time_compute(d_model: int, expert_dim: int, dtype: torch.dtype, kernel_dtype
         per_expert = best["native"] / TOKEN_EXPERTS if "native" in best else None
         _timings[key] = ComputeTiming(best["int4"], best["dequant"], capability, 1, shape, per_expert)
     return _timings[key]
+
+
+@dataclass(frozen=True)
+class ComputeRoutes:
+    """The routed-expert compute of an engine, resolved: "native" | "int4" | "dequant" for each
+    engine dtype a plan may size (the route may differ by dtype, since the dequantized matmuls run
+    in it). What `make_plan` takes instead of the `compute` option.
+
+    Attributes:
+        by_dtype: {engine dtype: route}.
+
+    >>> ComputeRoutes({torch.float32: "int4"}).route(torch.float32)
+    'int4'
+    """
+
+    by_dtype: Mapping[torch.dtype, str]
+
+    def route(self, dtype: torch.dtype) -> str:
+        try:
+            return self.by_dtype[dtype]
+        except KeyError:
+            resolved = ", ".join(str(d).removeprefix("torch.") for d in self.by_dtype) or "none"
+            raise ValueError(f"no compute route was resolved for dtype {str(dtype).removeprefix('torch.')} "
+                             f"(resolved: {resolved}); resolve_compute with the plan's dtypes") from None
+
+
+def resolve_compute(opts: EngineOptions, layout: ExpertBlobLayout | None, config: ColibriConfig,
+                    dtypes: Iterable[torch.dtype]) -> ComputeRoutes:
+    """`opts.compute` resolved for each of `dtypes` (`choose_compute`); "auto" times the routes
+    here (`time_compute`, once per process and shape), an explicit choice is checked, never timed."""
+    return ComputeRoutes({dtype: choose_compute(opts, layout, config, dtype) for dtype in dtypes})
+
+
+def choose_compute(opts: EngineOptions, layout: ExpertBlobLayout | None, config: ColibriConfig,
+                   dtype: torch.dtype) -> str:
+    """native or int4 where asked or where possible and timed faster here; ValueError where the
+    route asked for cannot run on this container or device."""
+    if layout is None or opts.compute == "dequant":
+        return "dequant"
+    native_reason = native_supported(layout, config.d_model, config.expert_dim)
+    if opts.device.type != "cpu":
+        native_reason = native_reason or f"the native kernel is a CPU kernel (device {opts.device})"
+    if opts.compute == "native":
+        if native_reason:
+            raise ValueError(f"compute='native' is not possible: {native_reason}")
+        return "native"
+    reason = int4_supported(layout, config.d_model, config.expert_dim)
+    if opts.device.type != "cpu":
+        reason = reason or f"the int4 kernels used here are CPU kernels (device {opts.device})"
+    if opts.compute == "int4" and reason:
+        raise ValueError(f"compute='int4' is not possible: {reason}")
+    if reason:
+        return "native" if opts.compute == "auto" and not native_reason else "dequant"
+    if opts.compute == "auto":
+        return time_compute(config.d_model, config.expert_dim, dtype, opts.kernel_dtype, not native_reason).choice
+    return "int4"

@@ -130,9 +130,7 @@ def batched(engine, prompts: list[list[int]], spec: Spec, in_flight: InFlight | 
         for first in range(0, len(rows), per_batch):
             group = rows[first : first + per_batch]
             decoders = [RowDecoder(engine.runner, engine.codec, o, p) for p, o in group]
-            done: list = [None] * len(group)
-            for row, event in decode_rows(engine.runner, [p for p, _ in group], decoders, done):
-                yield first + row, event
+            done = yield from decode_rows(engine.runner, [p for p, _ in group], decoders, first=first)
             results[first : first + len(group)] = done
 
     return Run(engine, events(), results, [len(p) for p in prompts], 0, telemetry)  # a prompt counts once

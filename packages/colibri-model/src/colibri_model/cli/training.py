@@ -1,4 +1,4 @@
-"""The `prepare`, `train`, `sft` and `convert-checkpoint` commands of `colibri-model` (registered in cli.py).
+"""The `prepare`, `train`, `sft` and `convert-checkpoint` commands of `colibri-model` (registered in cli/__init__.py).
 
 User mistakes (a bad flag value, missing data, a checkpoint of another config or an unknown
 format version) end with ONE line on stderr and exit code 2; a diverged run (a failed check)
@@ -20,9 +20,9 @@ import click
 from colibri_spec.errors import SpecError
 from pydantic import ValidationError
 
-from .config import ColibriConfig
-from .errors import ColibriModelError
-from .presets import get_preset
+from ..config import ColibriConfig
+from ..errors import ColibriModelError
+from ..presets import get_preset
 
 
 class UserError(click.ClickException):
@@ -128,8 +128,8 @@ def prepare(inputs, out_dir, tokenizer, shard_tokens, val_fraction, max_val_toke
     and renamed to OUT when complete; re-running the same command after an interruption resumes
     where the last finished shard ended, and a retry with other arguments starts afresh.
     """
-    from .data.manifest import MANIFEST_FILE, read_manifest
-    from .data.prepare import prepare as run_prepare
+    from ..data.manifest import MANIFEST_FILE, read_manifest
+    from ..data.prepare import prepare as run_prepare
 
     done_before = (Path(out_dir) / MANIFEST_FILE).is_file() and read_manifest(out_dir).complete
     manifest = run_prepare(list(inputs), out_dir, tokenizer=tokenizer, shard_tokens=shard_tokens,
@@ -191,7 +191,7 @@ def training_options(func):
 
 
 def _train_config(options: dict):
-    from .training import TrainConfig
+    from ..training import TrainConfig
 
     fields = dict(options)
     resume_from = fields.pop("resume_from")
@@ -213,7 +213,7 @@ def _model_config(preset: str | None, config_path: str | None) -> ColibriConfig 
         return get_preset(preset)  # ConfigError names the preset and the choices
     if not config_path:
         return None
-    from .checkpoint import CheckpointFormatError, load_config
+    from ..checkpoint import CheckpointFormatError, load_config
 
     try:
         return load_config(config_path)
@@ -248,7 +248,7 @@ def train(preset, config_path, data_dir, **options):
 
     Example: colibri-model train --preset tiny --data data/prose --out runs/tiny --steps 200 --seq-len 128
     """
-    from .training import Trainer
+    from ..training import Trainer
 
     train_config, run_dir, resume_from = _train_config(options)
     model_config = _model_config(preset, config_path)
@@ -277,7 +277,7 @@ def sft(init_from, chat_files, val_fraction, **options):
     packed like pretraining data. Example:
     colibri-model sft --init runs/tiny/checkpoints/step_00000200 --data chat.jsonl --out runs/tiny-sft --steps 50
     """
-    from .training import Trainer
+    from ..training import Trainer
 
     train_config, run_dir, resume_from = _train_config(options)
     trainer = Trainer.for_sft(run_dir, list(chat_files), train_config, init_from=init_from,
@@ -304,7 +304,7 @@ def convert_checkpoint(source, out, weights_only):
 
     Example: colibri-model convert-checkpoint runs/micro/checkpoints/step_00001000 push/
     """
-    from .training import dcp_to_safetensors, is_dcp_checkpoint, safetensors_to_dcp
+    from ..training import dcp_to_safetensors, is_dcp_checkpoint, safetensors_to_dcp
 
     if is_dcp_checkpoint(source):
         written = dcp_to_safetensors(source, out, weights_only=weights_only)

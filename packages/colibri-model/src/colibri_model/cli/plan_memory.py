@@ -1,4 +1,4 @@
-"""`colibri-model plan-memory`: will this training configuration fit that GPU? (registered in cli.py)
+"""`colibri-model plan-memory`: will this training configuration fit that GPU? (registered in cli/__init__.py)
 
 Prints the per-GPU plan of training/memory_plan.py as a table (or JSON) and exits 0 when the peak
 fits the GPU's memory, 1 when it does not, 2 for bad input.
@@ -11,7 +11,7 @@ import json
 
 import click
 
-from .training_cli import UserError, _model_config, _user_errors, dtype_options
+from .training import UserError, _model_config, _user_errors, dtype_options
 
 GIB = 1 << 30
 
@@ -87,9 +87,9 @@ def plan_memory_command(preset, config_path, micro_batch, seq_len, gpu, fsdp, ac
     \b
         colibri-model plan-memory --preset nano --micro-batch 8 --seq 2048 --gpu h100-sxm
     """
-    from .training.activations import COMPUTE_PATHS
-    from .training.gpus import UnknownGpuError, gpu_spec
-    from .training.memory_plan import MemoryPlanError, plan_memory
+    from ..training.activations import COMPUTE_PATHS
+    from ..training.gpus import UnknownGpuError, gpu_spec
+    from ..training.memory_plan import MemoryPlanError, plan_memory
 
     if ac == "selective":
         raise UserError("--ac selective: the trainer has no selective activation checkpointing "

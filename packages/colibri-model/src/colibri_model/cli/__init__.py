@@ -1,4 +1,12 @@
-"""`colibri-model` command line: presets (and the data/training commands registered below)."""
+"""The `colibri-model` command line: the group, and where each command lives.
+
+    __init__.py     presets, train-tokenizer
+    training.py     prepare, train, sft, convert-checkpoint  (one-line user errors: `UserError`)
+    plan_memory.py  plan-memory                              (will a training configuration fit a GPU?)
+
+`colibri-model` (the console script) and `python -m colibri_model.cli` (__main__.py; what
+`torchrun -m colibri_model.cli` runs) both call `main`.
+"""
 
 from __future__ import annotations
 
@@ -6,11 +14,11 @@ import json
 
 import click
 
-from . import __version__
-from .param_count import count_params
-from .plan_cli import plan_memory_command
-from .presets import PRESETS, get_preset
-from .training_cli import UserError, convert_checkpoint, prepare, sft, train
+from .. import __version__
+from ..param_count import count_params
+from ..presets import PRESETS, get_preset
+from .plan_memory import plan_memory_command
+from .training import UserError, convert_checkpoint, prepare, sft, train
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -61,9 +69,9 @@ def train_tokenizer(inputs, out, vocab_size, min_frequency) -> None:
     the LM head cheap for CPU-scale runs; pass the result to `prepare --tokenizer`. Example:
     colibri-model train-tokenizer --vocab-size 2048 --out tok/tokenizer.json
     """
-    from .corpus import prose_files
-    from .tokenizer import TokenizerError
-    from .tokenizer_training import save_tokenizer, train_bpe_tokenizer
+    from ..corpus import prose_files
+    from ..tokenizer import TokenizerError
+    from ..tokenizer_training import save_tokenizer, train_bpe_tokenizer
 
     try:
         tokenizer = train_bpe_tokenizer(list(inputs) or prose_files(), vocab_size, min_frequency)
@@ -81,6 +89,3 @@ main.add_command(sft)
 main.add_command(convert_checkpoint)
 main.add_command(plan_memory_command)
 
-
-if __name__ == "__main__":
-    main()
