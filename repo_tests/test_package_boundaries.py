@@ -21,6 +21,16 @@ main ones (it omits e.g. click and tqdm, which several packages declare).
 Inside every package, no module imports itself back through others (no import circle, lazy
 imports included), but for the circles listed in KNOWN_CIRCLES that open work removes.
 
+Between packages, only public names (COMPATIBILITY.md, "Public modules"): a package or the app
+imports a sibling's names from the sibling's top level, where they must be in its `__all__`, or
+from a module of COMPATIBILITY.md's table of public modules, where they must be in that module's
+`__all__` (or be a submodule the table lists too); never from another module, never a name with a
+leading underscore, and `import colibri_x.sub` / `import_module("colibri_x.sub")` only for a
+listed module. `__all__` is read from the source (a literal list), so nothing is imported. The
+table is read from COMPATIBILITY.md itself, so the promise and the check are one list. Not held:
+attribute chains after `import colibri_x` (`colibri_x.sub.name`; none exist), bench/ and the test
+suites (they measure and test internals).
+
 And inside colibri-stream: the runtime (everything but studies/ and the CLI modules that run
 studies) never imports `colibri_stream.studies` nor `colibri_model.training` (the trainer is
 only needed to train the routing model of a study workload).
@@ -386,3 +396,135 @@ def test_circle_finder_sees_lazy_and_relative_imports(tmp_path):
     (pkg / "c.py").write_text("from . import a\n")
     rule = Rule(pkg, RULES["colibri_spec"].pyproject)
     assert circles(module_graph("colibri_spec", rule)) == [["colibri_spec.a", "colibri_spec.b"]]
+
+
+# --- siblings import each other's public names only ---------------------------------------------
+def public_modules(compatibility: Path = ROOT / "COMPATIBILITY.md") -> set[str]:
+    """The modules of COMPATIBILITY.md's "Public modules" table (the first cell of each row)."""
+    text = compatibility.read_text()
+    section = text.split("### Public modules", 1)[1].split("\n#", 1)[0]
+    return set(re.findall(r"^\| `(colibri[\w.]*)` \|", section, re.MULTILINE))
+
+
+def module_file(module: str) -> Path | None:
+    """The source file of a colibri module (`pkg/mod.py` or `pkg/mod/__init__.py`), or None."""
+    top, *rest = module.split(".")
+    if top not in RULES:
+        return None
+    base = RULES[top].source.joinpath(*rest)
+    for candidate in (base / "__init__.py", base.with_suffix(".py")):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def declared_all(path: Path) -> set[str] | None:
+    """The names of a module's literal `__all__` (assignments and `+=`), or None without one."""
+    names = None
+    for node in ast.parse(path.read_text(), str(path)).body:
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            targets = [node.target]
+        else:
+            continue
+        if any(isinstance(target, ast.Name) and target.id == "__all__" for target in targets):
+            names = (names or set()) | set(ast.literal_eval(node.value))
+    return names
+
+
+@dataclass(frozen=True)
+class NamedImport:
+    file: str
+    line: int
+    module: str
+    names: tuple[str, ...]  # () for `import module` and import_module("module")
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line} {self.module}" + (f" import {', '.join(self.names)}" if self.names else "")
+
+
+def sibling_imports(name: str, source: Path) -> list[NamedImport]:
+    """Every import in the package at `source` of another colibri package, lazy ones included."""
+    out = []
+    for path in sorted(source.rglob("*.py")):
+        rel = str(path.relative_to(source))
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                found = [(node.module, tuple(a.name for a in node.names))]
+            elif isinstance(node, ast.Import):
+                found = [(a.name, ()) for a in node.names]
+            elif isinstance(node, ast.Call) and _is_dynamic_import(node):
+                found = [(node.args[0].value, ())]
+            else:
+                continue
+            out += [NamedImport(rel, node.lineno, module, names) for module, names in found
+                    if module.split(".")[0] in COLIBRI - {name}]
+    return sorted(out, key=lambda imp: (imp.file, imp.line))
+
+
+def non_public_imports(name: str, source: Path, public: set[str]) -> list[str]:
+    bad = []
+    exported: dict[str, set[str] | None] = {}
+
+    def all_of(module: str) -> set[str] | None:
+        if module not in exported:
+            path = module_file(module)
+            exported[module] = declared_all(path) if path else None
+        return exported[module]
+
+    for imp in sibling_imports(name, source):
+        top = imp.module.split(".")[0]
+        if imp.module != top and imp.module not in public:
+            bad.append(f"{imp}: {imp.module} is not a public module of {top} (COMPATIBILITY.md)")
+            continue
+        names = all_of(imp.module)
+        for imported in imp.names:
+            if imported.startswith("_"):
+                bad.append(f"{imp}: {imported} is private")
+            elif imported == "*":
+                bad.append(f"{imp}: no star imports across packages")
+            elif imported not in (names or set()) and f"{imp.module}.{imported}" not in public:
+                bad.append(f"{imp}: {imported} is not in {imp.module}.__all__")
+    return bad
+
+
+def test_public_modules_exist_and_declare_their_names():
+    public = public_modules()
+    assert len(public) >= 5, public
+    for module in sorted(public | set(RULES)):
+        path = module_file(module)
+        assert path is not None, f"{module} (COMPATIBILITY.md) has no source file"
+        if module != "colibri":  # the app is no one's dependency
+            assert declared_all(path), f"{module} has no literal __all__"
+
+
+@pytest.mark.parametrize("name", list(RULES))
+def test_siblings_import_only_each_others_public_names(name):
+    assert non_public_imports(name, RULES[name].source, public_modules()) == []
+
+
+def test_public_name_checker_refuses_each_kind(tmp_path):
+    app = tmp_path / "colibri"
+    app.mkdir()
+    (app / "a.py").write_text(
+        "from colibri_relay import Relay\n"  # top-level __all__: fine
+        "from colibri_relay import _private\n"
+        "from colibri_relay import NotExported\n"
+        "from colibri_relay.rounds import RoundRelay\n"  # not a public module
+        "from colibri_relay.testing import FakeHub\n"  # a public module's __all__: fine
+        "from colibri_spec.hf_config import config_fields\n"  # a public submodule by name: fine
+        "def f():\n    import colibri_stream.studies.bench\n"
+        "    import importlib\n    importlib.import_module('colibri_model.training')\n"  # public: fine
+        "from colibri_model.training import *\n"
+    )
+    found = non_public_imports("colibri", app, public_modules())
+    assert found == [
+        "a.py:2 colibri_relay import _private: _private is private",
+        "a.py:3 colibri_relay import NotExported: NotExported is not in colibri_relay.__all__",
+        "a.py:4 colibri_relay.rounds import RoundRelay: colibri_relay.rounds is not a public module of "
+        "colibri_relay (COMPATIBILITY.md)",
+        "a.py:8 colibri_stream.studies.bench: colibri_stream.studies.bench is not a public module of "
+        "colibri_stream (COMPATIBILITY.md)",
+        "a.py:11 colibri_model.training import *: no star imports across packages",
+    ]

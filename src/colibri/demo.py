@@ -248,8 +248,7 @@ def _routing_balance(run_dir: Path) -> dict:
 
 def _pull_latest(relay_dir: Path, dest: Path) -> None:
     """Download the relay's head payload (verified) as a plain checkpoint directory."""
-    from colibri_relay import Relay
-    from colibri_relay.payload import pull_payload
+    from colibri_relay import Relay, pull_payload
 
     relay = Relay(str(relay_dir))
     head, state = relay.status()
@@ -299,13 +298,13 @@ def _bigger_than_ram(out: Path, new_tokens: int) -> dict:
     """NanoColibri's real shapes (24 layers, 64 experts x 512, int4 everywhere) with random weights,
     written through colibri-int4's writer, then generated from under a RAM budget well below the
     file's size: every miss is an O_DIRECT read, checked against the kernel's read_bytes."""
-    from colibri_stream import Engine
-    from colibri_stream.io.accounting import IOWindow, read_proc_io
-    from colibri_stream.studies.synthetic_container import write_preset_container
+    from colibri_int4 import SYNTHETIC_SCHEME, write_synthetic_container
+    from colibri_model import checkpoint_config_dict, get_preset
+    from colibri_stream import Engine, IOWindow, read_proc_io
 
     path = out / "nano-shaped-random.coli"
     began = time.monotonic()
-    write_preset_container(path, "nano", seed=0)
+    write_synthetic_container(path, checkpoint_config_dict(get_preset("nano")), SYNTHETIC_SCHEME, 0)
     size = path.stat().st_size
     print(f"    wrote {path.name}: {size / 1e9:.2f} GB in {time.monotonic() - began:.0f}s "
           "(random weights: the text will be noise; the point is the I/O)", flush=True)

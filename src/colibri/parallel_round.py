@@ -29,13 +29,18 @@ from pathlib import Path
 import torch
 from colibri_model import get_preset
 from colibri_model.training import TrainConfig, Trainer, read_metrics, read_training_state
-from colibri_relay import Relay
-from colibri_relay.errors import ModeMismatch
-from colibri_relay.relay_state import is_parallel
-from colibri_relay.round_loop import MergeInput, MergeOutput, RoundWorker
-from colibri_relay.round_plan import plan_rounds
-from colibri_relay.round_state import RoundsConfig, rounds_of
-from colibri_relay.rounds import RoundRelay
+from colibri_relay import (
+    MergeInput,
+    MergeOutput,
+    ModeMismatch,
+    Relay,
+    RoundRelay,
+    RoundsConfig,
+    RoundWorker,
+    is_parallel,
+    plan_rounds,
+    rounds_of,
+)
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 

@@ -31,11 +31,14 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from colibri_model import get_preset
-from colibri_model.training import TrainConfig, Trainer, is_dcp_checkpoint, read_training_state
-from colibri_model.training.distributed import init_distributed
-from colibri_relay import LeaseLost, Relay, RelayError
-from colibri_relay.ledger import LegSummary
-from colibri_relay.relay_state import is_parallel
+from colibri_model.training import (
+    TrainConfig,
+    Trainer,
+    init_distributed,
+    is_dcp_checkpoint,
+    read_training_state,
+)
+from colibri_relay import LeaseLost, LegSummary, Relay, RelayError, is_parallel
 
 METRICS_FILE = "metrics.jsonl"
 STATE_FILE = "training_state.json"

@@ -5,10 +5,8 @@ Everything is read at one pinned revision (the head sha it shows), so the three 
 
 from __future__ import annotations
 
-from colibri_relay import Relay
-from colibri_relay.errors import FileNotFoundInStore
-from colibri_relay.relay_state import is_parallel
-from colibri_spec.metrics import METRICS_FILE, scan_metrics_lines
+from colibri_relay import FileNotFoundInStore, Relay, is_parallel
+from colibri_spec import METRICS_FILE, scan_metrics_lines
 
 
 def collect_status(spec: str) -> dict:

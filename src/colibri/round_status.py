@@ -3,8 +3,7 @@ workers, tokens and utilisation (mean worker training time / the round's time), 
 
 from __future__ import annotations
 
-from colibri_relay.round_state import rounds_of
-from colibri_relay.rounds import RoundRelay
+from colibri_relay import RoundRelay, rounds_of
 
 
 def collect_round_status(relay, head: str, state) -> dict:

@@ -23,7 +23,7 @@ from colibri_model.training.saved_tensors import measure_saved_bytes
 from torch.profiler import ProfilerActivity, profile
 
 # The compute path the model in this package runs (activations.MODEL_PATH: fp32 experts, router
-# recast by autocast and whole-batch logits until issue 19's compute path lands).
+# recast by autocast and whole-batch logits until the bf16-expert compute path lands).
 CODE_PATH = MODEL_PATH
 TOLERANCE = 0.10
 

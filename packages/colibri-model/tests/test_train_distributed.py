@@ -55,8 +55,7 @@ def test_ddp_and_fsdp_two_processes_match_single_process(tmp_path):
               "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), "-m", "colibri_model.cli", "train",
               "--data", str(data), "--out", str(fsdp), "--steps", steps, "--parallelism", "fsdp", *ARGS])
     _compare(single, ddp)
-    # NOTE: FSDP2's gradients are the one-process ones bit for bit (measured over 4 steps, issue
-    # 19), but clip_grad_norm_ sums squares in fp32, per shard under FSDP2 and per whole tensor in
+    # NOTE: FSDP2's gradients are the one-process ones bit for bit (measured over 4 steps), but clip_grad_norm_ sums squares in fp32, per shard under FSDP2 and per whole tensor in
     # one process; both were off the fp64 norm by 4e-6 to 6e-5 relative here, so the logged
     # grad_norm of the two agrees only to ~1e-4 (and moves the clip factor by as much).
     _compare(single, fsdp, grad_norm_tolerance=1e-3)

@@ -1,4 +1,4 @@
-"""FSDP2 done properly (issue 19): sharded init, mixed precision, sharded eval, DCP checkpoints.
+"""FSDP2 done properly: sharded init, mixed precision, sharded eval, DCP checkpoints.
 
 One torchrun launch (tests/fsdp_worker.py, 2 gloo ranks) serves every multi-process check; the
 one-process runs it is compared with run in this process. What is checked:

@@ -3,7 +3,7 @@
 What is guaranteed (TRAINING.md, "Exact resume"): on CPU, given the same torch build, CPU
 capability, intra-op thread count and world size, which training_state.json records; a resume
 under other ones warns. System load does not matter: these tests must pass under load.
-Issue 18: loaded tensors used to be views of the safetensors mmap, aligned to whatever the file's
+Why tensors are loaded as copies: loaded tensors used to be views of the safetensors mmap, aligned to whatever the file's
 header length gave; MKL's one-row sgemm (an expert that got one token) is alignment-dependent,
 so a resume drifted by 1 ulp only for some header lengths.
 """

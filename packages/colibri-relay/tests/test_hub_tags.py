@@ -1,4 +1,4 @@
-"""Tags are bookkeeping (issue 15, bug 2): a 409 on create_tag after our own landed push is retried
+"""Tags are bookkeeping: a 409 on create_tag after our own landed push is retried
 and re-read, never turned into "pushed twice"; a tag still missing is repaired by the next claimant."""
 
 import json

@@ -1,5 +1,5 @@
-"""Files the Hub keeps inline travel inside the commit request, when no renewal can land (issue 15,
-bug 3): a push of a 2 MB text file over a slow link must keep the lease against a waiting claimant."""
+"""Files the Hub keeps inline travel inside the commit request, when no renewal can land:
+a push of a 2 MB text file over a slow link must keep the lease against a waiting claimant."""
 
 import threading
 

@@ -1,5 +1,5 @@
-"""A push records exactly what it uploaded, and a relay whose head does not verify has a way back
-(issue 15, bug 1): hash the bytes we upload (one read per file), verify the new commit's tree against
+"""A push records exactly what it uploaded, and a relay whose head does not verify has a way back:
+hash the bytes we upload (one read per file), verify the new commit's tree against
 the manifest, roll a bad head back to the last verified payload as a new CAS commit."""
 
 import json

@@ -1,4 +1,4 @@
-"""Store errors that must keep their meaning (issue 15, bugs 5-7): an I/O error after a LocalStore
+"""Store errors that must keep their meaning: an I/O error after a LocalStore
 commit landed, a 429 whose wait is only in the message, a 404 on commit."""
 
 import errno

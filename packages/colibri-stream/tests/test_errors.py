@@ -34,6 +34,14 @@ def test_every_error_derives_from_stream_error_and_carries_its_exit_code():
         assert cls.exit_code == (1 if cls is errors.ExpertCorruptError else 2), cls
 
 
+def test_the_two_errors_defined_beside_their_code_derive_from_stream_error_too():
+    from colibri_stream.io.accounting import ProcIOUnavailable
+    from colibri_stream.serve.errors import APIError
+
+    assert issubclass(ProcIOUnavailable, errors.StreamError) and issubclass(ProcIOUnavailable, RuntimeError)
+    assert issubclass(APIError, errors.StreamError)
+
+
 def test_click_error_follows_the_exit_code():
     assert isinstance(click_error(errors.ExpertCorruptError("blob", 1, 2)), CheckFailed)
     assert isinstance(click_error(ChecksumError("crc")), CheckFailed)

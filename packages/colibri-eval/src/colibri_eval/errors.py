@@ -8,7 +8,7 @@ class carries, so callers in CI can tell a data problem from a failed quality ga
 
 from __future__ import annotations
 
-from colibri_spec.errors import VersionMismatchError
+from colibri_spec import VersionMismatchError
 
 
 class ColibriEvalError(Exception):

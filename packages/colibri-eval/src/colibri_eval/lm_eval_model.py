@@ -40,6 +40,8 @@ from lm_eval.api.model import LM  # noqa: E402 - after the compatibility shim
 from lm_eval.api.registry import MODEL_REGISTRY, register_model  # noqa: E402
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window  # noqa: E402
 
+__all__ = ["ColibriLM"]
+
 
 class ColibriLM(LM):
     def __init__(self, pretrained: str, backend: str = "colibri", dtype: str = "float32",

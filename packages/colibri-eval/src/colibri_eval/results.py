@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from colibri_spec.versions import require_major
+from colibri_spec import require_major
 from pydantic import BaseModel, Field, ValidationError
 
 from colibri_eval.errors import ResultsFormatError, ResultsVersionError

@@ -21,7 +21,8 @@ How the work is laid out, and why:
   differ from a full forward by float rounding only (~1e-6 relative in fp32). On SmolLM2-135M
   (1 CPU thread) one call per group of suffixes beat one call per suffix by 1.3-1.6x: small
   matmuls are inefficient, so batching matters even on CPU.
-- Packing (``supports_packing``: the HF and colibri-checkpoint adapters): instead of both, each
+- Packing (``supports_packing``: the colibri-checkpoint and int4 adapters, and the HF adapter for
+  full-attention models on sdpa/eager): instead of both, each
   document's shared context and its continuations go into one row beside other documents'
   under a tree mask (packing.py): every context token computed once, no padding but a row's
   tail. Time follows tokens computed (the work is matmul-bound), so this is the fast path.

@@ -15,8 +15,7 @@ import os
 from pathlib import Path
 
 import numpy as np
-from colibri_spec.checkpoint_config import FORMAT_VERSION
-from colibri_spec.versions import require_major
+from colibri_spec import FORMAT_VERSION, require_major
 
 from .errors import CheckpointError, CheckpointVersionError
 from .model_shape import ModelShape, checkpoint_tensor_shapes

@@ -9,7 +9,7 @@ both; both derive from `ValueError` because they describe bad input, not a bug.
 
 from __future__ import annotations
 
-from colibri_spec.errors import HFConfigError, VersionMismatchError
+from colibri_spec import HFConfigError, VersionMismatchError
 
 
 class Int4Error(ValueError):

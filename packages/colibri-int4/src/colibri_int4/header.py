@@ -14,7 +14,7 @@ import struct
 import zlib
 from typing import Literal
 
-from colibri_spec.versions import require_major
+from colibri_spec import require_major
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .errors import ChecksumError, ContainerError, ContainerVersionError

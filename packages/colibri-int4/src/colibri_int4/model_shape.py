@@ -3,6 +3,6 @@ the one tensor table are colibri-spec's (`colibri_spec.tensor_table`); re-export
 places those tensors in a container.
 """
 
-from colibri_spec.tensor_table import ModelShape, checkpoint_tensor_shapes, expert_tensor_names
+from colibri_spec import ModelShape, checkpoint_tensor_shapes, expert_tensor_names
 
 __all__ = ["ModelShape", "checkpoint_tensor_shapes", "expert_tensor_names"]

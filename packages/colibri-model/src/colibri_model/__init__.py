@@ -16,6 +16,7 @@ except PackageNotFoundError:  # imported from a source tree that was never insta
 # and `import colibri_model.config` then cost no torch import (about 2 s on a 2-vCPU box).
 _EXPORTS: dict[str, tuple[str, ...]] = {
     "balancing": ("ExpertBiasBalancer",),
+    "chat": ("encode_chat", "format_chat", "validate_messages"),
     "checkpoint": (
         "FORMAT_VERSION",
         "CheckpointFormatError",
@@ -35,12 +36,13 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "presets": ("PRESETS", "get_preset"),
     "router": ("RouterStats",),
     "tensor_names": ("checkpoint_tensor_shapes", "held_dtype"),
-    "tokenizer": ("load_tokenizer",),
+    "tokenizer": ("EOS_TOKEN", "IM_END", "load_tokenizer"),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 
 if TYPE_CHECKING:  # the same names, for type checkers and IDEs (tests hold the two lists equal)
     from .balancing import ExpertBiasBalancer
+    from .chat import encode_chat, format_chat, validate_messages
     from .checkpoint import (
         FORMAT_VERSION,
         CheckpointFormatError,
@@ -60,10 +62,12 @@ if TYPE_CHECKING:  # the same names, for type checkers and IDEs (tests hold the 
     from .presets import PRESETS, get_preset
     from .router import RouterStats
     from .tensor_names import checkpoint_tensor_shapes, held_dtype
-    from .tokenizer import load_tokenizer
+    from .tokenizer import EOS_TOKEN, IM_END, load_tokenizer
 
 __all__ = [
+    "EOS_TOKEN",
     "FORMAT_VERSION",
+    "IM_END",
     "PRESETS",
     "CausalLMOutput",
     "CheckpointFormatError",
@@ -82,6 +86,8 @@ __all__ = [
     "checkpoint_config_dict",
     "checkpoint_tensor_shapes",
     "count_params",
+    "encode_chat",
+    "format_chat",
     "get_preset",
     "held_dtype",
     "load_checkpoint",
@@ -89,6 +95,7 @@ __all__ = [
     "parse_checkpoint_config",
     "read_config",
     "save_checkpoint",
+    "validate_messages",
 ]
 
 

@@ -9,19 +9,20 @@ from __future__ import annotations
 import os
 
 import torch
-from colibri_spec.checkpoint_config import (
+from colibri_spec import (
     CONFIG_FILE,
     FORMAT_VERSION,
     MODEL_TYPE,
     TOKENIZER_FILE,
     WEIGHTS_FILE,
+    CheckpointFormatError,
+    CheckpointVersionError,
     checkpoint_config_dict,
     config_to_checkpoint_json,
     load_config,
     parse_checkpoint_config,
     read_config,
 )
-from colibri_spec.errors import CheckpointFormatError, CheckpointVersionError
 
 from .checkpoint_io import load_tensors, read_checkpoint, save_checkpoint
 from .model import ColibriForCausalLM

@@ -15,17 +15,17 @@ import os
 from pathlib import Path
 
 import torch
-from colibri_spec.checkpoint_config import (
+from colibri_spec import (
     CONFIG_FILE,
     FORMAT_VERSION,
     TOKENIZER_FILE,
     WEIGHTS_FILE,
+    CheckpointFormatError,
+    ColibriConfig,
+    checkpoint_tensor_shapes,
     config_to_checkpoint_json,
     read_config,
 )
-from colibri_spec.config import ColibriConfig
-from colibri_spec.errors import CheckpointFormatError
-from colibri_spec.tensor_table import checkpoint_tensor_shapes
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 

@@ -1,5 +1,5 @@
 """The presets live in colibri-spec; re-exported here for `colibri_model.presets` imports."""
 
-from colibri_spec.presets import PRESETS, get_preset
+from colibri_spec import PRESETS, get_preset
 
 __all__ = ["PRESETS", "get_preset"]

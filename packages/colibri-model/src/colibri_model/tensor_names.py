@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from colibri_spec.tensor_table import checkpoint_tensor_shapes
+from colibri_spec import checkpoint_tensor_shapes
 
 __all__ = ["checkpoint_tensor_shapes", "held_dtype"]
 

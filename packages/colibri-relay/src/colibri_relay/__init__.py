@@ -3,6 +3,8 @@
 Public API: `Relay` (init/status/claim/leg), `Leg` (pull/check/push/release), `LegSummary`,
 `open_store` / `RelayStore` / `HubStore` / `LocalStore`, the typed errors, and the file schemas
 `RelayState` (RELAY.json) and `LedgerEntry` (LEDGER.jsonl). See RELAY.md for the protocol.
+Parallel rounds (ROUNDS.md): `RoundRelay`, `RoundWorker` (with `MergeInput` / `MergeOutput`),
+`RoundsConfig`, `rounds_of`, `plan_rounds`, `is_parallel`, `pull_payload`.
 """
 
 from importlib.metadata import PackageNotFoundError
@@ -16,6 +18,7 @@ from .errors import (
     FileNotFoundInStore,
     LeaseHeld,
     LeaseLost,
+    ModeMismatch,
     NotInitialized,
     OutcomeUnknown,
     PathIgnored,
@@ -33,8 +36,13 @@ from .errors import (
 )
 from .ledger import LedgerEntry, LegSummary
 from .local_store import LocalStore
+from .payload import pull_payload
 from .relay import Leg, PushResult, Relay
-from .relay_state import PayloadFile, RelayState
+from .relay_state import PayloadFile, RelayState, is_parallel
+from .round_loop import MergeInput, MergeOutput, RoundWorker
+from .round_plan import plan_rounds
+from .round_state import RoundsConfig, rounds_of
+from .rounds import RoundRelay
 from .store import CommitRecord, CopyFile, DeleteFile, FileInfo, PutFile, RelayStore, open_store
 
 try:  # the installed metadata is the one source of the version (pyproject.toml sets it)
@@ -58,4 +66,7 @@ __all__ = [
     "CasLost", "CommitLockBusy", "RateLimited", "OutcomeUnknown", "TagExists", "ChecksumMismatch",
     "RelayFileCorrupt", "SchemaVersionError", "LeaseHeld", "LeaseLost", "NotInitialized", "PayloadError",
     "CommitNotVerified", "PathIgnored", "PushNotVerified",
+    # parallel rounds (ROUNDS.md)
+    "RoundRelay", "RoundWorker", "MergeInput", "MergeOutput", "RoundsConfig", "rounds_of", "plan_rounds",
+    "is_parallel", "ModeMismatch", "pull_payload",
 ]

@@ -11,7 +11,7 @@ up front with `PathIgnored`.
 
 from __future__ import annotations
 
-from colibri_spec.errors import VersionMismatchError
+from colibri_spec import VersionMismatchError
 
 
 class RelayError(Exception):

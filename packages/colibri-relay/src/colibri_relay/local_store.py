@@ -27,7 +27,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from colibri_spec.versions import require_major
+from colibri_spec import require_major
 from filelock import FileLock, Timeout
 
 from .errors import (

@@ -12,7 +12,7 @@ import secrets
 from datetime import datetime, timezone
 from typing import Literal
 
-from colibri_spec.versions import require_major
+from colibri_spec import require_major
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .errors import RelayFileCorrupt, SchemaVersionError

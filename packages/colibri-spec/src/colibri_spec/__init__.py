@@ -14,11 +14,12 @@ from .checkpoint_config import (
     TOKENIZER_FILE,
     WEIGHTS_FILE,
     checkpoint_config_dict,
+    config_to_checkpoint_json,
     load_config,
     parse_checkpoint_config,
     read_config,
 )
-from .config import SCHEMA_VERSION, ColibriConfig
+from .config import SCHEMA_VERSION, V1_1_DEFAULTS, V1_2_DEFAULTS, ColibriConfig
 from .errors import (
     CheckpointFormatError,
     CheckpointVersionError,
@@ -41,8 +42,8 @@ from .metrics import (
     read_metrics,
     scan_metrics_lines,
 )
-from .mla_cost import cheaper_mla_form, mla_form_flops, most_decompressed_keys
-from .param_count import count_params
+from .mla_cost import MLA_FORMS, MlaForm, cheaper_mla_form, mla_form_flops, most_decompressed_keys
+from .param_count import count_params, mla_params
 from .presets import PRESETS, get_preset
 from .rope_scaling import RopeScaling
 from .tensor_table import ModelShape, TensorShapeFields, checkpoint_tensor_shapes, expert_tensor_names
@@ -55,14 +56,14 @@ except PackageNotFoundError:  # imported from a source tree that was never insta
     __version__ = "0+unknown"
 
 __all__ = [
-    "CONFIG_FILE", "FORMAT_VERSION", "METRICS_FILE", "METRICS_VERSION", "MODEL_TYPE", "PRESETS", "SCHEMA_VERSION",
-    "TOKENIZER_FILE", "WEIGHTS_FILE",
+    "CONFIG_FILE", "FORMAT_VERSION", "METRICS_FILE", "METRICS_VERSION", "MLA_FORMS", "MODEL_TYPE", "PRESETS", "SCHEMA_VERSION",
+    "TOKENIZER_FILE", "V1_1_DEFAULTS", "V1_2_DEFAULTS", "WEIGHTS_FILE",
     "CheckpointFormatError", "CheckpointVersionError", "ColibriConfig", "ConfigError", "FP8ConfigError",
     "HFConfigError", "MetricsFormatError",
-    "MetricsLine", "MetricsRecord", "MetricsVersionError", "ModelShape", "RopeScaling", "RouterLayerMetrics", "ScannedMetrics",
+    "MetricsLine", "MetricsRecord", "MetricsVersionError", "MlaForm", "ModelShape", "RopeScaling", "RouterLayerMetrics", "ScannedMetrics",
     "SpecError", "TensorShapeFields", "VersionMismatchError",
-    "cheaper_mla_form", "checkpoint_config_dict", "checkpoint_tensor_shapes", "count_params", "expert_tensor_names",
-    "get_preset", "load_config", "major", "mla_form_flops", "most_decompressed_keys", "parse_checkpoint_config",
+    "cheaper_mla_form", "checkpoint_config_dict", "checkpoint_tensor_shapes", "config_to_checkpoint_json", "count_params", "expert_tensor_names",
+    "get_preset", "load_config", "major", "mla_form_flops", "mla_params", "most_decompressed_keys", "parse_checkpoint_config",
     "parse_metrics_text", "read_config", "read_json_object", "read_metrics", "read_versioned_json", "require_major",
     "scan_metrics_lines",
 ]

@@ -44,6 +44,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "footprint": ("Budget", "Footprint"),
     "generation": ("GenerationResult", "StreamedToken", "TextCodec", "TokenStream"),
     "hit_rate_target": ("HitRateTarget",),
+    "io.accounting": ("IOWindow", "read_proc_io"),
     "io.direct_io": ("AlignedBuffer", "BlobReader", "IOFallbackWarning"),
     "io.memory_cap": ("MemoryCap", "read_memory_cap"),
     "plan": ("Plan",),
@@ -89,6 +90,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and IDEs (tests hold the 
     from .footprint import Budget, Footprint
     from .generation import GenerationResult, StreamedToken, TextCodec, TokenStream
     from .hit_rate_target import HitRateTarget
+    from .io.accounting import IOWindow, read_proc_io
     from .io.direct_io import AlignedBuffer, BlobReader, IOFallbackWarning
     from .io.memory_cap import MemoryCap, read_memory_cap
     from .plan import Plan
@@ -112,6 +114,7 @@ __all__ = [
     "MemoryCap",
     "Plan",
     "read_memory_cap",
+    "read_proc_io",
     "BudgetError",
     "CachePolicy",
     "ChatSession",
@@ -132,6 +135,7 @@ __all__ = [
     "GenerateReport",
     "GenerationResult",
     "IOFallbackWarning",
+    "IOWindow",
     "Int4Expert",
     "LRUPolicy",
     "LFUPolicy",

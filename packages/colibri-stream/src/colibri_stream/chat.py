@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Generator, Sequence
 from datetime import datetime
 
-from colibri_model.chat import encode_chat, validate_messages
+from colibri_model import encode_chat, validate_messages
 
 from .errors import ChatTemplateError, ContextOverflowError
 from .generation import GenerationResult, StreamedToken, TokenStream, result_sink
@@ -62,7 +62,7 @@ class ChatTemplate:
 
     def render(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
         if self._compiled is None:
-            from colibri_model.chat import format_chat
+            from colibri_model import format_chat
 
             return format_chat(messages, add_generation_prompt)
         try:

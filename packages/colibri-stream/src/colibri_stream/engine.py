@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 from colibri_int4 import Container
-from colibri_model.tokenizer import EOS_TOKEN, IM_END
+from colibri_model import EOS_TOKEN, IM_END
 
 from .assembly import assemble, compute_routes, plan_for
 from .chat import ChatSession, ChatTemplate

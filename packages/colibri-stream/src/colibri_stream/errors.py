@@ -1,7 +1,10 @@
-"""Typed exceptions of colibri-stream, all of them here.
+"""Typed exceptions of colibri-stream, all of them here but two that live beside their code: the
+server's `APIError` (serve/errors.py, an HTTP answer) and `ProcIOUnavailable` (io/accounting.py).
 
-Every error raised on purpose derives from `StreamError`, whose `exit_code` is what the command
-line exits with (exit_status.py): 2 for bad input, 1 for a failed check (`ExpertCorruptError`).
+Every error raised on purpose derives from `StreamError` (those two as well), whose `exit_code` is
+what the command line exits with (exit_status.py): 2 for bad input, 1 for a failed check
+(`ExpertCorruptError`). The command line's own click exceptions (exit_status.py: `InputError`,
+`CheckFailed`) are how a command prints such an error, not errors of the library.
 Errors about bad input (a budget too small, a malformed size string, a corrupted container) also
 derive from `ValueError`, so callers that already catch `ValueError` for bad input
 (colibri-eval's adapter does) catch them too. Version mismatches are also colibri-spec's
@@ -10,7 +13,7 @@ derive from `ValueError`, so callers that already catch `ValueError` for bad inp
 
 from __future__ import annotations
 
-from colibri_spec.errors import VersionMismatchError
+from colibri_spec import VersionMismatchError
 
 
 class StreamError(Exception):

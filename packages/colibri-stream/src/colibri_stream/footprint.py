@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 import torch
 from colibri_int4 import Container
 from colibri_model import ColibriConfig, held_dtype
-from colibri_model.mla_cost import most_decompressed_keys
+from colibri_spec import most_decompressed_keys
 
 from .compute.choice import ComputeRoutes
 from .compute.expert_compute import prepared_nbytes

@@ -57,7 +57,7 @@ class EngineOptions:
     record_trace: bool = False
     prefetch: Literal["auto", "off", "predict", "on"] = "auto"
     prefetch_threads: int = 2
-    slab: bool = True  # int4 experts in one allocation made at open (expert_slab.py)
+    slab: bool = True  # int4 experts in one allocation made at open (cache/slab.py)
     tokenizer: str | os.PathLike | Tokenizer | None = None
 
     def __post_init__(self):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import types
 
-from colibri_spec.versions import require_major
+from colibri_spec import require_major
 from pydantic import BaseModel, ConfigDict, create_model, model_validator
 
 from .errors import ReportVersionError

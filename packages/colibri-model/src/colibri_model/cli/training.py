@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 import click
-from colibri_spec.errors import SpecError
+from colibri_spec import SpecError
 from pydantic import ValidationError
 
 from ..config import ColibriConfig

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+__all__ = ["chat_file", "prose_files"]
+
 CORPUS_DIR = Path(__file__).resolve().parent
 
 

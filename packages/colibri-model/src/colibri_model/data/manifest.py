@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from colibri_spec.versioned_json import read_versioned_json
+from colibri_spec import read_versioned_json
 from pydantic import BaseModel, ConfigDict
 
 from ..errors import ManifestError

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from colibri_spec.versions import require_major
+from colibri_spec import require_major
 
 from ..errors import ShardFormatError
 

@@ -20,6 +20,7 @@
 
 from .checkpointing import is_dcp_checkpoint, latest_checkpoint, list_checkpoints
 from .config import TrainConfig, TrainConfigError
+from .distributed import DistributedContext, init_distributed
 from .metrics import METRICS_VERSION, MetricsRecord, read_metrics
 from .optimizer_io import OptimizerStateError
 from .schedules import ScheduleError, lr_at
@@ -29,6 +30,7 @@ from .trainer import CheckpointMismatchError, Trainer, TrainingDivergedError, Tr
 __all__ = [
     "METRICS_VERSION",
     "CheckpointMismatchError",
+    "DistributedContext",
     "MetricsRecord",
     "OptimizerStateError",
     "ResumeNotBitIdenticalWarning",
@@ -41,6 +43,7 @@ __all__ = [
     "TrainingState",
     "TrainingStateError",
     "dcp_to_safetensors",
+    "init_distributed",
     "is_dcp_checkpoint",
     "latest_checkpoint",
     "list_checkpoints",

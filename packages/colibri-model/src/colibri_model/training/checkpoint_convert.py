@@ -18,7 +18,7 @@ import uuid
 from pathlib import Path
 
 import torch
-from colibri_spec.versions import require_major
+from colibri_spec import require_major
 
 from ..checkpoint import (
     CONFIG_FILE,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from colibri_spec.versions import require_major
+from colibri_spec import require_major
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..errors import TrainConfigError

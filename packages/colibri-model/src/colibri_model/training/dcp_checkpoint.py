@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from colibri_spec.versioned_json import read_versioned_json
+from colibri_spec import read_versioned_json
 from pydantic import BaseModel, ConfigDict
 from safetensors import SafetensorError, safe_open
 from torch.distributed.checkpoint import HuggingFaceStorageReader, HuggingFaceStorageWriter, load, save

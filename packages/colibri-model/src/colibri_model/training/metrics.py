@@ -20,13 +20,7 @@ import warnings
 from pathlib import Path
 
 import torch
-from colibri_spec.metrics import (
-    METRICS_FILE,
-    METRICS_VERSION,
-    MetricsRecord,
-    RouterLayerMetrics,
-    read_metrics,
-)
+from colibri_spec import METRICS_FILE, METRICS_VERSION, MetricsRecord, RouterLayerMetrics, read_metrics
 
 from ..config import ColibriConfig
 from ..param_count import count_params

@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 
 import torch
-from colibri_spec.versions import require_major
+from colibri_spec import require_major
 from safetensors import SafetensorError
 from safetensors.torch import save_file
 

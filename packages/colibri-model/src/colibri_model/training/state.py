@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from colibri_spec.versioned_json import read_versioned_json
+from colibri_spec import read_versioned_json
 from pydantic import BaseModel, ConfigDict
 
 from ..config import ColibriConfig

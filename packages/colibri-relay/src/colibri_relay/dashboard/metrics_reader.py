@@ -19,7 +19,7 @@ import math
 import os
 from dataclasses import dataclass, field
 
-from colibri_spec.metrics import METRICS_FILE, scan_metrics_lines
+from colibri_spec import METRICS_FILE, scan_metrics_lines
 
 __all__ = ["METRICS_FILE", "MetricsPoint", "MetricsTail", "ParsedMetrics", "RouterLayer", "dedupe_by_step", "parse_metrics"]
 

@@ -19,6 +19,12 @@ from ..config import V1_2_DEFAULTS
 from ..errors import HFConfigError
 from .quantization import FP8ConfigError, parse_quantization_config
 
+__all__ = [
+    "BOOKKEEPING", "SCHEMA_1_2_DEFAULTS", "ConfigFields", "colibri_config", "decoder_basics", "fp8_quantization",
+    "head_dim", "leading_dense_layers", "no_sliding_window", "qwen_dense_layers", "rope", "silu_activation",
+    "yarn_scaling",
+]
+
 _MISSING = object()
 
 # Keys of transformers' PretrainedConfig and generation/serving settings: none changes the forward.

@@ -1,11 +1,9 @@
-"""`colibri-stream generate | chat | plan`: serving a container, and its budget plan.
+"""`colibri-stream generate | chat`: serving a container, and the engine options every command
+shares (`plan` is cli/plan.py).
 
     colibri-stream generate model.coli --prompt "Once upon a time" --ram-budget 600MB --max-new-tokens 64
     colibri-stream generate model.coli --prompt "..." --ram-budget auto --json    # fit under the cgroup cap
     colibri-stream chat model.coli --ram-budget 600MB
-    colibri-stream plan model.coli                                       # minimum and full budgets
-    colibri-stream plan model.coli --trace run.jsonl.gz --hit-rate 0.8   # ... and the budget for 80% hits
-    colibri-stream plan model.coli --ram-budget 600MB [--json]           # how that budget is split
 """
 
 from __future__ import annotations

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..errors import StreamError
+
 PROC_IO = "/proc/self/io"
 CONTAMINATION_TOLERANCE = 0.02
 ABSOLUTE_SLACK_BYTES = 64 * 1024
@@ -37,7 +39,7 @@ REREAD_UNDER_PRESSURE = "re-read under pressure"
 UNAVAILABLE = "unavailable"  # no /proc/self/io here
 
 
-class ProcIOUnavailable(RuntimeError):
+class ProcIOUnavailable(StreamError, RuntimeError):
     """This system has no readable /proc/self/io (not Linux, or restricted)."""
 
 

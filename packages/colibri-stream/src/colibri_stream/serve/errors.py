@@ -9,13 +9,15 @@ request_too_large, 500 api_error). A client library then raises its own typed ex
 
 from __future__ import annotations
 
+from ..errors import StreamError
+
 ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                    404: "not_found_error", 405: "invalid_request_error", 413: "request_too_large",
                    429: "rate_limit_error", 500: "api_error", 529: "overloaded_error"}
 
 
-class APIError(Exception):
-    """An HTTP error answer: `status`, and the message, `param` (the request field at fault),
+class APIError(StreamError):
+    """An HTTP error answer (a `StreamError`, as every colibri-stream error): `status`, and the message, `param` (the request field at fault),
     `code` (a machine-readable reason, e.g. `context_length_exceeded`) and OpenAI `kind`."""
 
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,

@@ -51,7 +51,7 @@ def train_routing_model(
     from colibri_int4 import QuantScheme, export_checkpoint
     from colibri_model import get_preset
     from colibri_model.corpus import prose_files
-    from colibri_model.data.prepare import prepare
+    from colibri_model.data import prepare
     from colibri_model.training import TrainConfig, Trainer
 
     workdir = Path(workdir)

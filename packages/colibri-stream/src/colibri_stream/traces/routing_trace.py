@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from colibri_spec.versions import require_major
+from colibri_spec import require_major
 
 from ..errors import TraceFormatError, TraceVersionError
 from .events import TraceEvent

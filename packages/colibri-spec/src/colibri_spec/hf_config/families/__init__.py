@@ -8,6 +8,9 @@ from types import ModuleType
 from ...errors import HFConfigError
 from . import deepseek_v2, deepseek_v3, gpt_oss, llama, mixtral, olmoe, qwen2_moe, qwen3_moe
 
+__all__ = ["FAMILIES", "deepseek_v2", "deepseek_v3", "family_for", "gpt_oss", "llama", "mixtral", "olmoe",
+           "qwen2_moe", "qwen3_moe"]
+
 _MODULES: tuple[ModuleType, ...] = (qwen3_moe, qwen2_moe, olmoe, mixtral, llama, deepseek_v3, deepseek_v2, gpt_oss)
 FAMILIES: dict[str, ModuleType] = {model_type: m for m in _MODULES for model_type in m.MODEL_TYPES}
 
