@@ -24,7 +24,7 @@ validation windows in eval mode, at top-2 (as trained) and top-1 (as served): va
 and MaxVio (max expert load / mean load - 1, worst layer) and dead experts (all layers) of that
 forward's routing, next to the ledger's MaxVio from the workers' training token counts.
 
-    python bench/experiments/diloco_rounds.py          # ~50 min on 2 busy vCPUs
+    python bench/experiments/diloco_rounds.py          # 42 min on 2 busy vCPUs
 """
 
 from __future__ import annotations
