@@ -113,3 +113,17 @@ def test_bad_flags_exit_2(tmp_path, capsys):
             runs.experiment_args("x", argv)
         assert exc.value.code == 2
     assert "--seeds 'a,b'" in capsys.readouterr().err
+
+
+def test_diloco_rounds(work, tmp_path):
+    doc = _run("diloco_rounds", work, tmp_path, "--seeds", "0", "--steps", "16", "--inner-steps", "2")
+    by = {r["name"]: r for r in doc["runs"]}
+    assert {"k1", "k2", "k4", "k4_fp32", "k4_late_reject", "k4_late_discount", "k4_late_as_is"} <= set(by)
+    # equal tokens, one shared init: every arm starts from the same model and, but for the
+    # late-worker arms, ends having trained the same tokens
+    assert len({r["points"][0]["top2"]["val_loss"] for r in doc["runs"]}) == 1
+    assert {by[n]["final"]["tokens"] for n in ("k1", "k2", "k4", "k4_fp32")} == {16 * 4 * 32}
+    assert by["k4_late_reject"]["final"]["tokens"] < by["k4_late_as_is"]["final"]["tokens"] < by["k4"]["final"]["tokens"]
+    int8, fp32 = by["k4"]["rounds"][0]["contribution_bytes"], by["k4_fp32"]["rounds"][0]["contribution_bytes"]
+    assert 3.5 < fp32 / int8 < 4.0  # 1 + 4/256 bytes per value against 4
+    assert all(0 <= p["top1"]["dead_experts"] for r in doc["runs"] for p in r["points"])

@@ -4,9 +4,13 @@ on the fake Hub, checked by the relay's round history checker with the outer ste
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import signal
 import subprocess
 import sys
+import time
 
 os.environ["HF_HUB_DISABLE_XET"] = "1"  # the fake Hub speaks LFS only
 
@@ -171,3 +175,88 @@ def test_a_plan_over_the_hub_limits_is_refused_in_one_line(fake_hub, shards, tmp
         "2", "--preset", "tiny", "--workers", "8", "--inner-steps", "2", "--round-time", "300", "--poll", "10"])
     assert result.exit_code == 2
     assert result.output.count("\n") == 1 and "companion repo" in result.output and "128 per hour" in result.output
+
+
+CONTRIBUTED = re.compile(r"^\[(\S+)\] contributed to round (\d+) \(slot (\d+), ([0-9a-f]{12})\)", re.MULTILINE)
+
+
+def _acks_from_logs(companion, logs: list[str]) -> list[dict]:
+    """The contributions the workers were told landed (their "contributed to round" lines), with the
+    nonce read from the companion commit each names: what the history checker must find merged or
+    rejected."""
+    commits = {c.sha[:12]: c.sha for c in companion.history()}
+    acks = []
+    for log in logs:
+        for _, r, slot, short in CONTRIBUTED.findall(log):
+            path = f"rounds/{int(r):06d}/slot-{int(slot):04d}/contribution.json"
+            meta = json.loads(companion.read_file(path, commits[short]))
+            acks.append({"round": int(r), "slot": int(slot), "nonce": meta["nonce"]})
+    return acks
+
+
+def _wait_for(what: str, ready, proc: subprocess.Popen, timeout_s: float) -> None:
+    """Poll READY() until it holds; fail naming WHAT if PROC exits first or TIMEOUT_S passes."""
+    deadline = time.monotonic() + timeout_s
+    while not ready():
+        assert proc.poll() is None, f"the worker exited ({proc.returncode}) before {what}"
+        assert time.monotonic() < deadline, f"no {what} within {timeout_s:g}s"
+        time.sleep(0.05)
+
+
+def test_a_worker_killed_mid_round_the_run_completes_and_merges_it_at_most_once(fake_hub, shards, tmp_path):
+    """SIGKILL one `colibri train --parallel` worker while it trains round 0, start it again (same
+    holder, empty inner state): both rounds merge, the killed slot is in round 0's entry at most
+    once (merged, or rejected with a reason), and the history checker finds no violation."""
+    spec = "hf://colibri/kill-run"
+    env = {**os.environ, "HF_ENDPOINT": fake_hub.endpoint, "HF_HUB_DISABLE_XET": "1"}
+    # Generous timers for a loaded 2-core machine: the merger waits up to 90 s for the restarted
+    # worker, and the lease (6 s) lets the survivor take over should the killed one hold it.
+    common = ["train", "--parallel", "--relay", spec, "--data", str(shards), "--rounds", "2", "--preset", "tiny",
+              "--workers", "2", "--inner-steps", "2", "--round-time", "90", "--min-round-time", "0",
+              "--lease-duration", "6", "--heartbeat", "1", "--poll", "0.2", "--no-plan-check", "--no-progress", *SMALL]
+    logs, procs = [], []
+
+    def start(slot: int) -> subprocess.Popen:
+        log = tmp_path / f"w{slot}-{len(logs)}.log"
+        logs.append(log)
+        with log.open("w") as out:  # the child holds its own copy of the descriptor
+            procs.append(subprocess.Popen([sys.executable, "-m", "colibri.cli", *common, "--slot", str(slot),
+                                           "--holder", f"w{slot}", "--work-dir", str(tmp_path / f"w{slot}")],
+                                          env=env, stdout=out, stderr=subprocess.STDOUT))
+        return procs[-1]
+
+    survivor, victim = start(0), start(1)
+    try:
+        # ColibriRounds.train makes WORK/run when its trainer starts: the victim is inside round 0
+        _wait_for("round-0 training of worker 1", (tmp_path / "w1" / "run").exists, victim, 180)
+        victim.send_signal(signal.SIGKILL)
+        assert victim.wait(timeout=30) == -signal.SIGKILL
+        killed_log = logs[-1].read_text()
+        restarted = start(1)
+        codes = [survivor.wait(timeout=240), restarted.wait(timeout=240)]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    texts = [p.read_text() for p in logs]
+    assert codes == [0, 0], "\n----\n".join(t[-3000:] for t in texts)
+
+    relay = Relay(spec)
+    rounds = RoundRelay(relay)
+    ledger = rounds.ledger()
+    assert [e.round for e in ledger] == [0, 1]
+    for e in ledger:
+        named = [c.slot for c in e.contributions] + [j.slot for j in e.rejected]
+        assert sorted(named) == sorted(set(named)), f"round {e.round} names a slot twice: {named}"
+    round0 = [c.slot for c in ledger[0].contributions] + [j.slot for j in ledger[0].rejected]
+    late = "round 0 closed before our contribution landed" in texts[-1]
+    assert round0.count(1) == 1 or late, texts[-1][-3000:]
+    assert sorted(c.slot for c in ledger[1].contributions) == [0, 1]
+    companion = rounds.companion(rounds.view().rounds)
+    acks = _acks_from_logs(companion, texts)
+    if "contributed to round 0" not in killed_log:  # killed before its post: only the restart's counts
+        assert [a["slot"] for a in acks if a["round"] == 0].count(1) <= 1
+    report = check_round_history(relay.store, companion, min_rounds=2, acks=acks, replay=_replay_outer_step)
+    assert report["violations"] == []
+    assert report["acks"] >= 3  # round 0 by the survivor, round 1 by both (round 0 by the restart unless late)
