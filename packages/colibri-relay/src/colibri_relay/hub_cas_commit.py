@@ -21,6 +21,7 @@ check of a landed tree) are hub_commit.py's.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
 
@@ -48,7 +49,7 @@ def retry_after(err: HfHubHTTPError) -> float:
 class HubCasCommits:
     """`prepare`, `inline_bytes` and `commit` of the RelayStore interface on the Hub."""
 
-    def prepare(self, operations: list[Operation]) -> None:
+    def prepare(self, operations: Sequence[Operation]) -> None:
         """Fetch upload modes for every added file and upload the LFS ones now (no visible change);
         the commit reuses these operations, so a retry uploads nothing again. Paths the repo's
         .gitignore matches would be dropped from the commit without a word: PathIgnored."""
@@ -72,14 +73,14 @@ class HubCasCommits:
             raise PathIgnored(f"{self.spec}: the repo's .gitignore matches {', '.join(ignored[:5])}: the Hub would "
                               f"leave {'them' if len(ignored) > 1 else 'it'} out of the commit", ignored)
 
-    def inline_bytes(self, operations: list[Operation]) -> int:
+    def inline_bytes(self, operations: Sequence[Operation]) -> int:
         ops = [op for op in operations if isinstance(op, PutFile)]
         hub_ops = [self._prepared.get(op) for op in ops]
         known = inline_bytes([h for h in hub_ops if h is not None])
         # Not prepared: the Hub decides at commit time; count them as inline (the safe side).
         return known + sum(file_size(op) * 4 // 3 for op, h in zip(ops, hub_ops, strict=True) if h is None)
 
-    def commit(self, operations: list[Operation], *, parent: str, message: str, nonce: str) -> str:
+    def commit(self, operations: Sequence[Operation], *, parent: str, message: str, nonce: str) -> str:
         check_full_sha(parent)
         title = title_with_nonce(message, nonce)
         hub_ops = to_hub_ops(operations, self._prepared)

@@ -16,6 +16,7 @@ of a head that is not our parent; files added without `prepare` are caught by th
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from huggingface_hub import CommitOperationAdd, CommitOperationCopy, CommitOperationDelete
@@ -57,7 +58,7 @@ def _source(op: PutFile) -> bytes | str:
     return op.source if isinstance(op.source, bytes) else str(op.source)
 
 
-def to_hub_ops(operations: list[Operation], prepared: PreparedOps) -> list:
+def to_hub_ops(operations: Sequence[Operation], prepared: PreparedOps) -> list:
     out = []
     for op in operations:
         if isinstance(op, PutFile):
@@ -89,7 +90,7 @@ def _git_oid_of(op: PutFile) -> str:
         return git_blob_sha1(f.read())
 
 
-def landed_problems(operations: list[Operation], hub_ops: list, tree: dict[str, FileInfo],
+def landed_problems(operations: Sequence[Operation], hub_ops: list, tree: dict[str, FileInfo],
                     sources: dict[str, FileInfo]) -> list[str]:
     """What the new tree (`tree`: the touched paths at the new commit) lacks of what we sent.
     `sources` holds the source entries of CopyFile operations."""

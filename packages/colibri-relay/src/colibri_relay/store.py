@@ -20,6 +20,7 @@ import hashlib
 import os
 import re
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -138,17 +139,17 @@ class RelayStore(ABC):
     def download(self, paths: list[str], revision: str, dest_dir: Path) -> dict[str, Path]:
         """Download `paths` at `revision` into `dest_dir` (verified, each file replaced atomically)."""
 
-    def prepare(self, operations: list[Operation]) -> None:  # noqa: B027 - optional hook
+    def prepare(self, operations: Sequence[Operation]) -> None:  # noqa: B027 - optional hook
         """Upload what can travel ahead of the commit (no visible change). Optional. Raises
         PathIgnored for paths the store would silently leave out of the commit."""
 
-    def inline_bytes(self, operations: list[Operation]) -> int:
+    def inline_bytes(self, operations: Sequence[Operation]) -> int:
         """Bytes of `operations` that will travel INSIDE the commit request (after `prepare`): what a
         holder must budget lease time for, since no renewal can land while its commit is in flight."""
         return 0
 
     @abstractmethod
-    def commit(self, operations: list[Operation], *, parent: str, message: str, nonce: str) -> str:
+    def commit(self, operations: Sequence[Operation], *, parent: str, message: str, nonce: str) -> str:
         """One atomic commit on main whose parent must be `parent`; returns the new sha.
 
         Raises CasLost, CommitLockBusy, RateLimited, OutcomeUnknown (after trying to resolve it)."""
