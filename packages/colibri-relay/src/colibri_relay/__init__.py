@@ -35,7 +35,8 @@ from .ledger import LedgerEntry, LegSummary
 from .local_store import LocalStore
 from .relay import Leg, PushResult, Relay
 from .relay_state import PayloadFile, RelayState
-from .store import CommitRecord, CopyFile, DeleteFile, FileInfo, PutFile, RelayStore, open_store
+from .store import CommitRecord, CopyFile, DeleteFile, FileInfo, PutFile, RelayStore
+from .stores import open_store
 
 try:  # the installed metadata is the one source of the version (pyproject.toml sets it)
     __version__ = _metadata_version("colibri-relay")

@@ -45,7 +45,8 @@ from .payload import pull_payload
 from .push import PushResult, push_leg
 from .relay_state import RELAY_FILE, RelayState, read_relay_state, read_relay_status
 from .repair import repair_payload
-from .store import PutFile, RelayStore, open_store
+from .store import PutFile, RelayStore
+from .stores import open_store
 
 
 def default_holder() -> str:

@@ -41,7 +41,8 @@ from .round_state import (
     rounds_of,
     with_rounds,
 )
-from .store import DeleteFile, Operation, PutFile, RelayStore, open_store
+from .store import DeleteFile, Operation, PutFile, RelayStore
+from .stores import open_store
 
 # Builds RELAY.json (and extra operations) of a payload commit from the current state.
 PayloadWrite = Callable[[RelayState], tuple[RelayState, list[Operation]]]

@@ -24,8 +24,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import StoreSpecError
-
 SHA_RE = re.compile(r"^[0-9a-f]{40}$")
 NONCE_TAG = "nonce:"
 
@@ -166,23 +164,3 @@ class RelayStore(ABC):
     def list_tags(self) -> dict[str, str]:
         """Tag name -> commit sha."""
 
-
-def open_store(spec: str, *, token: str | None = None) -> RelayStore:
-    """`hf://OWNER/REPO` (endpoint from HF_ENDPOINT) -> HubStore; anything else is a LocalStore path.
-
-    >>> store = open_store("/tmp/my-relay")   # doctest: +SKIP
-    """
-    if not spec:
-        raise StoreSpecError("empty store spec: use hf://OWNER/REPO or a directory path")
-    if spec.startswith("hf://"):
-        repo_id = spec[len("hf://"):].strip("/")
-        if not re.match(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$", repo_id):
-            raise StoreSpecError(f"bad Hub store spec {spec!r}: expected hf://OWNER/REPO")
-        from .hub_store import HubStore
-
-        return HubStore(repo_id, endpoint=os.environ.get("HF_ENDPOINT"), token=token)
-    if "://" in spec:
-        raise StoreSpecError(f"unknown store scheme in {spec!r}: use hf://OWNER/REPO or a directory path")
-    from .local_store import LocalStore
-
-    return LocalStore(Path(spec))
