@@ -46,7 +46,7 @@ except PackageNotFoundError:  # imported from a source tree that was never insta
 
 def __getattr__(name: str):
     if name == "HubStore":  # lazy: importing huggingface_hub costs ~1 s
-        from .hub_store import HubStore
+        from .hub import HubStore
 
         return HubStore
     raise AttributeError(name)

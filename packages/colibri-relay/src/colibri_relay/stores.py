@@ -28,7 +28,7 @@ def open_store(spec: str, *, token: str | None = None) -> RelayStore:
         repo_id = spec[len("hf://"):].strip("/")
         if not _HUB_REPO_ID.match(repo_id):
             raise StoreSpecError(f"bad Hub store spec {spec!r}: expected hf://OWNER/REPO")
-        from .hub_store import HubStore
+        from .hub import HubStore
 
         return HubStore(repo_id, endpoint=os.environ.get("HF_ENDPOINT"), token=token)
     if "://" in spec:

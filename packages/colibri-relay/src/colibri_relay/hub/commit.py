@@ -11,6 +11,10 @@ paths-info call) and compare size and oid with what we sent; a mismatch is `Comm
 Ignored paths are refused in `prepare` (PathIgnored) before anything is committed, and prepared
 files forget the preupload's remote oid, so the client never drops them as "unchanged" on the word
 of a head that is not our parent; files added without `prepare` are caught by the check above.
+
+NOTE: the upload mode, the ignore flag and the committed flag are private fields of the client's
+`CommitOperationAdd` (`_upload_mode`, `_should_ignore`, `_is_committed`, and `_remote_oid` in
+cas_commit.py): it offers no public way to read them, and the checks above need them.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from dataclasses import dataclass
 
 from huggingface_hub import CommitOperationAdd, CommitOperationCopy, CommitOperationDelete
 
-from .store import CopyFile, DeleteFile, FileInfo, Operation, PutFile, git_blob_sha1
+from ..store import CopyFile, DeleteFile, FileInfo, Operation, PutFile, git_blob_sha1
 
 PATHS_INFO_BATCH = 100  # paths per paths-info request, like the client's own FETCH_LFS_BATCH_SIZE
 
@@ -58,8 +62,11 @@ def _source(op: PutFile) -> bytes | str:
     return op.source if isinstance(op.source, bytes) else str(op.source)
 
 
-def to_hub_ops(operations: Sequence[Operation], prepared: PreparedOps) -> list:
-    out = []
+HubOperation = CommitOperationAdd | CommitOperationDelete | CommitOperationCopy
+
+
+def to_hub_ops(operations: Sequence[Operation], prepared: PreparedOps) -> list[HubOperation]:
+    out: list[HubOperation] = []
     for op in operations:
         if isinstance(op, PutFile):
             out.append(prepared.get(op) or CommitOperationAdd(path_in_repo=op.path, path_or_fileobj=_source(op)))
