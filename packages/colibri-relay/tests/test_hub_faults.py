@@ -61,7 +61,7 @@ def test_dropped_reply_on_a_losing_commit_is_cas_lost_not_success(hub_store, fak
 
 def test_unresolvable_outcome_raises_outcome_unknown(hub_store, fake_hub, monkeypatch):
     """A 5xx whose commit never lands and a head that did not move: we cannot know -> OutcomeUnknown."""
-    import colibri_relay.hub_store as hs
+    import colibri_relay.hub.cas_commit as hs
 
     monkeypatch.setattr(hs.time, "sleep", lambda s: None)
     h0 = hub_store.head()
@@ -99,7 +99,7 @@ def test_token_is_not_in_repr(hub_store):
 
 
 def test_a_request_dropped_before_apply_is_unknown_then_the_same_parent_lands(hub_store, fake_hub, monkeypatch):
-    import colibri_relay.hub_store as hs
+    import colibri_relay.hub.cas_commit as hs
 
     monkeypatch.setattr(hs.time, "sleep", lambda s: None)
     h0 = hub_store.head()

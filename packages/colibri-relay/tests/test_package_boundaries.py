@@ -28,7 +28,7 @@ def test_imports_only_allowed_third_party_packages():
 
 
 def test_importing_everything_loads_no_torch():
-    code = ("import sys, colibri_relay, colibri_relay.cli, colibri_relay.hub_store, colibri_relay.testing;"
+    code = ("import sys, colibri_relay, colibri_relay.cli, colibri_relay.hub, colibri_relay.testing;"
             "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy') or (m.startswith('colibri') and "
             "not m.startswith(('colibri_relay', 'colibri_spec')))]; print(bad); sys.exit(1 if bad else 0)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

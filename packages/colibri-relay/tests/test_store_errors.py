@@ -5,7 +5,7 @@ import errno
 
 import pytest
 from colibri_relay import LocalStore, OutcomeUnknown, PutFile, RateLimited, StoreNotFound
-from colibri_relay.hub_store import HubStore
+from colibri_relay.hub import HubStore
 
 
 def test_io_error_after_the_ref_rename_resolves_to_the_landed_commit(tmp_path, monkeypatch):
@@ -60,7 +60,7 @@ def test_commit_rate_limit_without_a_ratelimit_header_keeps_the_servers_wait(hub
 def test_ratelimit_header_shorter_than_the_message_does_not_win():
     """The Hub sends the api window's RateLimit header next to the commit quota's message
     (braindecode/braindecode#947: header "Retry after 271 seconds", message "in about 1 hour")."""
-    from colibri_relay.hub_errors import retry_after_s
+    from colibri_relay.hub.errors import retry_after_s
 
     headers = {"RateLimit": '"api";r=0;t=271', "RateLimit-Policy": '"fixed window";"api";q=1000;w=300'}
     msg = ("429 Too Many Requests: you have reached your 'api' rate limit.\nYou have exceeded the rate limit for "

@@ -43,7 +43,8 @@ from .round_loop import MergeInput, MergeOutput, RoundWorker
 from .round_plan import plan_rounds
 from .round_state import RoundsConfig, rounds_of
 from .rounds import RoundRelay
-from .store import CommitRecord, CopyFile, DeleteFile, FileInfo, PutFile, RelayStore, open_store
+from .store import CommitRecord, CopyFile, DeleteFile, FileInfo, PutFile, RelayStore
+from .stores import open_store
 
 try:  # the installed metadata is the one source of the version (pyproject.toml sets it)
     __version__ = _metadata_version("colibri-relay")
@@ -53,7 +54,7 @@ except PackageNotFoundError:  # imported from a source tree that was never insta
 
 def __getattr__(name: str):
     if name == "HubStore":  # lazy: importing huggingface_hub costs ~1 s
-        from .hub_store import HubStore
+        from .hub import HubStore
 
         return HubStore
     raise AttributeError(name)

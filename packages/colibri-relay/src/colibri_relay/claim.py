@@ -21,6 +21,7 @@ from __future__ import annotations
 import secrets
 import threading
 import time
+from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from .errors import (
@@ -33,12 +34,42 @@ from .errors import (
     StoreError,
     TagExists,
 )
-from .lease import Lease, default_margin, log
-from .relay_state import RELAY_FILE, RelayState
+from .lease import default_margin, log
+from .relay_state import RELAY_FILE, RelayState, read_relay_status
 from .store import PutFile, RelayStore
 
 # How long a head without RELAY.json is read again before the relay counts as uninitialised.
 HEAD_LAG_S = 3.0
+
+
+@dataclass(frozen=True)
+class LeaseTimers:
+    """The timers a claimant declares in RELAY.json: the lease it asks for and its renewal period.
+
+    Attributes:
+        lease_duration_s: how long a claimant must see the lease unchanged before a takeover.
+        heartbeat_s: how often the holder renews (well under `lease_duration_s`).
+    """
+
+    lease_duration_s: float
+    heartbeat_s: float
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A claim that landed: what it read and what it wrote (the start of a `Lease`).
+
+    Attributes:
+        state: RELAY.json as the claim wrote it (status "held", our holder, epoch and lease id).
+        commit: the claim commit (the parent of the holder's next write).
+        parent: the head the claim read and was written on.
+        sent_at: `time.monotonic()` when the claim was sent: the holder's fence counts from it.
+    """
+
+    state: RelayState
+    commit: str
+    parent: str
+    sent_at: float
 
 
 class HeldStateWatch:
@@ -89,16 +120,16 @@ def _repair_leg_tag(store: RelayStore, leg: int, commit: str) -> None:
         log.warning("could not check tag leg-%d: %s", leg, exc)
 
 
-def read_settled(relay, deadline: float | None = None) -> tuple[str, RelayState]:
-    """`relay.status()`, read again while the head shows no RELAY.json, for up to `HEAD_LAG_S` (and
-    never past `deadline`): a lagging head read is not an uninitialised relay."""
+def read_settled(store: RelayStore, deadline: float | None = None) -> tuple[str, RelayState]:
+    """(head, RELAY.json at head), read again while the head shows no RELAY.json, for up to
+    `HEAD_LAG_S` (and never past `deadline`): a lagging head read is not an uninitialised relay."""
     give_up = time.monotonic() + HEAD_LAG_S
     if deadline is not None:
         give_up = min(give_up, deadline)
     pause = 0.1
     while True:
         try:
-            return relay.status()
+            return read_relay_status(store)
         except NotInitialized:
             if time.monotonic() + pause > give_up:
                 raise
@@ -115,7 +146,7 @@ def _wait_or_raise(exc: RateLimited, what: str, spec: str, wait: bool, deadline:
         log.warning("claim: %s rate limited; waiting %s as the server asked", what, describe_wait(asked))
         time.sleep(asked)
         return
-    why = "a claim without waiting" if not wait else f"the {max(left, 0):.1f}s left of this claim's timeout"
+    why = "a claim without waiting" if not wait else f"the {max(left or 0.0, 0):.1f}s left of this claim's timeout"
     raise RateLimited(f"{spec}: {what} was refused by the server's rate limit, which asks to wait "
                       f"{describe_wait(asked)} ({asked:.0f}s), longer than {why}; nothing was written: "
                       "claim again after that", asked) from None
@@ -129,15 +160,15 @@ def _lease_held(state: RelayState, watched_s: float, expiry_s: float, prefix: st
         holder=state.holder, lease_duration_s=state.lease_duration_s, watched_s=watched_s, takeover_after_s=expiry_s)
 
 
-def claim_lease(relay, *, wait: bool = True, timeout_s: float | None = None, poll_s: float | None = None) -> Lease:
-    """See `Relay.claim`."""
-    store: RelayStore = relay.store
-    watch: HeldStateWatch = relay.held_watch
+def claim_lease(store: RelayStore, holder: str, timers: LeaseTimers, *, watch: HeldStateWatch, wait: bool = True,
+                timeout_s: float | None = None, poll_s: float | None = None) -> Claim:
+    """Claim the baton of `store` for `holder` (see `Relay.claim`); `watch` is the caller's, kept
+    across its claims. Returns the claim that landed; starting the lease on it is the caller's."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     my_nonces: dict[str, tuple[RelayState, float, str]] = {}
     while True:
         try:
-            head, state = read_settled(relay, deadline)
+            head, state = read_settled(store, deadline)
         except RateLimited as exc:
             _wait_or_raise(exc, "reading the relay", store.spec, wait, deadline)
             continue
@@ -150,8 +181,8 @@ def claim_lease(relay, *, wait: bool = True, timeout_s: float | None = None, pol
         # A claim whose outcome was unknown may have landed: adopt it.
         if state.status == "held" and state.nonce in my_nonces:
             watch.reset()
-            mine, sent_at, parent = my_nonces[state.nonce]
-            return relay._adopt(state, head, sent_at)
+            _mine, sent_at, parent = my_nonces[state.nonce]
+            return Claim(state, head, parent, sent_at)
         takeover = False
         held = state.status == "held"
         watched_s = watch.observe((state.epoch, state.seq) if held else None, time.monotonic())
@@ -163,8 +194,8 @@ def claim_lease(relay, *, wait: bool = True, timeout_s: float | None = None, pol
         if not held or takeover:
             leg_commit = state.leg_commit if (state.leg == 0 or state.leg_commit) else head
             new = state.next_write(
-                status="held", epoch=state.epoch + 1, lease_id=secrets.token_hex(8), holder=relay.holder,
-                lease_duration_s=relay.lease_duration_s, heartbeat_s=relay.heartbeat_s, leg_commit=leg_commit,
+                status="held", epoch=state.epoch + 1, lease_id=secrets.token_hex(8), holder=holder,
+                lease_duration_s=timers.lease_duration_s, heartbeat_s=timers.heartbeat_s, leg_commit=leg_commit,
             )
             sent_at = time.monotonic()
             my_nonces[new.nonce] = (new, sent_at, head)
@@ -172,10 +203,10 @@ def claim_lease(relay, *, wait: bool = True, timeout_s: float | None = None, pol
             what = f"takeover from {state.holder}" if takeover else "claim"
             try:
                 sha = store.commit([PutFile(RELAY_FILE, new.to_bytes())], parent=head,
-                                   message=f"relay: {what} by {relay.holder} (epoch {new.epoch} seq {new.seq})",
+                                   message=f"relay: {what} by {holder} (epoch {new.epoch} seq {new.seq})",
                                    nonce=new.nonce)
                 watch.reset()
-                return relay._adopt(new, sha, sent_at)
+                return Claim(new, sha, head, sent_at)
             except (CasLost, CommitLockBusy, OutcomeUnknown) as exc:
                 log.info("claim attempt did not win: %s", exc)
                 watch.reset()
@@ -187,12 +218,12 @@ def claim_lease(relay, *, wait: bool = True, timeout_s: float | None = None, pol
             if held:
                 raise _lease_held(state, watched_s, expiry, prefix=f"could not claim within {timeout_s:g}s: ")
             raise LeaseHeld(f"could not claim within {timeout_s:g}s: every claim of the free baton lost its race")
-        pause = poll_s if poll_s is not None else max(0.05, min(state.heartbeat_s, relay.heartbeat_s) / 2)
+        pause = poll_s if poll_s is not None else max(0.05, min(state.heartbeat_s, timers.heartbeat_s) / 2)
         time.sleep(pause if deadline is None else max(0.0, min(pause, deadline - now + 0.01)))
 
 
-def repair_after_claim(relay, state: RelayState) -> str:
+def repair_after_claim(store: RelayStore, state: RelayState) -> str:
     """After a claim landed: repair a missing leg tag; return the wall-clock start (display only)."""
     if state.leg > 0 and state.leg_commit:
-        _repair_leg_tag(relay.store, state.leg, state.leg_commit)
+        _repair_leg_tag(store, state.leg, state.leg_commit)
     return datetime.now(timezone.utc).isoformat(timespec="seconds")

@@ -30,6 +30,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -115,7 +116,12 @@ class Ack:
     verified: bool = True
 
 
-def _parse(model, raw: bytes, where: str):
+CompanionFile = TypeVar("CompanionFile", ContributionMeta, ClosedRound)
+
+
+def parse_companion_file(model: type[CompanionFile], raw: bytes, where: str) -> CompanionFile:
+    """`contribution.json` or `CLOSED.json` bytes as `model`; `where` goes into the errors (a major
+    `contribution_version` other than ours is SchemaVersionError)."""
     return parse_versioned_object(raw, where, model, "contribution_version", CONTRIBUTION_VERSION)
 
 
@@ -199,7 +205,7 @@ def post_contribution(store: RelayStore, *, round: int, slot: int, worker: str, 
             head = store.head()
             tree = store.list_files(head)
             if mine in tree:
-                theirs = _parse(ContributionMeta, store.read_file(mine, head), f"{store.spec}@{head[:12]} {mine}")
+                theirs = parse_companion_file(ContributionMeta, store.read_file(mine, head), f"{store.spec}@{head[:12]} {mine}")
                 if theirs.nonce == nonce:  # an earlier attempt landed after all
                     ok = not tree_problems(store, head, {f"{prefix}/{rel}": m for rel, m in manifest.items()}, tree)
                     return Ack(round, slot, nonce, _commit_of(store, head, nonce), verified=ok)
@@ -247,13 +253,13 @@ def close_round(store: RelayStore, round: int, closed_by: str, *, timeout_s: flo
             head = store.head()
             slots, is_closed, tree = read_slots(store, round, head)
             if is_closed:
-                closed = _parse(ClosedRound, store.read_file(path, head), f"{store.spec}@{head[:12]} {path}")
+                closed = parse_companion_file(ClosedRound, store.read_file(path, head), f"{store.spec}@{head[:12]} {path}")
                 return closed, _commit_of(store, head, closed.nonce)
             entries = []
             for slot in slots:
                 where = f"{slot_dir(round, slot)}/{CONTRIBUTION_FILE}"
                 try:
-                    meta = _parse(ContributionMeta, store.read_file(where, head), f"{store.spec}@{head[:12]} {where}")
+                    meta = parse_companion_file(ContributionMeta, store.read_file(where, head), f"{store.spec}@{head[:12]} {where}")
                     entries.append(ClosedSlot(slot=slot, nonce=meta.nonce, worker=meta.worker))
                 except RelayFileCorrupt as exc:  # it landed: the close names it, the merger rejects it
                     entries.append(ClosedSlot(slot=slot, problem=str(exc)))
@@ -275,7 +281,7 @@ def fetch_contribution(store: RelayStore, close_commit: str, round: int, slot: i
     RelayFileCorrupt / ChecksumMismatch / FileNotFoundInStore when it does not verify (corrupt)."""
     prefix = slot_dir(round, slot)
     where = f"{store.spec}@{close_commit[:12]} {prefix}/{CONTRIBUTION_FILE}"
-    meta = _parse(ContributionMeta, store.read_file(f"{prefix}/{CONTRIBUTION_FILE}", close_commit), where)
+    meta = parse_companion_file(ContributionMeta, store.read_file(f"{prefix}/{CONTRIBUTION_FILE}", close_commit), where)
     if (meta.round, meta.slot) != (round, slot):
         raise RelayFileCorrupt(f"{where}: says round {meta.round} slot {meta.slot}")
     manifest = {f"{prefix}/{rel}": m for rel, m in meta.files.items()}
@@ -287,4 +293,4 @@ def fetch_contribution(store: RelayStore, close_commit: str, round: int, slot: i
 
 
 __all__ = ["Ack", "ClosedRound", "ClosedSlot", "ContributionMeta", "close_round", "fetch_contribution",
-           "init_companion", "post_contribution", "read_slots", "round_dir", "slot_dir"]
+           "init_companion", "parse_companion_file", "post_contribution", "read_slots", "round_dir", "slot_dir"]

@@ -48,14 +48,12 @@ def default_margin(lease_duration_s: float) -> float:
 class Lease:
     """A lease we hold, from the claim commit on. Not created directly: use `Relay.claim()`."""
 
-    def __init__(self, store: RelayStore, state: RelayState, commit: str, sent_at: float, *,
-                 ledger_raw: bytes = b"", started_at: str = ""):
+    def __init__(self, store: RelayStore, state: RelayState, commit: str, sent_at: float, *, started_at: str = ""):
         self.store = store
         self.state = state
         self.commit = commit  # our last landed write: the parent of the next one
         self.claim_commit = commit
         self.claim_state = state
-        self.ledger_raw = ledger_raw
         self.started_at = started_at
         self.claimed_mono = sent_at
         self._renewed_at = sent_at
@@ -166,12 +164,13 @@ class Lease:
                 self.commit, self.state, self._renewed_at = sha, state, sent_at
                 return sha
 
-    def _find_own(self, attempts: dict) -> tuple[str, str] | None:
+    def _find_own(self, attempts: dict[str, tuple[RelayState, float]]) -> tuple[str, str] | None:
         """An earlier attempt whose outcome was unknown may have landed: look for its nonce."""
         try:
             for rec in self.store.history(stop_at=self.commit):
-                if rec.nonce in attempts and rec.parent == self.commit:
-                    return rec.sha, rec.nonce
+                nonce = rec.nonce
+                if nonce is not None and nonce in attempts and rec.parent == self.commit:
+                    return rec.sha, nonce
         except StoreError:
             return None
         return None
@@ -223,6 +222,11 @@ class Lease:
         self._stop.set()
         if self._thread is not threading.current_thread():
             self._thread.join(timeout=60)
+
+    def close(self) -> None:
+        """Stop the heartbeat without releasing: the baton stays held until the lease lapses."""
+        self._fence("closed", expected=True)
+        self.stop_heartbeat()
 
     # --- release -------------------------------------------------------------------------------
     def release(self) -> bool:

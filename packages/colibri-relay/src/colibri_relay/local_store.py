@@ -24,6 +24,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -279,7 +280,7 @@ class LocalStore(RelayStore):
         st = os.stat(op.source)
         return (str(op.source), st.st_size, st.st_mtime_ns)
 
-    def prepare(self, operations: list[Operation]) -> None:
+    def prepare(self, operations: Sequence[Operation]) -> None:
         """Copy large file contents into blobs/ now, so the commit itself is quick."""
         self._check_exists()
         for op in operations:
@@ -293,7 +294,7 @@ class LocalStore(RelayStore):
             return entry
         return self._store_blob(op)
 
-    def commit(self, operations: list[Operation], *, parent: str, message: str, nonce: str) -> str:
+    def commit(self, operations: Sequence[Operation], *, parent: str, message: str, nonce: str) -> str:
         self._check_exists()
         try:
             return self._commit_locked(operations, parent, message, nonce)
@@ -314,7 +315,7 @@ class LocalStore(RelayStore):
                 return rec.sha
         raise OutcomeUnknown(f"{self.root}: commit outcome unknown ({why}); nonce {nonce} not found")
 
-    def _commit_locked(self, operations: list[Operation], parent: str, message: str, nonce: str) -> str:
+    def _commit_locked(self, operations: Sequence[Operation], parent: str, message: str, nonce: str) -> str:
         entries = {op.path: self._entry_for(op) for op in operations if isinstance(op, PutFile)}
         try:
             lock = FileLock(str(self.root / "lock"), timeout=self.lock_timeout_s)

@@ -22,22 +22,25 @@
 from __future__ import annotations
 
 import time
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
 from .errors import (
     CommitNotVerified,
+    FileNotFoundInStore,
     ModeMismatch,
     PathIgnored,
     PayloadError,
     PushNotVerified,
     RelayError,
+    RelayFileCorrupt,
     StoreError,
+    StoreNotFound,
     TagExists,
 )
-from .lease import log
+from .lease import Lease, log
 from .ledger import (
     LEDGER_JSONL,
     LEDGER_MD,
@@ -48,9 +51,9 @@ from .ledger import (
     render_ledger_md,
 )
 from .payload import Snapshot, entry_matches, scan_payload, snapshot_payload
-from .relay_state import RelayState, is_parallel
+from .relay_state import RELAY_FILE, RelayState, is_parallel
 from .repair import restore_verified_payload
-from .store import DeleteFile, PutFile, git_blob_sha1
+from .store import DeleteFile, Operation, PutFile, RelayStore, git_blob_sha1
 
 # RELAY.json + one ledger line + LEDGER.md grow with the legs; a generous bound for the budget.
 RELAY_FILES_INLINE_BYTES = 64 * 1024
@@ -63,40 +66,67 @@ class PushResult:
     tag: str
 
 
-def push_leg(leg, src_dir: str | Path, summary: LegSummary | dict | None) -> PushResult:
-    """See `Leg.push`."""
-    leg.check()
-    if is_parallel(leg.lease.state):
-        raise ModeMismatch(f"{leg.relay.store.spec} runs parallel rounds (relay_version {leg.lease.state.relay_version}): "
+def push_leg(store: RelayStore, lease: Lease, src_dir: str | Path, summary: LegSummary | dict | None, *,
+             holder: str, min_upload_bytes_per_s: float) -> PushResult:
+    """Push `src_dir` as the next leg on `lease` (held on `store` by `holder`; see `Leg.push`).
+    `min_upload_bytes_per_s` is the slowest upload the lease time is budgeted for (step 4)."""
+    lease.check()
+    if is_parallel(lease.state):
+        raise ModeMismatch(f"{store.spec} runs parallel rounds (relay_version {lease.state.relay_version}): "
                            "a sequential leg cannot be pushed into it; join with `colibri train --parallel`")
     summary = summary if isinstance(summary, LegSummary) else LegSummary.model_validate(summary or {})
     files = scan_payload(Path(src_dir))
     snap = snapshot_payload(files, Path(src_dir))
     try:
-        return _push(leg, snap, summary)
+        return _push(store, lease, snap, summary, holder, min_upload_bytes_per_s)
     finally:
         snap.close()
 
 
-def _push(leg, snap: Snapshot, summary: LegSummary) -> PushResult:
-    lease, relay, store = leg.lease, leg.relay, leg.relay.store
+def _push(store: RelayStore, lease: Lease, snap: Snapshot, summary: LegSummary, holder: str,
+          min_rate: float) -> PushResult:
     manifest, before = snap.manifest, lease.state.payload
     puts = [PutFile(rel, snap.sources[rel]) for rel, meta in manifest.items() if before.get(rel) != meta]
     try:
         store.prepare(puts)  # LFS blobs upload here, outside the write lock: heartbeats continue
     except PathIgnored as exc:
         raise PayloadError(f"{exc}; rename the file(s) or change the repo's .gitignore (nothing was pushed)") from None
-    with _inline_budget(lease, store.inline_bytes(puts) + RELAY_FILES_INLINE_BYTES, relay.min_upload_bytes_per_s):
-        return _commit_push(leg, snap, summary, puts)
+    with _inline_budget(lease, store.inline_bytes(puts) + RELAY_FILES_INLINE_BYTES, min_rate):
+        return _commit_push(store, lease, snap, summary, puts, holder)
 
 
-def _commit_push(leg, snap: Snapshot, summary: LegSummary, puts: list[PutFile]) -> PushResult:
-    lease, store, manifest = leg.lease, leg.relay.store, snap.manifest
-    ledger_raw = leg._current_ledger()
+def read_lease_ledger(store: RelayStore, lease: Lease) -> bytes:
+    """LEDGER.jsonl at the lease's last commit (read errors retried a few times), checked to hold
+    one entry per leg of its RELAY.json."""
+    rev = lease.commit
+    last: Exception | None = None
+    for attempt in range(5):
+        try:
+            raw = store.read_file(LEDGER_JSONL, rev)
+            break
+        except FileNotFoundInStore:
+            raw = b""
+            break
+        except (StoreError, StoreNotFound) as exc:
+            last = exc
+            time.sleep(0.2 * (attempt + 1))
+    else:
+        raise StoreError(f"cannot read {LEDGER_JSONL} at {rev[:12]}: {last}")
+    entries = parse_ledger(raw, f"{store.spec}@{rev[:12]} {LEDGER_JSONL}")
+    if len(entries) != lease.state.leg:
+        raise RelayFileCorrupt(f"{store.spec}@{rev[:12]} {LEDGER_JSONL}: {len(entries)} entries but "
+                               f"{RELAY_FILE} says leg {lease.state.leg}")
+    return raw
+
+
+def _commit_push(store: RelayStore, lease: Lease, snap: Snapshot, summary: LegSummary, puts: list[PutFile],
+                 holder: str) -> PushResult:
+    manifest = snap.manifest
+    ledger_raw = read_lease_ledger(store, lease)
     entries = parse_ledger(ledger_raw, LEDGER_JSONL)
-    number = leg.number
+    number = lease.state.leg + 1
 
-    def make(state: RelayState):
+    def make(state: RelayState) -> tuple[RelayState, list[Operation]]:
         n = state.leg + 1
         entry = LedgerEntry(
             **summary.model_dump(), leg=n, holder=str(state.holder), lease_id=str(state.lease_id),
@@ -106,7 +136,7 @@ def _commit_push(leg, snap: Snapshot, summary: LegSummary, puts: list[PutFile]) 
             payload_files=len(manifest), payload_bytes=sum(m.size for m in manifest.values()),
         )
         stale = [DeleteFile(p) for p in state.payload if p not in manifest]
-        ops = [*puts, *stale, PutFile(LEDGER_JSONL, append_entry(ledger_raw, entry)),
+        ops: list[Operation] = [*puts, *stale, PutFile(LEDGER_JSONL, append_entry(ledger_raw, entry)),
                PutFile(LEDGER_MD, render_ledger_md([*entries, entry]))]
         # The duration declared now (extended by _inline_budget, if it was) stays: the holder's fence
         # counts from when this write was SENT, so a long inline upload needs it too.
@@ -121,13 +151,13 @@ def _commit_push(leg, snap: Snapshot, summary: LegSummary, puts: list[PutFile]) 
     tag = f"leg-{lease.state.leg}"
     _tag(store, tag, sha)
     if problems:
-        restored = restore_verified_payload(leg, bad=sha)
+        restored = restore_verified_payload(store, lease, holder=holder, bad=sha)
         raise PushNotVerified(f"leg {number}: commit {sha[:12]} did not verify ({'; '.join(problems[:3])}); the "
                               f"payload was rolled back to commit {str(restored)[:12]}: push again", number, sha, restored)
     return PushResult(lease.state.leg, sha, tag)
 
 
-def _tree_problems(store, sha: str, snap: Snapshot) -> list[str]:
+def _tree_problems(store: RelayStore, sha: str, snap: Snapshot) -> list[str]:
     """The new tree against the manifest, from one listing: sha256 where the store lists it, else the
     git oid of the very bytes we uploaded (kept files included: no download needed)."""
     try:
@@ -139,7 +169,7 @@ def _tree_problems(store, sha: str, snap: Snapshot) -> list[str]:
     for rel, meta in snap.manifest.items():
         info = files.get(rel)
         ok = entry_matches(info, meta)
-        if ok is None:
+        if ok is None and info is not None:  # a listed regular file: compare the git oid
             src = snap.sources[rel]
             ok = info.git_oid == git_blob_sha1(src if isinstance(src, bytes) else Path(src).read_bytes())
         if not ok:
@@ -147,7 +177,7 @@ def _tree_problems(store, sha: str, snap: Snapshot) -> list[str]:
     return problems
 
 
-def _inline_budget(lease, inline_bytes: int, min_rate: float):
+def _inline_budget(lease: Lease, inline_bytes: int, min_rate: float) -> AbstractContextManager[None]:
     """No renewal can land while the commit request is in flight: if its inline body could outlast
     what is left of the lease, renew first declaring a lease duration that covers it."""
     need_s = inline_bytes / min_rate
@@ -156,7 +186,7 @@ def _inline_budget(lease, inline_bytes: int, min_rate: float):
     return lease.extended(lease.base_duration_s + 2 * need_s, f"an inline upload of {inline_bytes} bytes")
 
 
-def _tag(store, tag: str, sha: str) -> None:
+def _tag(store: RelayStore, tag: str, sha: str) -> None:
     try:
         store.create_tag(tag, sha)
     except TagExists as exc:

@@ -18,12 +18,11 @@ from __future__ import annotations
 import getpass
 import os
 import socket
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from .claim import HeldStateWatch, claim_lease, read_settled, repair_after_claim
+from .claim import Claim, HeldStateWatch, LeaseTimers, claim_lease, read_settled, repair_after_claim
 from .errors import (
     CasLost,
     ChecksumMismatch,
@@ -32,9 +31,6 @@ from .errors import (
     LeaseLost,
     NotInitialized,
     RelayError,
-    RelayFileCorrupt,
-    StoreError,
-    StoreNotFound,
 )
 from .lease import Lease, log
 from .ledger import (
@@ -47,9 +43,10 @@ from .ledger import (
 )
 from .payload import pull_payload
 from .push import PushResult, push_leg
-from .relay_state import RELAY_FILE, RelayState, parse_relay_state
-from .repair import repair_leg
-from .store import PutFile, RelayStore, open_store
+from .relay_state import RELAY_FILE, RelayState, read_relay_state, read_relay_status
+from .repair import repair_payload
+from .store import PutFile, RelayStore
+from .stores import open_store
 
 
 def default_holder() -> str:
@@ -80,17 +77,12 @@ class Relay:
 
     # --- reads ---------------------------------------------------------------------------------
     def read_state(self, revision: str) -> RelayState:
-        try:
-            raw = self.store.read_file(RELAY_FILE, revision)
-        except FileNotFoundInStore:
-            raise NotInitialized(f"{self.store.spec} has no {RELAY_FILE} at {revision[:12]}: run "
-                                 f"`colibri-relay init --store {self.store.spec}`") from None
-        return parse_relay_state(raw, f"{self.store.spec}@{revision[:12]} {RELAY_FILE}")
+        """RELAY.json at `revision`; NotInitialized if the tree has none."""
+        return read_relay_state(self.store, revision)
 
     def status(self) -> tuple[str, RelayState]:
         """(head sha, RELAY.json at head)."""
-        head = self.store.head()
-        return head, self.read_state(head)
+        return read_relay_status(self.store)
 
     def ledger(self, revision: str | None = None) -> list[LedgerEntry]:
         rev = revision or self.store.head()
@@ -117,7 +109,7 @@ class Relay:
         except CasLost:
             # The head read may have lagged behind a relay that exists (or another init won).
             try:
-                return read_settled(self)
+                return read_settled(self.store)
             except NotInitialized:
                 raise CasLost(f"{self.store.spec}: init lost its race to a write that is not a relay") from None
         return sha, state
@@ -148,7 +140,9 @@ class Relay:
         RateLimited (naming the server's wait) when the server asks to wait longer than the
         timeout leaves; NotInitialized when the head still holds no RELAY.json after a few
         re-reads (head reads lag)."""
-        return claim_lease(self, wait=wait, timeout_s=timeout_s, poll_s=poll_s)
+        claim = claim_lease(self.store, self.holder, self.timers, watch=self.held_watch, wait=wait,
+                            timeout_s=timeout_s, poll_s=poll_s)
+        return self._start_leg(claim)
 
     def repair(self, *, wait: bool = True, timeout_s: float | None = None) -> str | None:
         """Claim, roll a head whose payload does not verify back to the last verified payload (one CAS
@@ -156,9 +150,14 @@ class Relay:
         with self.leg(wait=wait, timeout_s=timeout_s) as leg:
             return leg.repair()
 
-    def _adopt(self, state: RelayState, commit: str, sent_at: float) -> Leg:
-        started = repair_after_claim(self, state)
-        return Leg(self, Lease(self.store, state, commit, sent_at, started_at=started))
+    @property
+    def timers(self) -> LeaseTimers:
+        """The timers this relay's claims declare."""
+        return LeaseTimers(self.lease_duration_s, self.heartbeat_s)
+
+    def _start_leg(self, claim: Claim) -> Leg:
+        started = repair_after_claim(self.store, claim.state)
+        return Leg(self, Lease(self.store, claim.state, claim.commit, claim.sent_at, started_at=started))
 
     @contextmanager
     def leg(self, *, wait: bool = True, timeout_s: float | None = None, poll_s: float | None = None) -> Iterator[Leg]:
@@ -216,36 +215,17 @@ class Leg:
         log.warning("pulled the payload restored at %s instead", lease.commit[:12])
         return pull_payload(store, lease.commit, lease.state.payload, Path(dest_dir))
 
-    def _current_ledger(self) -> bytes:
-        store, rev = self.relay.store, self.lease.commit
-        last: Exception | None = None
-        for attempt in range(5):
-            try:
-                raw = store.read_file(LEDGER_JSONL, rev)
-                break
-            except FileNotFoundInStore:
-                raw = b""
-                break
-            except (StoreError, StoreNotFound) as exc:
-                last = exc
-                time.sleep(0.2 * (attempt + 1))
-        else:
-            raise StoreError(f"cannot read {LEDGER_JSONL} at {rev[:12]}: {last}")
-        entries = parse_ledger(raw, f"{store.spec}@{rev[:12]} {LEDGER_JSONL}")
-        if len(entries) != self.lease.state.leg:
-            raise RelayFileCorrupt(f"{store.spec}@{rev[:12]} {LEDGER_JSONL}: {len(entries)} entries but "
-                                   f"{RELAY_FILE} says leg {self.lease.state.leg}")
-        return raw
-
     def push(self, src_dir: str | Path, summary: LegSummary | dict | None = None) -> PushResult:
         """Publish `src_dir` as leg `number`: one CAS commit, verified, then the tag leg-N (push.py).
         Raises LeaseLost, PayloadError, or PushNotVerified (payload rolled back; push again)."""
-        return push_leg(self, src_dir, summary)
+        relay = self.relay
+        return push_leg(relay.store, self.lease, src_dir, summary, holder=relay.holder,
+                        min_upload_bytes_per_s=relay.min_upload_bytes_per_s)
 
     def repair(self) -> str | None:
         """Roll a payload that does not verify at our lease commit back to the last verified one (one
         CAS commit; repair.py). Returns that commit, or None if the payload verifies."""
-        return repair_leg(self)
+        return repair_payload(self.relay.store, self.lease, holder=self.relay.holder)
 
     def release(self) -> bool:
         """Free the baton. Returns False if we were already fenced (nothing written)."""
@@ -253,8 +233,7 @@ class Leg:
 
     def close(self) -> None:
         """Stop the heartbeat without releasing (the lease then expires)."""
-        self.lease._fence("closed", expected=True)
-        self.lease.stop_heartbeat()
+        self.lease.close()
 
 
 __all__ = ["Relay", "Leg", "PushResult", "LeaseLost"]

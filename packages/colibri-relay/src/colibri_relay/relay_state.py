@@ -15,7 +15,8 @@ from typing import Literal
 from colibri_spec import require_major
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .errors import RelayFileCorrupt, SchemaVersionError
+from .errors import FileNotFoundInStore, NotInitialized, RelayFileCorrupt, SchemaVersionError
+from .store import RelayStore
 
 RELAY_FILE = "RELAY.json"
 RELAY_VERSION = "1.0"  # sequential legs (the baton passes from one trainer to the next)
@@ -105,3 +106,20 @@ def parse_versioned_object(raw: bytes, where: str, model: type[BaseModel], key: 
 def parse_relay_state(raw: bytes, where: str) -> RelayState:
     """Parse RELAY.json bytes; `where` (e.g. 'hf://me/run@abc123 RELAY.json') goes into errors."""
     return parse_versioned_object(raw, where, RelayState, "relay_version", SUPPORTED_RELAY_VERSIONS)
+
+
+def read_relay_state(store: RelayStore, revision: str) -> RelayState:
+    """RELAY.json of `store` at `revision`; NotInitialized (naming `colibri-relay init`) when the tree
+    has none."""
+    try:
+        raw = store.read_file(RELAY_FILE, revision)
+    except FileNotFoundInStore:
+        raise NotInitialized(f"{store.spec} has no {RELAY_FILE} at {revision[:12]}: run "
+                             f"`colibri-relay init --store {store.spec}`") from None
+    return parse_relay_state(raw, f"{store.spec}@{revision[:12]} {RELAY_FILE}")
+
+
+def read_relay_status(store: RelayStore) -> tuple[str, RelayState]:
+    """(head sha, RELAY.json at head)."""
+    head = store.head()
+    return head, read_relay_state(store, head)

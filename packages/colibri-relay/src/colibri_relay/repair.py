@@ -16,23 +16,23 @@ candidate; small regular files are read). Repairs are rare; this is not on any h
 from __future__ import annotations
 
 from .errors import RelayError, StoreError
-from .lease import log
+from .lease import Lease, log
 from .payload import tree_problems
-from .relay_state import RelayState
-from .store import CopyFile, DeleteFile
+from .relay_state import PayloadFile, RelayState, read_relay_state
+from .store import CopyFile, DeleteFile, Operation, RelayStore
 
 PAYLOAD_TITLES = ("relay: push leg ", "relay: repair ", "relay: init")
 REPAIR_TITLE = "relay: repair by {holder}: payload restored from {good} ({bad} did not verify)"
 
 
-def last_verified_payload(relay, start: str, *, skip: str | None = None) -> tuple[str, RelayState]:
+def last_verified_payload(store: RelayStore, start: str, *, skip: str | None = None) -> tuple[str, RelayState]:
     """The newest commit at or before `start` whose tree holds its RELAY.json manifest."""
-    store, checked = relay.store, set()
+    checked: set[tuple] = set()
     for rec in store.history(start):
         if rec.sha == skip or not (rec.sha == start or rec.title.startswith(PAYLOAD_TITLES)):
             continue
         try:
-            state = relay.read_state(rec.sha)
+            state = read_relay_state(store, rec.sha)
         except RelayError:
             continue
         key = tuple(sorted((p, m.sha256, m.size) for p, m in state.payload.items()))
@@ -47,31 +47,30 @@ def last_verified_payload(relay, start: str, *, skip: str | None = None) -> tupl
     raise RelayError(f"{store.spec}: no commit at or before {start[:12]} holds its own payload manifest")
 
 
-def restore_verified_payload(leg, *, bad: str) -> str:
-    """As the holder of `leg`, roll the payload at our last commit (`bad`) back to the last verified
-    one. Returns the repair commit."""
-    lease, relay, store = leg.lease, leg.relay, leg.relay.store
-    good, good_state = last_verified_payload(relay, lease.commit, skip=lease.commit)
+def restore_verified_payload(store: RelayStore, lease: Lease, *, holder: str, bad: str) -> str:
+    """As `holder` of `lease`, roll the payload at the lease's last commit back to the last verified
+    one; `bad` is the commit named as the one that did not verify. Returns the repair commit."""
+    good, good_state = last_verified_payload(store, lease.commit, skip=lease.commit)
     head_files, good_files = store.list_files(lease.commit), store.list_files(good)
-    ops: list = [CopyFile(p, good) for p in sorted(good_state.payload) if head_files.get(p) != good_files.get(p)]
+    ops: list[Operation] = [CopyFile(p, good) for p in sorted(good_state.payload) if head_files.get(p) != good_files.get(p)]
     ops += [DeleteFile(p) for p in sorted(lease.state.payload) if p not in good_state.payload and p in head_files]
 
-    def make(state: RelayState):
+    def make(state: RelayState) -> tuple[RelayState, list[Operation]]:
         return state.next_write(payload=good_state.payload, lease_duration_s=lease.base_duration_s), ops
 
-    title = REPAIR_TITLE.format(holder=relay.holder, good=good[:12], bad=bad[:12])
+    title = REPAIR_TITLE.format(holder=holder, good=good[:12], bad=bad[:12])
     sha = lease.write(make, title)
     log.warning("relay payload at %s did not verify; restored the payload of %s in %s", bad[:12], good[:12], sha[:12])
     return sha
 
 
-def payload_origin(relay, start: str, manifest: dict) -> str:
+def payload_origin(store: RelayStore, start: str, manifest: dict[str, PayloadFile]) -> str:
     """The commit that wrote `manifest` (as carried by `start`): the oldest of the commits just before
     `start` whose RELAY.json names the same manifest (heartbeats, claims, releases copy it)."""
     origin = start
-    for rec in relay.store.history(start)[1:]:
+    for rec in store.history(start)[1:]:
         try:
-            if relay.read_state(rec.sha).payload != manifest:
+            if read_relay_state(store, rec.sha).payload != manifest:
                 break
         except RelayError:
             break
@@ -79,12 +78,12 @@ def payload_origin(relay, start: str, manifest: dict) -> str:
     return origin
 
 
-def repair_leg(leg) -> str | None:
-    """`Leg.repair`: None if the payload at our commit verifies, else the repair commit."""
-    leg.check()
-    lease = leg.lease
-    if not tree_problems(leg.relay.store, lease.commit, lease.state.payload):
+def repair_payload(store: RelayStore, lease: Lease, *, holder: str) -> str | None:
+    """`Leg.repair`: None if the payload at the lease's last commit verifies, else the repair commit."""
+    lease.check()
+    if not tree_problems(store, lease.commit, lease.state.payload):
         return None
     # Name the push that wrote the bad manifest (not our claim on top of it): readers of the history
     # (history_check) can then tell which leg's payload was rolled back.
-    return restore_verified_payload(leg, bad=payload_origin(leg.relay, lease.commit, lease.state.payload))
+    return restore_verified_payload(store, lease, holder=holder,
+                                    bad=payload_origin(store, lease.commit, lease.state.payload))

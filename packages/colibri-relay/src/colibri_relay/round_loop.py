@@ -24,9 +24,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .contribution import Ack, ClosedRound, close_round, fetch_contribution, read_slots
+from .contribution import Ack, ClosedRound, ContributionMeta, close_round, fetch_contribution, read_slots
 from .errors import LeaseHeld, LeaseLost, RelayError, RelayFileCorrupt, RoundClosed, SlotTaken, StoreError
 from .lease import log
+from .relay import Leg
 from .round_state import ContributionRecord, Rejection, RoundEntry, RoundsConfig
 from .rounds import RoundRelay, RoundView, payload_digest
 
@@ -38,7 +39,7 @@ class MergeInput:
     round: int
     rounds: RoundsConfig
     base_dir: Path
-    contributions: list  # [(ContributionMeta, Path)], slot order
+    contributions: list[tuple[ContributionMeta, Path]]  # slot order
     out_dir: Path
 
 
@@ -74,7 +75,7 @@ class RoundWorker:
         self.poll_s = poll_s
         self.on_ack = on_ack
         self.say = say or (lambda msg: log.info("%s", msg))
-        self.leg = None
+        self.leg: Leg | None = None
         self.first_seen: dict[int, float] = {}
         self.done: set[int] = set()
         self.report = WorkerReport()
@@ -155,6 +156,8 @@ class RoundWorker:
     # --- the merger ----------------------------------------------------------------------------
     def _merge_duty(self) -> None:
         leg = self.leg
+        if leg is None:
+            return
         try:
             view = self.rounds.lease_view(leg)
             r = view.round
@@ -165,13 +168,13 @@ class RoundWorker:
             deadline, earliest = seen + view.rounds.round_s, seen + view.rounds.min_round_s
             while time.monotonic() < deadline:
                 leg.check()
-                slots, closed, _ = read_slots(companion, r, companion.head())
-                if closed or (len(slots) >= view.rounds.workers and time.monotonic() >= earliest):
+                slots, is_closed, _ = read_slots(companion, r, companion.head())
+                if is_closed or (len(slots) >= view.rounds.workers and time.monotonic() >= earliest):
                     break
                 time.sleep(self.poll_s)
             leg.check()
             closed, close_commit = close_round(companion, r, self.relay.holder)
-            entry = self._merge(view, closed, close_commit)
+            entry = self._merge(leg, view, closed, close_commit)
             self.report.merged.append(r)
             self.say(f"[{self.relay.holder}] merged round {r}: {len(entry.contributions)} contributions, "
                      f"{len(entry.rejected)} rejected")
@@ -179,8 +182,8 @@ class RoundWorker:
             self.say(f"[{self.relay.holder}] merger lease lost: {exc}")
             self.leg = None
 
-    def _merge(self, view: RoundView, closed: ClosedRound, close_commit: str) -> RoundEntry:
-        leg, r = self.leg, view.round
+    def _merge(self, leg: Leg, view: RoundView, closed: ClosedRound, close_commit: str) -> RoundEntry:
+        r = view.round
         companion = self.rounds.companion(view.rounds)
         base, fetched, out = self.work / "merge-base", self.work / "merge-in", self.work / "merge-out"
         for d in (fetched, out):
@@ -188,7 +191,8 @@ class RoundWorker:
         out.mkdir(parents=True)
         self.rounds.pull_base(view, base)
         digest = payload_digest(view.state.payload)
-        accepted, rejected = [], []
+        accepted: list[tuple[ContributionMeta, Path]] = []
+        rejected: list[Rejection] = []
         for slot in closed.contributions:
             if slot.problem:
                 rejected.append(Rejection(slot=slot.slot, reason="corrupt", detail=slot.problem[:300]))

@@ -6,7 +6,7 @@
     rounds.pull_base(view, "base/")           # round R's base, verified
     ack = rounds.post(view, slot=0, src_dir="delta/", summary={...})   # one companion commit
     # the lease holder (the merger): close R, fetch, merge, ONE CAS commit on main:
-    rounds.merge(leg, closed, close_commit, "new-base/", entry)
+    rounds.merge(leg, closed, entry, "new-base/")
 
 The main repo holds the lease, the base (payload) and the ledger, exactly as for sequential legs;
 only the merger writes it, always with parent = its own last commit (`Lease.write`), so two merges
@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -29,6 +30,7 @@ from .errors import CommitNotVerified, FileNotFoundInStore, LeaseLost, ModeMisma
 from .lease import log
 from .ledger import LEDGER_JSONL, LEDGER_MD
 from .payload import pull_payload, scan_payload, snapshot_payload, tree_problems
+from .relay import Leg, Relay
 from .relay_state import PARALLEL_RELAY_VERSION, PayloadFile, RelayState, is_parallel
 from .round_state import (
     RoundEntry,
@@ -39,7 +41,11 @@ from .round_state import (
     rounds_of,
     with_rounds,
 )
-from .store import DeleteFile, PutFile, RelayStore, open_store
+from .store import DeleteFile, Operation, PutFile, RelayStore
+from .stores import open_store
+
+# Builds RELAY.json (and extra operations) of a payload commit from the current state.
+PayloadWrite = Callable[[RelayState], tuple[RelayState, list[Operation]]]
 
 
 def payload_digest(manifest: dict[str, PayloadFile]) -> str:
@@ -68,7 +74,7 @@ class RoundView:
 class RoundRelay:
     """Parallel rounds on one `Relay` (main repo) and its companion repo."""
 
-    def __init__(self, relay, *, token: str | None = None):
+    def __init__(self, relay: Relay, *, token: str | None = None):
         self.relay = relay
         self._token = token
         self._companions: dict[str, RelayStore] = {}
@@ -81,10 +87,10 @@ class RoundRelay:
     # --- reads ---------------------------------------------------------------------------------
     def view(self) -> RoundView:
         """The head of the main repo as a round (head reads may lag: a lagging view is only older)."""
-        head, state = read_settled(self.relay)
+        head, state = read_settled(self.relay.store)
         return RoundView(head, state, rounds_of(state, f"{self.relay.store.spec}@{head[:12]} RELAY.json"))
 
-    def lease_view(self, leg) -> RoundView:
+    def lease_view(self, leg: Leg) -> RoundView:
         """The merger's own view: its last commit, never a lagging read."""
         lease = leg.lease
         return RoundView(lease.commit, lease.state, rounds_of(lease.state))
@@ -112,7 +118,7 @@ class RoundRelay:
                                  summary=summary, timeout_s=timeout_s)
 
     # --- the lease holder ----------------------------------------------------------------------
-    def start(self, leg, config: RoundsConfig, payload_dir: str | os.PathLike) -> str:
+    def start(self, leg: Leg, config: RoundsConfig, payload_dir: str | os.PathLike) -> str:
         """Turn an empty relay (no leg, no payload) into a run of parallel rounds at round 0, whose
         base is `payload_dir`: one CAS commit by the lease holder. Creates the companion repo."""
         state = leg.lease.state
@@ -125,13 +131,13 @@ class RoundRelay:
         init_companion(self.companion(config), config.run_id, self.relay.store.spec)
         config = config.model_copy(update={"round": 0})
 
-        def make(s: RelayState):
+        def make(s: RelayState) -> tuple[RelayState, list[Operation]]:
             new = with_rounds(s.model_copy(update={"relay_version": PARALLEL_RELAY_VERSION}), config)
             return new, []
 
         return self._commit_payload(leg, payload_dir, make, "relay: start parallel rounds", ledger=b"")
 
-    def merge(self, leg, closed: ClosedRound, entry: RoundEntry, payload_dir: str | os.PathLike) -> str:
+    def merge(self, leg: Leg, closed: ClosedRound, entry: RoundEntry, payload_dir: str | os.PathLike) -> str:
         """Commit round `closed.round`'s merge: the new base `payload_dir`, RELAY.json at round + 1,
         one ledger entry; ONE CAS commit with parent = the merger's last commit."""
         r = closed.round
@@ -140,7 +146,7 @@ class RoundRelay:
             raise ModeMismatch(f"cannot merge round {r}: this merger's RELAY.json is at round {current.round}")
         raw = self._ledger_raw(leg)
 
-        def make(s: RelayState):
+        def make(s: RelayState) -> tuple[RelayState, list[Operation]]:
             now = rounds_of(s)
             if now.round != r:  # our own chain moved on (an unknown outcome that landed): never merge twice
                 raise LeaseLost(f"round {r} is already merged on this merger's chain (round {now.round})")
@@ -153,14 +159,14 @@ class RoundRelay:
         return self._commit_payload(leg, payload_dir, make, f"relay: merge round {r} ({len(entry.contributions)} "
                                     f"merged, {len(entry.rejected)} rejected)", ledger_md=md)
 
-    def _ledger_raw(self, leg) -> bytes:
+    def _ledger_raw(self, leg: Leg) -> bytes:
         try:
             return self.relay.store.read_file(LEDGER_JSONL, leg.lease.commit)
         except FileNotFoundInStore:
             return b""
 
-    def _commit_payload(self, leg, payload_dir, make, message: str, *, ledger: bytes | None = None,
-                        ledger_md: bytes | None = None) -> str:
+    def _commit_payload(self, leg: Leg, payload_dir: str | os.PathLike, make: PayloadWrite, message: str, *,
+                        ledger: bytes | None = None, ledger_md: bytes | None = None) -> str:
         lease, store = leg.lease, self.relay.store
         files = scan_payload(Path(payload_dir))
         snap = snapshot_payload(files, Path(payload_dir))
@@ -171,11 +177,11 @@ class RoundRelay:
                 store.prepare(puts)
             except PathIgnored as exc:
                 raise PayloadError(f"{exc}; rename the file(s) (nothing was committed)") from None
-            extra = [] if ledger is None else [PutFile(LEDGER_JSONL, ledger)]
+            extra: list[Operation] = [] if ledger is None else [PutFile(LEDGER_JSONL, ledger)]
             if ledger_md is not None or ledger is not None:
                 extra.append(PutFile(LEDGER_MD, ledger_md if ledger_md is not None else render_round_ledger_md([])))
 
-            def write(s: RelayState):
+            def write(s: RelayState) -> tuple[RelayState, list[Operation]]:
                 new, ops = make(s)
                 stale = [DeleteFile(p) for p in s.payload if p not in manifest]
                 return new.next_write(payload=manifest, leg_commit=new.leg_commit), [*puts, *stale, *ops, *extra]
@@ -188,8 +194,8 @@ class RoundRelay:
             if problems:
                 # The commit stands (the round advanced); the tree must hold its manifest again.
                 log.warning("%s at %s lacks %s: uploading those files again", message, sha[:12], problems[:2])
-                missing = [PutFile(rel, snap.sources[rel]) for rel in manifest if any(p.startswith(rel + ":")
-                                                                                        for p in problems)]
+                missing: list[Operation] = [PutFile(rel, snap.sources[rel]) for rel in manifest
+                                            if any(p.startswith(rel + ":") for p in problems)]
                 store.prepare(missing)
                 sha = lease.write(lambda s: (s.next_write(), missing), "relay: re-upload of the base")
             return sha

@@ -20,10 +20,9 @@ import hashlib
 import os
 import re
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-
-from .errors import StoreSpecError
 
 SHA_RE = re.compile(r"^[0-9a-f]{40}$")
 NONCE_TAG = "nonce:"
@@ -138,17 +137,17 @@ class RelayStore(ABC):
     def download(self, paths: list[str], revision: str, dest_dir: Path) -> dict[str, Path]:
         """Download `paths` at `revision` into `dest_dir` (verified, each file replaced atomically)."""
 
-    def prepare(self, operations: list[Operation]) -> None:  # noqa: B027 - optional hook
+    def prepare(self, operations: Sequence[Operation]) -> None:  # noqa: B027 - optional hook
         """Upload what can travel ahead of the commit (no visible change). Optional. Raises
         PathIgnored for paths the store would silently leave out of the commit."""
 
-    def inline_bytes(self, operations: list[Operation]) -> int:
+    def inline_bytes(self, operations: Sequence[Operation]) -> int:
         """Bytes of `operations` that will travel INSIDE the commit request (after `prepare`): what a
         holder must budget lease time for, since no renewal can land while its commit is in flight."""
         return 0
 
     @abstractmethod
-    def commit(self, operations: list[Operation], *, parent: str, message: str, nonce: str) -> str:
+    def commit(self, operations: Sequence[Operation], *, parent: str, message: str, nonce: str) -> str:
         """One atomic commit on main whose parent must be `parent`; returns the new sha.
 
         Raises CasLost, CommitLockBusy, RateLimited, OutcomeUnknown (after trying to resolve it)."""
@@ -165,23 +164,3 @@ class RelayStore(ABC):
     def list_tags(self) -> dict[str, str]:
         """Tag name -> commit sha."""
 
-
-def open_store(spec: str, *, token: str | None = None) -> RelayStore:
-    """`hf://OWNER/REPO` (endpoint from HF_ENDPOINT) -> HubStore; anything else is a LocalStore path.
-
-    >>> store = open_store("/tmp/my-relay")   # doctest: +SKIP
-    """
-    if not spec:
-        raise StoreSpecError("empty store spec: use hf://OWNER/REPO or a directory path")
-    if spec.startswith("hf://"):
-        repo_id = spec[len("hf://"):].strip("/")
-        if not re.match(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$", repo_id):
-            raise StoreSpecError(f"bad Hub store spec {spec!r}: expected hf://OWNER/REPO")
-        from .hub_store import HubStore
-
-        return HubStore(repo_id, endpoint=os.environ.get("HF_ENDPOINT"), token=token)
-    if "://" in spec:
-        raise StoreSpecError(f"unknown store scheme in {spec!r}: use hf://OWNER/REPO or a directory path")
-    from .local_store import LocalStore
-
-    return LocalStore(Path(spec))

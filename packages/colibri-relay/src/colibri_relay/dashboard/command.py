@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 
 from ..errors import RelayError, StoreNotFound, StoreSpecError
-from ..store import open_store
+from ..stores import open_store
 
 
 @click.command("dashboard")

@@ -112,7 +112,7 @@ def run_chaos(store_kind: str, *, legs: int, procs: int, lease_s: float = 1.5, h
         # The Hub's commit quota (128 per hour at D = 1200 s), scaled to this run's lease duration.
         hub = FakeHub(data_dir=work / "hub", commit_rate_limit=(128, 3600.0 * lease_s / 1200.0)).start()
         env["HF_ENDPOINT"] = hub.endpoint
-        from ..hub_store import HubStore
+        from ..hub import HubStore
 
         store = HubStore("chaos/relay", endpoint=hub.endpoint)
         spec = "hf://chaos/relay"

@@ -37,7 +37,7 @@ def fake_hub(_fake_hub_session, monkeypatch):
 @pytest.fixture
 def hub_store(fake_hub):
     """A HubStore on a new, created repo of the fake Hub."""
-    from ..hub_store import HubStore
+    from ..hub import HubStore
 
     store = HubStore(f"tester/repo-{next(_repo_counter)}", endpoint=fake_hub.endpoint, token="hf_fake_token")
     store.create()

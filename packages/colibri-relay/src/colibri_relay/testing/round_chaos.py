@@ -113,7 +113,7 @@ def run_round_chaos(*, rounds: int, workers: int, lease_s: float = 2.0, heartbea
                     round_s: float = 3.0, seed: int = 0, work: Path | None = None, timeout_s: float = 600,
                     faults: bool = True, kill_every_s: tuple[float, float] = (1.5, 3.0)) -> dict:
     """Run the chaos of rounds on the fake Hub; return the history check's report plus what was done."""
-    from ..hub_store import HubStore
+    from ..hub import HubStore
     from . import disable_xet
     from .fake_hub import FakeHub
     from .round_history_check import check_round_history

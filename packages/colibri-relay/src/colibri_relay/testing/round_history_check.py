@@ -22,7 +22,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from ..contribution import CLOSED_FILE, ClosedRound, _parse, fetch_contribution, round_dir
+from ..contribution import CLOSED_FILE, ClosedRound, fetch_contribution, parse_companion_file, round_dir
 from ..errors import RelayError
 from ..ledger import LEDGER_JSONL
 from ..payload import pull_payload
@@ -120,7 +120,7 @@ def check_round_history(store: RelayStore, companion: RelayStore, *, min_rounds:
                 violations.append(f"round {r}: close commit {entry.close_commit[:12]} is not round {r}'s close")
                 continue
             path = f"{round_dir(r)}/{CLOSED_FILE}"
-            closed = _parse(ClosedRound, companion.read_file(path, entry.close_commit), path)
+            closed = parse_companion_file(ClosedRound, companion.read_file(path, entry.close_commit), path)
             landed = {s.slot: s.nonce for s in closed.contributions}
             named = [c.slot for c in entry.contributions] + [j.slot for j in entry.rejected]
             if sorted(named) != sorted(landed):

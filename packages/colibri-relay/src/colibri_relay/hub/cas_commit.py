@@ -1,5 +1,5 @@
-"""HubStore's writes: prepare, the ONE compare-and-swap commit, its outcome and its verification
-(mixed into hub_store.HubStore, whose reads it uses).
+"""HubStore's writes: prepare, the ONE compare-and-swap commit, its outcome and its verification.
+`HubCasCommit` reads what it checks through the store's `HubReader` (reader.py).
 
 Rules this file enforces (why: see RELAY.md, "Why these rules"):
 
@@ -12,19 +12,21 @@ Rules this file enforces (why: see RELAY.md, "Why these rules"):
   5xx / timeout / dropped connection -> look for the nonce in the commits newer than the parent:
   found -> the write landed (return its sha); not found -> OutcomeUnknown;
 * the touched paths are read back at the new sha: a tree that lacks what was sent is
-  CommitNotVerified (why the client can drop files: hub_commit.py).
+  CommitNotVerified (why the client can drop files: commit.py).
 
 The operations themselves (relay operations as huggingface_hub ones, prepared once, and the
-check of a landed tree) are hub_commit.py's.
+check of a landed tree) are commit.py's.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
+from huggingface_hub import HfApi
 from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
 
-from .errors import (
+from ..errors import (
     CasLost,
     CommitLockBusy,
     CommitNotVerified,
@@ -35,20 +37,24 @@ from .errors import (
     StoreError,
     StoreNotFound,
 )
-from .hub_commit import file_size, ignored_paths, inline_bytes, landed_problems, to_hub_ops
-from .hub_errors import error_text, first_line, retry_after_s
-from .store import CopyFile, Operation, PutFile, check_full_sha, title_with_nonce
+from ..store import CopyFile, Operation, PutFile, check_full_sha, title_with_nonce
+from .commit import PreparedOps, file_size, ignored_paths, inline_bytes, landed_problems, to_hub_ops
+from .errors import first_line, retry_after
+from .reader import HubReader
 
 
-def retry_after(err: HfHubHTTPError) -> float:
-    """The wait a 429 asks for, from its headers and its message (hub_errors.py)."""
-    return retry_after_s(err.response.headers if err.response is not None else {}, error_text(err))
+class HubCasCommit:
+    """`prepare`, `inline_bytes` and `commit` of the RelayStore interface on the Hub repo of
+    `reader`, through `api`; what it checks after a commit is read through `reader`."""
 
+    def __init__(self, api: HfApi, reader: HubReader):
+        self.api = api
+        self.reader = reader
+        self.repo_id = reader.repo_id
+        self.spec = reader.spec
+        self._prepared = PreparedOps()
 
-class HubCasCommits:
-    """`prepare`, `inline_bytes` and `commit` of the RelayStore interface on the Hub."""
-
-    def prepare(self, operations: list[Operation]) -> None:
+    def prepare(self, operations: Sequence[Operation]) -> None:
         """Fetch upload modes for every added file and upload the LFS ones now (no visible change);
         the commit reuses these operations, so a retry uploads nothing again. Paths the repo's
         .gitignore matches would be dropped from the commit without a word: PathIgnored."""
@@ -60,11 +66,12 @@ class HubCasCommits:
             self.api.preupload_lfs_files(self.repo_id, additions=adds, revision="main")
         except Exception as exc:  # noqa: BLE001
             self._prepared.clear()
-            raise self._read_error(exc, "pre-upload") from None
+            raise self.reader.error(exc, "pre-upload") from None
         for add in adds:
             # The answer's oid describes the branch head of that moment (maybe a stale one), not the
             # parent we will commit on; with it the client would drop the file as "unchanged"
             # (huggingface_hub#2389). A prepared file always travels: at worst it rewrites the same bytes.
+            # NOTE: `_remote_oid` is the client's own private field; it offers no public way to say so.
             add._remote_oid = None
         ignored = ignored_paths(adds)
         if ignored:
@@ -72,14 +79,14 @@ class HubCasCommits:
             raise PathIgnored(f"{self.spec}: the repo's .gitignore matches {', '.join(ignored[:5])}: the Hub would "
                               f"leave {'them' if len(ignored) > 1 else 'it'} out of the commit", ignored)
 
-    def inline_bytes(self, operations: list[Operation]) -> int:
+    def inline_bytes(self, operations: Sequence[Operation]) -> int:
         ops = [op for op in operations if isinstance(op, PutFile)]
         hub_ops = [self._prepared.get(op) for op in ops]
         known = inline_bytes([h for h in hub_ops if h is not None])
         # Not prepared: the Hub decides at commit time; count them as inline (the safe side).
         return known + sum(file_size(op) * 4 // 3 for op, h in zip(ops, hub_ops, strict=True) if h is None)
 
-    def commit(self, operations: list[Operation], *, parent: str, message: str, nonce: str) -> str:
+    def commit(self, operations: Sequence[Operation], *, parent: str, message: str, nonce: str) -> str:
         check_full_sha(parent)
         title = title_with_nonce(message, nonce)
         hub_ops = to_hub_ops(operations, self._prepared)
@@ -88,7 +95,7 @@ class HubCasCommits:
                                           parent_commit=parent, revision="main")
         except (RepositoryNotFoundError, RevisionNotFoundError) as exc:
             # Before HfHubHTTPError: both are subclasses of it, and a 404 on commit means no repo.
-            raise self._read_error(exc, "commit") from None
+            raise self.reader.error(exc, "commit") from None
         except HfHubHTTPError as exc:
             status = exc.response.status_code if exc.response is not None else None
             if status == 412:
@@ -116,16 +123,16 @@ class HubCasCommits:
         self._verify_landed(sha, operations, hub_ops)
         return sha
 
-    def _verify_landed(self, sha: str, operations: list[Operation], hub_ops: list) -> None:
+    def _verify_landed(self, sha: str, operations: Sequence[Operation], hub_ops: list) -> None:
         """Read the touched paths back at `sha`; CommitNotVerified if the tree lacks what we sent."""
         paths = [op.path for op in operations]
         copies = [op for op in operations if isinstance(op, CopyFile)]
         for attempt in range(3):
             try:
-                tree = self._paths_info(paths, sha)
+                tree = self.reader.paths_info(paths, sha)
                 sources = {}
                 for op in copies:
-                    sources.update(self._paths_info([op.path], op.src_revision))
+                    sources.update(self.reader.paths_info([op.path], op.src_revision))
                 break
             except StoreError as exc:
                 last = exc
@@ -143,7 +150,7 @@ class HubCasCommits:
         # failing, say the outcome is unknown: the lease writer then looks for its nonce.
         for attempt in range(3):
             try:
-                items, _ = self._commits_page(sha, limit=2)  # the commit and its parent
+                items, _ = self.reader.commits_page(sha, limit=2)  # the commit and its parent
                 break
             except Exception as exc:  # noqa: BLE001 - any transport or server error: retry
                 last = exc
@@ -163,7 +170,7 @@ class HubCasCommits:
         our commit can no longer land (CasLost). Otherwise we cannot tell (OutcomeUnknown)."""
         for attempt in range(4):
             try:
-                recs = self.history(stop_at=parent)
+                recs = self.reader.history(stop_at=parent)
             except (StoreNotFound, RevisionNotFound, RateLimited, StoreError):
                 recs = []
             for rec in recs:

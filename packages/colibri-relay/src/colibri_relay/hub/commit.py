@@ -11,16 +11,21 @@ paths-info call) and compare size and oid with what we sent; a mismatch is `Comm
 Ignored paths are refused in `prepare` (PathIgnored) before anything is committed, and prepared
 files forget the preupload's remote oid, so the client never drops them as "unchanged" on the word
 of a head that is not our parent; files added without `prepare` are caught by the check above.
+
+NOTE: the upload mode, the ignore flag and the committed flag are private fields of the client's
+`CommitOperationAdd` (`_upload_mode`, `_should_ignore`, `_is_committed`, and `_remote_oid` in
+cas_commit.py): it offers no public way to read them, and the checks above need them.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from huggingface_hub import CommitOperationAdd, CommitOperationCopy, CommitOperationDelete
 
-from .store import CopyFile, DeleteFile, FileInfo, Operation, PutFile, git_blob_sha1
+from ..store import CopyFile, DeleteFile, FileInfo, Operation, PutFile, git_blob_sha1
 
 PATHS_INFO_BATCH = 100  # paths per paths-info request, like the client's own FETCH_LFS_BATCH_SIZE
 
@@ -57,8 +62,11 @@ def _source(op: PutFile) -> bytes | str:
     return op.source if isinstance(op.source, bytes) else str(op.source)
 
 
-def to_hub_ops(operations: list[Operation], prepared: PreparedOps) -> list:
-    out = []
+HubOperation = CommitOperationAdd | CommitOperationDelete | CommitOperationCopy
+
+
+def to_hub_ops(operations: Sequence[Operation], prepared: PreparedOps) -> list[HubOperation]:
+    out: list[HubOperation] = []
     for op in operations:
         if isinstance(op, PutFile):
             out.append(prepared.get(op) or CommitOperationAdd(path_in_repo=op.path, path_or_fileobj=_source(op)))
@@ -89,7 +97,7 @@ def _git_oid_of(op: PutFile) -> str:
         return git_blob_sha1(f.read())
 
 
-def landed_problems(operations: list[Operation], hub_ops: list, tree: dict[str, FileInfo],
+def landed_problems(operations: Sequence[Operation], hub_ops: list, tree: dict[str, FileInfo],
                     sources: dict[str, FileInfo]) -> list[str]:
     """What the new tree (`tree`: the touched paths at the new commit) lacks of what we sent.
     `sources` holds the source entries of CopyFile operations."""

@@ -1,5 +1,6 @@
 """How HubStore reads the Hub's error answers: which wait a 429 asks for, which typed error a read
-failure is. Kept apart from hub_store.py so the mapping can be tested without a server.
+failure is. Kept apart from the store (store.py, reader.py) so the mapping can be tested without a
+server.
 
 The Hub has two limiters a relay meets (huggingface/huggingface_hub#3186, braindecode/braindecode#947):
 
@@ -15,6 +16,15 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+
+from huggingface_hub.errors import (
+    EntryNotFoundError,
+    HfHubHTTPError,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+)
+
+from ..errors import FileNotFoundInStore, RateLimited, RevisionNotFound, StoreError, StoreNotFound
 
 DEFAULT_RETRY_S = 5.0
 _UNITS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400}
@@ -67,3 +77,23 @@ def error_text(exc: Exception) -> str:
 def first_line(exc: Exception) -> str:
     lines = str(exc).strip().splitlines()
     return lines[0] if lines else type(exc).__name__
+
+
+def retry_after(err: HfHubHTTPError) -> float:
+    """The wait a 429 asks for, from its headers and its message."""
+    return retry_after_s(err.response.headers if err.response is not None else {}, error_text(err))
+
+
+def read_error(exc: Exception, what: str, *, repo_id: str, endpoint: str, path: str | None = None,
+               revision: str | None = None) -> StoreError:
+    """The typed error for a failed request `what` on the Hub repo `repo_id`: StoreNotFound,
+    RevisionNotFound, FileNotFoundInStore (when `path` is given), RateLimited, else StoreError."""
+    if isinstance(exc, RepositoryNotFoundError):
+        return StoreNotFound(f"Hub repo {repo_id} not found at {endpoint}")
+    if isinstance(exc, RevisionNotFoundError):
+        return RevisionNotFound(f"revision {revision} not found in {repo_id}")
+    if isinstance(exc, EntryNotFoundError) and path is not None:
+        return FileNotFoundInStore(path, revision or "?")
+    if isinstance(exc, HfHubHTTPError) and exc.response is not None and exc.response.status_code == 429:
+        return RateLimited(f"{what}: rate limited by the Hub", retry_after(exc))
+    return StoreError(f"{what} on {repo_id} failed: {type(exc).__name__}: {str(exc).splitlines()[0]}")
