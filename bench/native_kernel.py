@@ -176,6 +176,36 @@ def quality(args) -> dict:
             "delta_vs_dequant_f32": {k: round(v - reference, 5) for k, v in losses.items()}}
 
 
+def bf16_head(args) -> dict:
+    """A bf16 vocab projection (`--vocab` x `--dim`): the native kernel on its bf16 bytes against
+    torch's f32 matmul of the same weights widened (what the engine held before), interleaved,
+    best of `--repeats`, with each one's error against a float64 product."""
+    from colibri_stream.compute import native_kernel as nk
+
+    torch.manual_seed(0)
+    weights = (torch.randn(args.vocab, args.dim) * 0.02).bfloat16()
+    bits, wide = weights.view(torch.int16), weights.float()
+    rows = {}
+    for m in (1, 4, 128):
+        x = torch.randn(m, args.dim)
+        exact = x.double() @ weights.double().T
+        native, dense = [], []
+        for _ in range(args.repeats):
+            native.append(_seconds(lambda x=x: nk.bf16_matmul(x, bits)))
+            dense.append(_seconds(lambda x=x: x @ wide.T))
+        rows[m] = {"native_ms": round(1e3 * min(native), 2), "torch_f32_ms": round(1e3 * min(dense), 2),
+                   "native_over_torch": round(min(native) / min(dense), 3),
+                   "native_error": float((nk.bf16_matmul(x, bits).double() - exact).abs().max()),
+                   "torch_error": float(((x @ wide.T).double() - exact).abs().max())}
+    return {"vocab": args.vocab, "dim": args.dim, "threads": torch.get_num_threads(), "rows": rows}
+
+
+def _seconds(call) -> float:
+    started = time.perf_counter()
+    call()
+    return time.perf_counter() - started
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="what", required=True)
@@ -189,16 +219,20 @@ def main() -> None:
     d.add_argument("--prompt", type=int, default=128, help="prompt tokens (prefill)")
     d.add_argument("--prefill-chunk", type=int, default=128)
     d.add_argument("--keep", action="store_true")
+    h = sub.add_parser("bf16-head")
+    h.add_argument("--vocab", type=int, default=32000)
+    h.add_argument("--dim", type=int, default=1024)
+    h.add_argument("--repeats", type=int, default=10)
     q = sub.add_parser("quality")
     q.add_argument("--workdir", default="/var/tmp/colibri-bench")
     q.add_argument("--steps", type=int, default=1500, help="training steps of the routing workload (cached)")
     q.add_argument("--passages", type=int, default=4)
     q.add_argument("--max-tokens", type=int, default=256)
-    for p in (d, q, sub.choices["kernels"]):
+    for p in (d, q, h, sub.choices["kernels"]):
         p.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    print(json.dumps({"kernels": kernels, "decode": decode, "quality": quality}[args.what](args), indent=1))
+    print(json.dumps({"kernels": kernels, "decode": decode, "quality": quality, "bf16-head": bf16_head}[args.what](args), indent=1))
 
 
 if __name__ == "__main__":
