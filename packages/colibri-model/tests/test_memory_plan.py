@@ -17,7 +17,7 @@ import torch
 from click.testing import CliRunner
 from colibri_model import ColibriForCausalLM, get_preset
 from colibri_model.cli import main
-from colibri_model.training.activations import ISSUE19, MODEL_PATH, PRE_ISSUE19
+from colibri_model.training.activations import BF16_EXPERTS, FP32_EXPERTS, MODEL_PATH
 from colibri_model.training.memory_plan import MemoryPlanError, largest_fitting_micro_batch, plan_memory
 from colibri_model.training.saved_tensors import measure_saved_bytes
 from torch.profiler import ProfilerActivity, profile
@@ -125,10 +125,10 @@ def test_plan_arithmetic():
     assert accumulating.peak_allocated - base.peak_allocated == accumulating.grads - base.grads_at_peak
     checkpointed = plan_memory(nano, micro_batch=8, seq_len=2048, ac="full")
     assert checkpointed.activations < base.activations / 10 and "layer_recompute" in checkpointed.transients
-    whole = plan_memory(nano, micro_batch=8, seq_len=2048, path=PRE_ISSUE19)
+    whole = plan_memory(nano, micro_batch=8, seq_len=2048, path=FP32_EXPERTS)
     assert whole.logits_returned == 8 * 2048 * nano.vocab_size * 2 and base.logits_returned == 0
     assert whole.transients["cross_entropy"] > 2 * base.transients["cross_entropy"]
-    assert base.transients["cross_entropy"] == ISSUE19.ce_chunk_tokens * nano.vocab_size * 12
+    assert base.transients["cross_entropy"] == BF16_EXPERTS.ce_chunk_tokens * nano.vocab_size * 12
     assert base.peak_device == base.peak_allocated + base.margin
     # doubling the micro-batch doubles the activations (all but the per-expert offsets and RoPE tables)
     double = plan_memory(nano, micro_batch=16, seq_len=2048)
@@ -179,3 +179,9 @@ def test_plan_memory_cli():
     assert runner.invoke(main, ["plan-memory", "--preset", "nano", "--micro-batch", "0", "--seq", "16",
                                 "--gpu", "h200"]).exit_code == 2
     assert "Usage:" in runner.invoke(main, ["plan-memory", "--help"]).output
+    # compute paths by what they compute; the 0.1 series' names still read
+    fp32 = json.loads(runner.invoke(main, [*args, "--gpu", "h200", "--json", "--compute-path", "fp32-experts"]).output)
+    former = json.loads(runner.invoke(main, [*args, "--gpu", "h200", "--json", "--compute-path", "pre-issue19"]).output)
+    assert fp32 == former and fp32["ce_chunk_tokens"] is None  # the same plan under either name
+    bad = runner.invoke(main, [*args, "--gpu", "h200", "--compute-path", "fast"])
+    assert bad.exit_code == 2 and "bf16-experts, fp32-experts" in bad.output

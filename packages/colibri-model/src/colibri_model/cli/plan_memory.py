@@ -54,6 +54,15 @@ def _print_table(plan, fit) -> None:
     click.echo(f"{fit['label']} ({fit['memory'] / GIB:.1f} GiB): {verdict}, headroom {fit['headroom'] / GIB:.2f} GiB")
 
 
+def _compute_path_name(ctx, param, value: str) -> str:
+    from ..training.activations import COMPUTE_PATHS, FORMER_PATH_NAMES
+
+    value = FORMER_PATH_NAMES.get(value, value)  # the 0.1 series' names, still accepted
+    if value not in COMPUTE_PATHS:
+        raise click.BadParameter(f"{value!r} is not one of {', '.join(COMPUTE_PATHS)}")
+    return value
+
+
 @click.command("plan-memory")
 @click.option("--preset", default=None, help="Model preset (tiny, nano, micro, grande).")
 @click.option("--config", "config_path", default=None, type=click.Path(exists=True, dir_okay=False),
@@ -70,8 +79,10 @@ def _print_table(plan, fit) -> None:
 @dtype_options("bf16", "f32", default="bf16", help="Training precision (bf16 autocast or f32).")
 @click.option("--grad-accum", default=1, show_default=True, type=click.IntRange(min=1),
               help="Micro-batches per optimizer step (gradients stay alive across them).")
-@click.option("--compute-path", type=click.Choice(["issue19", "pre-issue19"]), default="issue19", show_default=True,
-              help="issue19: bf16 experts, fp32 router, chunked CE; pre-issue19: fp32 experts, whole-batch logits.")
+@click.option("--compute-path", default="bf16-experts", show_default=True, callback=_compute_path_name,
+              metavar="[bf16-experts|fp32-experts]",
+              help="bf16-experts: bf16 expert matmuls, fp32 router, chunked CE; fp32-experts: fp32 experts, "
+                   "whole-batch logits.")
 @click.option("--ce-chunk", default=None, type=click.IntRange(min=0),
               help="Cross-entropy chunk in tokens (0: whole-batch logits) [default: the compute path's].")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")

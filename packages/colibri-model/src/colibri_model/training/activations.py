@@ -13,7 +13,7 @@ RMSNorm computes in fp32, so the norms save fp32 whatever the precision.
                    logsumexp (the flash backends; GQA runs unexpanded on flash, CPU and CUDA)
     mlp_norm       ffn_norm input, rsqrt, x_hat
     dense_ffn      input (fp32, or two bf16 casts), gate out, silu out, up out, gate*up
-    router         input (bf16 cast on the pre-issue19 path, fp32 on issue19), sigmoid scores, top-k
+    router         input (bf16 cast on the fp32-experts path, fp32 on bf16-experts), sigmoid scores, top-k
                    indices, the fp64 normalisation's numerator and sum
     shared_expert  like dense_ffn at the shared width (its fp32 input is the router's)
     experts        token index and sort order (int64), offsets, sorted gates; the gathered copy
@@ -45,13 +45,13 @@ class ComputePath:
 
     Attributes:
         name: short label printed with the plan.
-        experts_bf16: routed-expert activations in bf16 under bf16 precision (the issue19 path: bf16
+        experts_bf16: routed-expert activations in bf16 under bf16 precision (the bf16-experts path: bf16
             matmuls on fp32 masters) rather than in the fp32 weights' dtype.
-        router_fp32: the router's linear forced to fp32 (the issue19 path) rather than recast to bf16 by
+        router_fp32: the router's linear forced to fp32 (the bf16-experts path) rather than recast to bf16 by
             autocast.
         ce_chunk_tokens: cross-entropy over chunks of this many tokens, logits recomputed per
-            chunk in backward (the issue19 path), or None for whole-batch logits, their fp32 copy and
-            log-softmax (the pre-issue19 path, which also returns the logits).
+            chunk in backward (the bf16-experts path), or None for whole-batch logits, their fp32 copy and
+            log-softmax (the fp32-experts path, which also returns the logits).
     """
 
     name: str
@@ -61,13 +61,15 @@ class ComputePath:
 
 
 CE_CHUNK_TOKENS = DEFAULT_CHUNK_ROWS  # loss.py's chunk: the rows whose logits exist at once
-ISSUE19 = ComputePath("issue19", experts_bf16=True, router_fp32=True, ce_chunk_tokens=CE_CHUNK_TOKENS)
-PRE_ISSUE19 = ComputePath("pre-issue19", experts_bf16=False, router_fp32=False, ce_chunk_tokens=None)
-COMPUTE_PATHS = {p.name: p for p in (ISSUE19, PRE_ISSUE19)}
+BF16_EXPERTS = ComputePath("bf16-experts", experts_bf16=True, router_fp32=True, ce_chunk_tokens=CE_CHUNK_TOKENS)
+FP32_EXPERTS = ComputePath("fp32-experts", experts_bf16=False, router_fp32=False, ce_chunk_tokens=None)
+COMPUTE_PATHS = {p.name: p for p in (BF16_EXPERTS, FP32_EXPERTS)}
+# the names these paths had in the 0.1 series, still read from command lines
+FORMER_PATH_NAMES = {"issue19": BF16_EXPERTS.name, "pre-issue19": FP32_EXPERTS.name}
 # The path this package's model runs (bf16 experts on fp32 masters, fp32 router, chunked CE), which
-# the calibration test (tests/test_memory_plan.py) checks the planner against; PRE_ISSUE19 stays
+# the calibration test (tests/test_memory_plan.py) checks the planner against; FP32_EXPERTS stays
 # for comparison with the code before it.
-MODEL_PATH = ISSUE19
+MODEL_PATH = BF16_EXPERTS
 
 
 @dataclass(frozen=True)

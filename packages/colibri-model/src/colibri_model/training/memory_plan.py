@@ -36,8 +36,8 @@ from ..errors import MemoryPlanError
 from ..param_count import count_params, mla_params
 from .activations import (
     BF16,
+    BF16_EXPERTS,
     FP32,
-    ISSUE19,
     KINDS,
     ComputePath,
     Shape,
@@ -137,7 +137,7 @@ class MemoryPlan:
 
 def plan_memory(config: ColibriConfig, *, micro_batch: int, seq_len: int, precision: str = "bf16",
                 ac: str = "none", fsdp: int = 1, grad_accum: int = 1,
-                path: ComputePath = ISSUE19) -> MemoryPlan:
+                path: ComputePath = BF16_EXPERTS) -> MemoryPlan:
     """The per-GPU memory plan of training `config` with these options (see the module docstring)."""
     for name, value in (("micro_batch", micro_batch), ("seq_len", seq_len), ("fsdp", fsdp),
                         ("grad_accum", grad_accum)):
@@ -240,7 +240,7 @@ def _layer_copies(weights: WeightCounts, path: ComputePath, moe: bool) -> int:
     if not moe:
         return (weights.attention + weights.dense_ffn) * BF16
     # routed experts: none saved; the grouped op casts its fp32 masters inside (grouped_mm.py), and
-    # on the pre-issue19 path they run in fp32
+    # on the fp32-experts path they run in fp32
     cast = weights.attention + weights.shared
     return (cast + (0 if path.router_fp32 else weights.router)) * BF16
 
