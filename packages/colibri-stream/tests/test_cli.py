@@ -99,6 +99,19 @@ def test_bad_size_is_a_usage_error(tiny):
     assert "--ram-budget" in result.output and "Traceback" not in result.output
 
 
+@pytest.mark.parametrize("command", ["generate", "chat", "serve"])
+def test_a_missing_budget_is_a_usage_error_naming_the_option(tiny, command):
+    args = ["--prompt", "x", "--max-new-tokens", "1"] if command == "generate" else []
+    result = run(command, tiny[0], *args)
+    assert result.exit_code == 2
+    assert "Missing option '--ram-budget'" in result.output and "Traceback" not in result.output
+
+
+def test_plan_without_a_budget_states_the_minimum_and_full_budgets(tiny):
+    result = run("plan", tiny[0])
+    assert result.exit_code == 0, result.output
+
+
 def test_too_small_budget_names_the_minimum(tiny):
     result = run("generate", tiny[0], "--prompt", "x", "--ram-budget", "1MiB", "--max-new-tokens", "1")
     assert result.exit_code == 2

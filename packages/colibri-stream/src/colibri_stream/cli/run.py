@@ -44,7 +44,8 @@ BUDGET_HELP = ("RAM for weights, caches and buffers: bytes or with a unit (KB, M
 def engine_options(required_budget: bool):
     def decorate(f):
         options = [
-            click.option("--ram-budget", type=BUDGET, required=required_budget, default=None, help=BUDGET_HELP),
+            # no default where it is required: click >= 8.3 takes an explicit default=None as given
+            click.option("--ram-budget", type=BUDGET, required=required_budget, help=BUDGET_HELP),
             click.option("--compute", type=click.Choice(COMPUTE_CHOICES), default="auto",
                          show_default=True,
                          help="Routed-expert kernels: torch's CPU int4 kernels, or dequantized matmuls (reference)."),
