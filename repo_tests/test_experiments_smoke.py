@@ -127,3 +127,15 @@ def test_diloco_rounds(work, tmp_path):
     int8, fp32 = by["k4"]["rounds"][0]["contribution_bytes"], by["k4_fp32"]["rounds"][0]["contribution_bytes"]
     assert 3.5 < fp32 / int8 < 4.0  # 1 + 4/256 bytes per value against 4
     assert all(0 <= p["top1"]["dead_experts"] for r in doc["runs"] for p in r["points"])
+
+
+def test_diloco_rounds_with_split_batches(work, tmp_path):
+    doc = _run("diloco_rounds", work, tmp_path, "--seeds", "0", "--steps", "8", "--inner-steps", "2", "--split-batch",
+               "--outer-lr", "1.0", "--outer-momentum", "0", "--ablations", "")
+    by = {r["name"]: r for r in doc["runs"]}
+    assert set(by) == {"k1", "k2", "k4"}
+    # the batch splits over the workers: every arm takes K=1's steps and trains K=1's tokens
+    assert (by["k2"]["worker_batch"], by["k4"]["worker_batch"]) == (2, 1)
+    assert {r["final"]["step"] for r in doc["runs"]} == {8}
+    assert {r["final"]["tokens"] for r in doc["runs"]} == {8 * 4 * 32}
+    assert by["k4"]["outer_momentum"] == 0.0 and doc["settings"]["split_batch"] is True

@@ -33,7 +33,7 @@ import contextlib
 import shutil
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -208,6 +208,8 @@ class Arm:
     name: str
     workers: int
     outer_lr: float = 0.7
+    outer_momentum: float = 0.9
+    split_batch: bool = False  # each worker takes batch_size / K windows a step: K=1's steps, K=1's tokens
     codec: str = "int8"  # or "fp32"
     late: str | None = None  # one worker one round late: "reject", "discount", "as_is"
     discount: float = 0.5
@@ -219,9 +221,13 @@ def diloco_run(work: Path, data: Path, scale, seed: int, arm: Arm, h: int, round
     root = work / arm.name / f"seed{seed}"
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
+    if arm.split_batch:
+        if scale.batch_size % k:
+            raise SystemExit(f"{arm.name}: batch size {scale.batch_size} does not split over {k} workers")
+        scale = replace(scale, batch_size=scale.batch_size // k)
     bases = {0: make_base(root, data, scale, seed, rounds * h)}
     config = RoundsConfig(companion="in-process", workers=k, inner_steps=h, round_s=1.0, outer_lr=arm.outer_lr,
-                          outer_momentum=0.9)
+                          outer_momentum=arm.outer_momentum)
     apps = [ColibriRounds(ParallelOptions(relay="in-process", work_dir=root / f"w{slot}", data_dir=data, slot=slot,
                                           rounds=rounds, log=lambda _msg: None)) for slot in range(k)]
     late_slot = k - 1 if arm.late else None
@@ -268,7 +274,8 @@ def diloco_run(work: Path, data: Path, scale, seed: int, arm: Arm, h: int, round
                 shutil.rmtree(out)
             if r - 1 in bases and r - 1 > 0:  # the late worker needs base r until round r+1
                 shutil.rmtree(bases.pop(r - 1))
-    return {"name": arm.name, "seed": seed, "workers": k, "outer_lr": arm.outer_lr, "codec": arm.codec,
+    return {"name": arm.name, "seed": seed, "workers": k, "outer_lr": arm.outer_lr,
+            "outer_momentum": arm.outer_momentum, "worker_batch": scale.batch_size, "codec": arm.codec,
             "late": arm.late, "curves": curves_of(points), "points": points, "rounds": rounds_log,
             "final": final_of(points)}
 
@@ -349,6 +356,10 @@ def main(argv: list[str] | None = None) -> dict:
     extra = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     extra.add_argument("--inner-steps", type=int, default=20)
     extra.add_argument("--outer-lr", type=float, default=0.7)
+    extra.add_argument("--outer-momentum", type=float, default=0.9)
+    extra.add_argument("--split-batch", action="store_true",
+                       help="each of K workers takes batch/K windows a step (K=1's steps and tokens); "
+                            "default: the full batch, N/K steps each")
     extra.add_argument("--bandwidth", type=float, default=100.0, help="MB/s each way per machine")
     extra.add_argument("--ablations", default="fp32,late", help="K=4 extra arms on the first seed ('' for none)")
     known, rest = extra.parse_known_args(argv)
@@ -363,27 +374,32 @@ def main(argv: list[str] | None = None) -> dict:
     work = args.work / EXPERIMENT
     results = []
     ablations = {a.strip() for a in known.ablations.split(",") if a.strip()}
+    outer = dict(outer_lr=known.outer_lr, outer_momentum=known.outer_momentum, split_batch=known.split_batch)
+
+    def rounds_of(k: int) -> int:
+        return steps // h if known.split_batch else steps // (k * h)
     for seed in args.seeds:
         results.append(sequential_run(work, data, scale, seed, steps, 4 * h, batches))
         print(f"k1 seed {seed}: {results[-1]['final']}", flush=True)
         for k in (2, 4):
-            arm = Arm(f"k{k}", k, outer_lr=known.outer_lr)
-            results.append(diloco_run(work, data, scale, seed, arm, h, steps // (k * h), known.bandwidth, batches))
+            arm = Arm(f"k{k}", k, **outer)
+            results.append(diloco_run(work, data, scale, seed, arm, h, rounds_of(k), known.bandwidth, batches))
             print(f"{arm.name} seed {seed}: {results[-1]['final']}", flush=True)
     first = args.seeds[0]
     arms = []
     if "fp32" in ablations:
-        arms.append(Arm("k4_fp32", 4, outer_lr=known.outer_lr, codec="fp32"))
+        arms.append(Arm("k4_fp32", 4, **outer, codec="fp32"))
     if "late" in ablations:
-        arms += [Arm(f"k4_late_{how}", 4, outer_lr=known.outer_lr, late=how) for how in ("reject", "discount", "as_is")]
+        arms += [Arm(f"k4_late_{how}", 4, **outer, late=how) for how in ("reject", "discount", "as_is")]
     if "lr" in ablations:
-        arms += [Arm(f"k4_outer_lr{lr:g}", 4, outer_lr=lr) for lr in (0.4, 1.0) if lr != known.outer_lr]
+        arms += [Arm(f"k4_outer_lr{lr:g}", 4, **{**outer, "outer_lr": lr}) for lr in (0.4, 1.0) if lr != known.outer_lr]
     for arm in arms:
-        results.append(diloco_run(work, data, scale, first, arm, h, steps // (4 * h), known.bandwidth, batches))
+        results.append(diloco_run(work, data, scale, first, arm, h, rounds_of(4), known.bandwidth, batches))
         print(f"{arm.name} seed {first}: {results[-1]['final']}", flush=True)
     settings = {"scale": vars(scale), "model": runs.model_config(scale).model_dump(), "seeds": args.seeds,
                 "total_steps_equivalent": steps, "tokens_per_step": scale.batch_size * scale.seq_len,
-                "inner_steps": h, "outer_lr": known.outer_lr, "outer_momentum": 0.9,
+                "inner_steps": h, "outer_lr": known.outer_lr, "outer_momentum": known.outer_momentum,
+                "split_batch": known.split_batch,
                 "bandwidth_MB_s": known.bandwidth, "decay_fraction": DECAY_FRACTION,
                 "val_windows": VAL_BATCHES * scale.batch_size,
                 "late_discount": 0.5, "workers_run": "one after another in one process (simulated clock)"}
