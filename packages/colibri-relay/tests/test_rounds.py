@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import pytest
 from colibri_relay import Relay
@@ -12,6 +13,7 @@ from colibri_relay.contribution import close_round, post_contribution, read_slot
 from colibri_relay.dashboard.page import render_page
 from colibri_relay.dashboard.reader import DashboardReader
 from colibri_relay.errors import (
+    ChecksumMismatch,
     ModeMismatch,
     RoundClosed,
     RoundPlanError,
@@ -154,3 +156,42 @@ def test_round_chaos_killed_workers_and_mergers_lose_nothing(tmp_path):
                              kill_every_s=(1.0, 2.0))
     assert report["violations"] == [], report
     assert report["rounds"] == 6 and report["kills"] >= 2 and report["acks"] >= 12
+
+
+def test_a_merged_base_that_lost_a_file_with_its_merger_is_rebuilt_by_the_next_holder(tmp_path, fake_hub, monkeypatch):
+    """The Hub lands round 0's merge without total.json and the merger dies before its re-upload:
+    the next lease holder rebuilds the merge from the ledger and uploads what the tree lacks, so the
+    run goes on and the history replays."""
+    import colibri_relay.rounds as rounds_module
+
+    relay, rounds = _start(tmp_path, fake_hub, "heal", workers=1)
+    view = rounds.view()
+    a = rounds.post(view, slot=0, worker="a", src_dir=_delta_dir(tmp_path, "a", 7), summary={"tokens": 10})
+    first = RoundWorker(rounds, slot=0, train=lambda *a: {}, merge=merge_totals, work_dir=tmp_path / "first")
+    first.leg = Relay(relay.store, holder="first", lease_duration_s=3.0, heartbeat_s=0.5).claim()
+    first.done.add(0)
+    close_round(rounds.companion(view.rounds), 0, "first")  # so that the dropped file is the merge's
+    fake_hub.faults.inject("commit_drops_file", 1)
+    monkeypatch.setattr(rounds_module, "tree_problems", lambda *a, **k: [])  # dies before it re-uploads
+    first._merge_duty()
+    monkeypatch.undo()
+    first.leg.close()  # killed: its heartbeats stop, the lease lapses by itself
+    broken = rounds.view()
+    assert broken.round == 1 and rounds.base_problems(broken)
+    with pytest.raises(ChecksumMismatch):
+        rounds.pull_base(broken, tmp_path / "pulled")
+    worker = RoundWorker(rounds, slot=0, train=lambda *a: {}, merge=merge_totals, work_dir=tmp_path / "next",
+                         poll_s=0.05)
+    worker.relay = Relay(relay.store, holder="next", lease_duration_s=3.0, heartbeat_s=0.5)
+    deadline = time.monotonic() + 20
+    while worker.leg is None and time.monotonic() < deadline:  # the lapsed lease, then the repair
+        worker._contribute(worker._view())
+    assert worker.leg is not None
+    healed = rounds.view()
+    assert not rounds.base_problems(healed)
+    rounds.pull_base(healed, tmp_path / "pulled")
+    assert json.loads((tmp_path / "pulled" / "total.json").read_text())["total"] == 7
+    worker.leg.release()
+    report = check_round_history(relay.store, rounds.companion(view.rounds),
+                                 acks=[{"round": 0, "slot": 0, "nonce": a.nonce}], replay=replay_totals)
+    assert report["violations"] == [] and report["rounds"] == 1

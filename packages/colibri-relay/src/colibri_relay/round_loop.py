@@ -25,8 +25,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .contribution import Ack, ClosedRound, ContributionMeta, close_round, fetch_contribution, read_slots
-from .errors import LeaseHeld, LeaseLost, RelayError, RelayFileCorrupt, RoundClosed, SlotTaken, StoreError
+from .errors import (
+    ChecksumMismatch,
+    FileNotFoundInStore,
+    LeaseHeld,
+    LeaseLost,
+    RelayError,
+    RelayFileCorrupt,
+    RoundClosed,
+    SlotTaken,
+    StoreError,
+)
 from .lease import log
+from .payload import pull_payload
 from .relay import Leg
 from .round_state import ContributionRecord, Rejection, RoundEntry, RoundsConfig
 from .rounds import RoundRelay, RoundView, payload_digest
@@ -78,6 +89,7 @@ class RoundWorker:
         self.leg: Leg | None = None
         self.first_seen: dict[int, float] = {}
         self.done: set[int] = set()
+        self.verified_heads: set[str] = set()  # lease heads whose base tree verified
         self.report = WorkerReport()
 
     # --- the loop ------------------------------------------------------------------------------
@@ -128,7 +140,22 @@ class RoundWorker:
     def _contribute(self, view: RoundView) -> None:
         r = view.round
         base, out = self.work / "base", self.work / f"out-{r}"
-        self.rounds.pull_base(view, base)
+        try:
+            self.rounds.pull_base(view, base)
+        except (ChecksumMismatch, FileNotFoundInStore) as exc:
+            # the base's merge landed without a file and its merger died before re-uploading it:
+            # the lease holder rebuilds it (_heal_base); take the lease if it is free, else wait
+            self.say(f"[{self.relay.holder}] round {r}'s base does not verify ({exc}); waiting for its repair")
+            self._try_lease()
+            if self.leg is not None:
+                try:
+                    self._heal_base(self.leg, self.rounds.lease_view(self.leg))
+                except LeaseLost as lost:
+                    self.say(f"[{self.relay.holder}] merger lease lost: {lost}")
+                    self.leg = None
+            else:
+                time.sleep(self.poll_s)
+            return
         shutil.rmtree(out, ignore_errors=True)
         out.mkdir(parents=True)
         t0 = time.monotonic()
@@ -161,6 +188,7 @@ class RoundWorker:
         try:
             view = self.rounds.lease_view(leg)
             r = view.round
+            self._heal_base(leg, view)
             if r not in self.done:
                 return  # the lease's round is newer than our last read: train it first
             companion = self.rounds.companion(view.rounds)
@@ -181,6 +209,37 @@ class RoundWorker:
         except LeaseLost as exc:
             self.say(f"[{self.relay.holder}] merger lease lost: {exc}")
             self.leg = None
+
+    def _heal_base(self, leg: Leg, view: RoundView) -> None:
+        """A merge commit can land without one of its files (the Hub's dropped file); its merger
+        uploads it again right after, but a merger killed in between leaves a base nobody can pull,
+        and the run would stop there. The next lease holder rebuilds that merge from the ledger
+        (the base before it, the contributions it names at their close) with the same merge
+        function, and uploads what the tree lacks. Checked once per head."""
+        if view.head in self.verified_heads or view.round == 0:
+            return
+        if self.rounds.base_problems(view):
+            entry = self.rounds.ledger(view.head)[-1]
+            self.say(f"[{self.relay.holder}] round {entry.round}'s base lacks files: rebuilding its merge")
+            base, fetched, out = self.work / "heal-base", self.work / "heal-in", self.work / "heal-out"
+            for d in (base, fetched, out):
+                shutil.rmtree(d, ignore_errors=True)
+            out.mkdir(parents=True)
+            before = self.rounds.relay.read_state(entry.base_commit)
+            pull_payload(self.rounds.relay.store, entry.base_commit, before.payload, base)
+            companion = self.rounds.companion(view.rounds)
+            accepted = [fetch_contribution(companion, entry.close_commit, entry.round, c.slot, fetched)
+                        for c in entry.contributions]
+            if accepted:
+                self.merge(MergeInput(entry.round, view.rounds, base, accepted, out))
+            else:
+                shutil.rmtree(out)
+                shutil.copytree(base, out, ignore=shutil.ignore_patterns(".*"))
+            self.rounds.reupload_base(leg, out)
+            for d in (base, fetched, out):
+                shutil.rmtree(d, ignore_errors=True)
+            view = self.rounds.lease_view(leg)
+        self.verified_heads.add(view.head)
 
     def _merge(self, leg: Leg, view: RoundView, closed: ClosedRound, close_commit: str) -> RoundEntry:
         r = view.round

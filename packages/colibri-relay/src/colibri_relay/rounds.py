@@ -159,6 +159,31 @@ class RoundRelay:
         return self._commit_payload(leg, payload_dir, make, f"relay: merge round {r} ({len(entry.contributions)} "
                                     f"merged, {len(entry.rejected)} rejected)", ledger_md=md)
 
+    def base_problems(self, view: RoundView) -> list[str]:
+        """What the tree at `view.head` lacks of its own manifest (empty: the base verifies)."""
+        return tree_problems(self.relay.store, view.head, view.state.payload)
+
+    def reupload_base(self, leg: Leg, payload_dir: str | os.PathLike) -> str:
+        """Upload again the files of the lease's base that its tree lacks, from `payload_dir` (the
+        same base, rebuilt): for a merge commit the store landed without a file whose merger died
+        before its own re-upload. Refuses a directory that is not that base."""
+        manifest = leg.lease.state.payload
+        snap = snapshot_payload(scan_payload(Path(payload_dir)), Path(payload_dir))
+        try:
+            if snap.manifest != manifest:
+                differ = sorted(k for k in {*manifest, *snap.manifest} if manifest.get(k) != snap.manifest.get(k))
+                raise PayloadError(f"{payload_dir}: the rebuilt base differs from round {rounds_of(leg.lease.state).round}'s "
+                                   f"manifest in {differ[:3]}; nothing was uploaded")
+            problems = tree_problems(self.relay.store, leg.lease.commit, manifest)
+            missing: list[Operation] = [PutFile(rel, snap.sources[rel]) for rel in manifest
+                                        if any(p.startswith(rel + ":") for p in problems)]
+            if not missing:
+                return leg.lease.commit
+            self.relay.store.prepare(missing)
+            return leg.lease.write(lambda s: (s.next_write(), missing), REUPLOAD_TITLE)
+        finally:
+            snap.close()
+
     def _ledger_raw(self, leg: Leg) -> bytes:
         try:
             return self.relay.store.read_file(LEDGER_JSONL, leg.lease.commit)
@@ -197,10 +222,13 @@ class RoundRelay:
                 missing: list[Operation] = [PutFile(rel, snap.sources[rel]) for rel in manifest
                                             if any(p.startswith(rel + ":") for p in problems)]
                 store.prepare(missing)
-                sha = lease.write(lambda s: (s.next_write(), missing), "relay: re-upload of the base")
+                sha = lease.write(lambda s: (s.next_write(), missing), REUPLOAD_TITLE)
             return sha
         finally:
             snap.close()
 
 
-__all__ = ["RoundRelay", "RoundView", "payload_digest"]
+# the title the round history checker knows a re-upload by (testing/round_history_check.py)
+REUPLOAD_TITLE = "relay: re-upload of the base"
+
+__all__ = ["REUPLOAD_TITLE", "RoundRelay", "RoundView", "payload_digest"]

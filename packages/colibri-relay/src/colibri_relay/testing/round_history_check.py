@@ -28,14 +28,13 @@ from ..ledger import LEDGER_JSONL
 from ..payload import pull_payload
 from ..relay_state import RELAY_FILE, parse_relay_state
 from ..round_state import parse_round_ledger, rounds_of
-from ..rounds import payload_digest
+from ..rounds import REUPLOAD_TITLE, payload_digest
 from ..store import RelayStore
 
 MERGE_TITLE = re.compile(r"^relay: merge round (\d+) ")
 CLOSE_TITLE = re.compile(r"^rounds: close round (\d+) ")
 CONTRIB_TITLE = re.compile(r"^rounds: contribution round (\d+) slot (\d+) ")
 
-REUPLOAD_TITLE = "relay: re-upload of the base"
 
 Replay = Callable[[object, Path, Path, list], list[str]]
 
