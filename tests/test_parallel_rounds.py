@@ -260,3 +260,26 @@ def test_a_worker_killed_mid_round_the_run_completes_and_merges_it_at_most_once(
     report = check_round_history(relay.store, companion, min_rounds=2, acks=acks, replay=_replay_outer_step)
     assert report["violations"] == []
     assert report["acks"] >= 3  # round 0 by the survivor, round 1 by both (round 0 by the restart unless late)
+
+
+def test_a_merged_model_file_has_the_same_bytes_every_time(tmp_path):
+    """safetensors writes its metadata map in a random order; the merge's file must not, so a base
+    rebuilt by the next merger (ROUNDS.md) has the checksums of the one it replaces."""
+    import hashlib
+
+    from colibri.parallel_round import save_canonical
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    tensors = {"b": torch.arange(6.0).view(2, 3), "a": torch.ones(4, dtype=torch.bfloat16)}
+    metadata = {"format": "pt", "format_version": "1.0", "z": "last", "m": "middle"}
+    digests = set()
+    for i in range(6):
+        path = tmp_path / f"m{i}.safetensors"
+        save_canonical(tensors, path, metadata)
+        digests.add(hashlib.sha256(path.read_bytes()).hexdigest())
+    assert len(digests) == 1
+    got = load_file(str(path))
+    assert torch.equal(got["b"], tensors["b"]) and torch.equal(got["a"], tensors["a"])
+    with safe_open(str(path), "pt") as f:
+        assert f.metadata() == metadata

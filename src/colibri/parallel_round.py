@@ -19,6 +19,7 @@ outer_momentum.safetensors from round 1 on.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
@@ -100,6 +101,22 @@ def _link_or_copy(src: Path, dst: Path) -> None:
         os.link(src, dst)
     except OSError:
         shutil.copy2(src, dst)
+
+
+def save_canonical(tensors: dict[str, torch.Tensor], path: Path, metadata: dict | None) -> None:
+    """save_file, then the header's JSON rewritten with sorted keys: safetensors writes its metadata
+    map in a random order, so the same merge would give other bytes each time, and a merged base
+    rebuilt by the next merger (ROUNDS.md) must have the checksums of the one it replaces. The
+    rewrite keeps the header's length (same characters, other order; padding as written)."""
+    save_file(tensors, str(path), metadata=metadata)
+    with open(path, "r+b") as f:
+        size = int.from_bytes(f.read(8), "little")
+        header = f.read(size)
+        canonical = json.dumps(json.loads(header), sort_keys=True, separators=(",", ":")).encode()
+        if len(canonical) > size:  # never: the same characters in another order
+            raise ValueError(f"{path}: canonical safetensors header is longer than the one written")
+        f.seek(8)
+        f.write(canonical + b" " * (size - len(canonical)))
 
 
 def _float_tensors(path: Path) -> dict[str, torch.Tensor]:
@@ -202,7 +219,7 @@ class ColibriRounds:
         else:  # every contribution failed its check: the base carries over
             new, buf, biases, stats = {}, momentum or {}, {}, {}
         merged = {n: new.get(n, biases.get(n, t)) for n, t in base_all.items()}
-        save_file(merged, str(out / MODEL_FILE), metadata=metadata)
+        save_canonical(merged, out / MODEL_FILE, metadata)
         if buf:
             save_file(buf, str(out / MOMENTUM_FILE))
         state = read_training_state(job.base_dir)
