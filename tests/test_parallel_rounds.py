@@ -267,12 +267,13 @@ def test_a_merged_model_file_has_the_same_bytes_every_time(tmp_path):
     rebuilt by the next merger (ROUNDS.md) has the checksums of the one it replaces."""
     import hashlib
 
-    from colibri.parallel_round import save_canonical
     from safetensors import safe_open
     from safetensors.torch import load_file
 
+    from colibri.parallel_round import save_canonical
+
     tensors = {"b": torch.arange(6.0).view(2, 3), "a": torch.ones(4, dtype=torch.bfloat16)}
-    metadata = {"format": "pt", "format_version": "1.0", "z": "last", "m": "middle"}
+    metadata = {"format": "pt", "format_version": "1.0", "z": "last", "m": "mi\u00e9ddle"}
     digests = set()
     for i in range(6):
         path = tmp_path / f"m{i}.safetensors"

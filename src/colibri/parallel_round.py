@@ -112,7 +112,7 @@ def save_canonical(tensors: dict[str, torch.Tensor], path: Path, metadata: dict 
     with open(path, "r+b") as f:
         size = int.from_bytes(f.read(8), "little")
         header = f.read(size)
-        canonical = json.dumps(json.loads(header), sort_keys=True, separators=(",", ":")).encode()
+        canonical = json.dumps(json.loads(header), sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
         if len(canonical) > size:  # never: the same characters in another order
             raise ValueError(f"{path}: canonical safetensors header is longer than the one written")
         f.seek(8)
