@@ -110,6 +110,7 @@ def test_a_missing_budget_is_a_usage_error_naming_the_option(tiny, command):
 def test_plan_without_a_budget_states_the_minimum_and_full_budgets(tiny):
     result = run("plan", tiny[0])
     assert result.exit_code == 0, result.output
+    assert "minimum budget" in result.output and "full budget" in result.output
 
 
 def test_too_small_budget_names_the_minimum(tiny):

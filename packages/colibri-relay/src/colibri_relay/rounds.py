@@ -175,12 +175,7 @@ class RoundRelay:
                 raise PayloadError(f"{payload_dir}: the rebuilt base differs from round {rounds_of(leg.lease.state).round}'s "
                                    f"manifest in {differ[:3]}; nothing was uploaded")
             problems = tree_problems(self.relay.store, leg.lease.commit, manifest)
-            missing: list[Operation] = [PutFile(rel, snap.sources[rel]) for rel in manifest
-                                        if any(p.startswith(rel + ":") for p in problems)]
-            if not missing:
-                return leg.lease.commit
-            self.relay.store.prepare(missing)
-            return leg.lease.write(lambda s: (s.next_write(), missing), REUPLOAD_TITLE)
+            return _reupload(leg.lease, self.relay.store, snap, problems) if problems else leg.lease.commit
         finally:
             snap.close()
 
@@ -219,10 +214,7 @@ class RoundRelay:
             if problems:
                 # The commit stands (the round advanced); the tree must hold its manifest again.
                 log.warning("%s at %s lacks %s: uploading those files again", message, sha[:12], problems[:2])
-                missing: list[Operation] = [PutFile(rel, snap.sources[rel]) for rel in manifest
-                                            if any(p.startswith(rel + ":") for p in problems)]
-                store.prepare(missing)
-                sha = lease.write(lambda s: (s.next_write(), missing), REUPLOAD_TITLE)
+                sha = _reupload(lease, store, snap, problems)
             return sha
         finally:
             snap.close()
@@ -230,5 +222,14 @@ class RoundRelay:
 
 # the title the round history checker knows a re-upload by (testing/round_history_check.py)
 REUPLOAD_TITLE = "relay: re-upload of the base"
+
+
+def _reupload(lease, store: RelayStore, snap, problems: list[str]) -> str:
+    """Commit again the files of `snap` that `problems` (tree_problems' "path: why") name."""
+    missing: list[Operation] = [PutFile(rel, snap.sources[rel]) for rel in snap.manifest
+                                if any(p.startswith(rel + ":") for p in problems)]
+    store.prepare(missing)
+    return lease.write(lambda s: (s.next_write(), missing), REUPLOAD_TITLE)
+
 
 __all__ = ["REUPLOAD_TITLE", "RoundRelay", "RoundView", "payload_digest"]
