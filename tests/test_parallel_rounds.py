@@ -203,11 +203,15 @@ def _wait_for(what: str, ready, proc: subprocess.Popen, timeout_s: float) -> Non
         time.sleep(0.05)
 
 
-def test_a_worker_killed_mid_round_the_run_completes_and_merges_it_at_most_once(fake_hub, shards, tmp_path):
+def test_a_worker_killed_mid_round_the_run_completes_and_merges_it_at_most_once(fake_hub, shards, tmp_path,
+                                                                                 monkeypatch):
     """SIGKILL one `colibri train --parallel` worker while it trains round 0, start it again (same
     holder, empty inner state): both rounds merge, the killed slot is in round 0's entry at most
     once (merged, or rejected with a reason), and the history checker finds no violation."""
     spec = "hf://colibri/kill-run"
+    # The Hub's 128 commits an hour fit a lease of 1200 s; this run's 6 s lease, renewed every second
+    # by a merger that may wait 90 s for the restart, gets the same quota scaled to its lease.
+    monkeypatch.setattr(fake_hub, "commit_rate_limit", (128, 3600.0 * 6 / 1200))
     env = {**os.environ, "HF_ENDPOINT": fake_hub.endpoint, "HF_HUB_DISABLE_XET": "1"}
     # Generous timers for a loaded 2-core machine: the merger waits up to 90 s for the restarted
     # worker, and the lease (6 s) lets the survivor take over should the killed one hold it.

@@ -170,3 +170,27 @@ def test_a_stale_preupload_answer_cannot_make_the_client_drop_a_prepared_file(hu
         hub_store.commit([PutFile("x", b"B"), PutFile("y", b"2")], parent=h3, message="m", nonce="abcdef33")
     fake_hub.faults.set(stale_head_read=0.0)
     assert err.value.sha == hub_store.head()
+
+
+def test_init_rides_out_a_busy_commit_lock(hub_store, fake_hub):
+    from colibri_relay import Relay
+
+    fake_hub.faults.inject("commit_409", 2)
+    head, state = Relay(hub_store, holder="a").init()
+    assert fake_hub.faults.injected["commit_409"] == 2
+    assert (head, state.status) == (hub_store.head(), "free")
+
+
+def test_workers_started_together_all_init_the_same_relay(fake_hub):
+    """Every worker of a new run inits at once: the commits that meet the others' lock (409)
+    or lose the CAS read the relay that won instead of failing."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from colibri_relay import Relay
+
+    spec = "hf://colibri/init-race"
+    with ThreadPoolExecutor(6) as pool:
+        results = list(pool.map(lambda i: Relay(spec, holder=f"w{i}").init(), range(6)))
+    heads = {head for head, _ in results}
+    assert len(heads) == 1 and {state.nonce for _, state in results} == {results[0][1].nonce}
+    assert sum(r.title.startswith("relay: init") for r in Relay(spec).store.history()) == 1

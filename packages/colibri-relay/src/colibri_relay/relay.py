@@ -18,6 +18,7 @@ from __future__ import annotations
 import getpass
 import os
 import socket
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,10 +27,12 @@ from .claim import Claim, HeldStateWatch, LeaseTimers, claim_lease, read_settled
 from .errors import (
     CasLost,
     ChecksumMismatch,
+    CommitLockBusy,
     FileNotFoundInStore,
     LeaseHeld,
     LeaseLost,
     NotInitialized,
+    OutcomeUnknown,
     RelayError,
 )
 from .lease import Lease, log
@@ -47,6 +50,9 @@ from .relay_state import RELAY_FILE, RelayState, read_relay_state, read_relay_st
 from .repair import repair_payload
 from .store import PutFile, RelayStore
 from .stores import open_store
+
+# An init that meets a busy commit lock (or an unknown outcome) reads and tries again this often.
+INIT_ATTEMPTS = 12
 
 
 def default_holder() -> str:
@@ -97,22 +103,33 @@ class Relay:
         """Create the store and an empty relay (baton free, leg 0, empty ledger). Idempotent: an
         existing valid relay is left alone; an existing corrupt RELAY.json is an error (nothing lost)."""
         head = self.store.create()
-        try:
-            return head, self.read_state(head)
-        except NotInitialized:
-            pass
-        state = RelayState(lease_duration_s=self.lease_duration_s, heartbeat_s=self.heartbeat_s).next_write()
-        ops = [PutFile(LEDGER_JSONL, b""), PutFile(LEDGER_MD, render_ledger_md([])),
-               PutFile(RELAY_FILE, state.to_bytes())]
-        try:
-            sha = self.store.commit(ops, parent=head, message="relay: init", nonce=state.nonce)
-        except CasLost:
-            # The head read may have lagged behind a relay that exists (or another init won).
+        backoff, attempt = 0.05, 0
+        while True:
+            attempt += 1
             try:
-                return read_settled(self.store)
+                return head, self.read_state(head)
             except NotInitialized:
-                raise CasLost(f"{self.store.spec}: init lost its race to a write that is not a relay") from None
-        return sha, state
+                pass
+            state = RelayState(lease_duration_s=self.lease_duration_s, heartbeat_s=self.heartbeat_s).next_write()
+            ops = [PutFile(LEDGER_JSONL, b""), PutFile(LEDGER_MD, render_ledger_md([])),
+                   PutFile(RELAY_FILE, state.to_bytes())]
+            try:
+                return self.store.commit(ops, parent=head, message="relay: init", nonce=state.nonce), state
+            except CasLost:
+                # The head read may have lagged behind a relay that exists (or another init won).
+                try:
+                    return read_settled(self.store)
+                except NotInitialized:
+                    raise CasLost(f"{self.store.spec}: init lost its race to a write that is not a relay") from None
+            except (CommitLockBusy, OutcomeUnknown) as exc:
+                # Workers started together all init at once: the others' commit holds the lock, or
+                # ours may have landed unseen. Either way a relay may exist now: read, then retry.
+                if attempt == INIT_ATTEMPTS:
+                    raise
+                log.info("relay init: %s; reading again", exc)
+                time.sleep(backoff)
+                backoff = min(backoff * 2, 1.0)
+                head = self.store.head()
 
     def force_release(self, lease_id: str | None = None) -> tuple[str, RelayState]:
         """Free the baton from outside the holder: one CAS write on the head. If `lease_id` is
