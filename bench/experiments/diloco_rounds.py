@@ -186,11 +186,14 @@ def discount_contribution(directory: Path, weight: float) -> None:
     save_file(tensors, str(path), metadata=metadata)
 
 
-def make_base(root: Path, data: Path, scale, seed: int, steps: int) -> Path:
+def make_base(root: Path, data: Path, scale, seed: int, steps: int, lr: float | None = None) -> Path:
     """Round 0's base: a fresh model's checkpoint at step 0, as `parallel_round.start_base` makes one
-    (a TrainConfig of R*H steps), for this experiment's model rather than a preset."""
-    trainer = Trainer.for_pretraining(root / "start-run", data, runs.model_config(scale),
-                                      worker_train_config(scale, seed, steps))
+    (a TrainConfig of R*H steps), for this experiment's model rather than a preset. Its TrainConfig
+    is every worker's, so `lr` (None: K=1's) is the workers' inner lr."""
+    cfg = worker_train_config(scale, seed, steps)
+    if lr is not None:
+        cfg = cfg.model_copy(update={"lr": lr})
+    trainer = Trainer.for_pretraining(root / "start-run", data, runs.model_config(scale), cfg)
     checkpoint = trainer.save_checkpoint()
     trainer.close()
     base = root / "base-0"
@@ -211,6 +214,7 @@ class Arm:
     outer_momentum: float = 0.9
     split_batch: bool = False  # each worker takes batch_size / K windows a step: K=1's steps, K=1's tokens
     codec: str = "int8"  # or "fp32"
+    inner_lr: float | None = None  # the workers' AdamW lr; None: K=1's
     late: str | None = None  # one worker one round late: "reject", "discount", "as_is"
     discount: float = 0.5
 
@@ -225,7 +229,7 @@ def diloco_run(work: Path, data: Path, scale, seed: int, arm: Arm, h: int, round
         if scale.batch_size % k:
             raise SystemExit(f"{arm.name}: batch size {scale.batch_size} does not split over {k} workers")
         scale = replace(scale, batch_size=scale.batch_size // k)
-    bases = {0: make_base(root, data, scale, seed, rounds * h)}
+    bases = {0: make_base(root, data, scale, seed, rounds * h, lr=arm.inner_lr)}
     config = RoundsConfig(companion="in-process", workers=k, inner_steps=h, round_s=1.0, outer_lr=arm.outer_lr,
                           outer_momentum=arm.outer_momentum)
     apps = [ColibriRounds(ParallelOptions(relay="in-process", work_dir=root / f"w{slot}", data_dir=data, slot=slot,
@@ -275,7 +279,7 @@ def diloco_run(work: Path, data: Path, scale, seed: int, arm: Arm, h: int, round
             if r - 1 in bases and r - 1 > 0:  # the late worker needs base r until round r+1
                 shutil.rmtree(bases.pop(r - 1))
     return {"name": arm.name, "seed": seed, "workers": k, "outer_lr": arm.outer_lr,
-            "outer_momentum": arm.outer_momentum, "worker_batch": scale.batch_size, "codec": arm.codec,
+            "outer_momentum": arm.outer_momentum, "inner_lr": arm.inner_lr, "worker_batch": scale.batch_size, "codec": arm.codec,
             "late": arm.late, "curves": curves_of(points), "points": points, "rounds": rounds_log,
             "final": final_of(points)}
 
@@ -360,6 +364,9 @@ def main(argv: list[str] | None = None) -> dict:
     extra.add_argument("--split-batch", action="store_true",
                        help="each of K workers takes batch/K windows a step (K=1's steps and tokens); "
                             "default: the full batch, N/K steps each")
+    extra.add_argument("--inner-lr", type=float, default=None,
+                       help="the workers' AdamW lr (default: K=1's); K=1 keeps its own")
+    extra.add_argument("--workers", default="2,4", help="the K > 1 arms to run besides K=1")
     extra.add_argument("--bandwidth", type=float, default=100.0, help="MB/s each way per machine")
     extra.add_argument("--ablations", default="fp32,late", help="K=4 extra arms on the first seed ('' for none)")
     known, rest = extra.parse_known_args(argv)
@@ -374,14 +381,16 @@ def main(argv: list[str] | None = None) -> dict:
     work = args.work / EXPERIMENT
     results = []
     ablations = {a.strip() for a in known.ablations.split(",") if a.strip()}
-    outer = dict(outer_lr=known.outer_lr, outer_momentum=known.outer_momentum, split_batch=known.split_batch)
+    outer = dict(outer_lr=known.outer_lr, outer_momentum=known.outer_momentum, split_batch=known.split_batch,
+                 inner_lr=known.inner_lr)
+    worker_counts = [int(k) for k in known.workers.split(",") if k.strip()]
 
     def rounds_of(k: int) -> int:
         return steps // h if known.split_batch else steps // (k * h)
     for seed in args.seeds:
         results.append(sequential_run(work, data, scale, seed, steps, 4 * h, batches))
         print(f"k1 seed {seed}: {results[-1]['final']}", flush=True)
-        for k in (2, 4):
+        for k in worker_counts:
             arm = Arm(f"k{k}", k, **outer)
             results.append(diloco_run(work, data, scale, seed, arm, h, rounds_of(k), known.bandwidth, batches))
             print(f"{arm.name} seed {seed}: {results[-1]['final']}", flush=True)
@@ -399,7 +408,7 @@ def main(argv: list[str] | None = None) -> dict:
     settings = {"scale": vars(scale), "model": runs.model_config(scale).model_dump(), "seeds": args.seeds,
                 "total_steps_equivalent": steps, "tokens_per_step": scale.batch_size * scale.seq_len,
                 "inner_steps": h, "outer_lr": known.outer_lr, "outer_momentum": known.outer_momentum,
-                "split_batch": known.split_batch,
+                "split_batch": known.split_batch, "inner_lr": known.inner_lr or "K=1's",
                 "bandwidth_MB_s": known.bandwidth, "decay_fraction": DECAY_FRACTION,
                 "val_windows": VAL_BATCHES * scale.batch_size,
                 "late_discount": 0.5, "workers_run": "one after another in one process (simulated clock)"}

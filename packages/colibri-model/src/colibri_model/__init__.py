@@ -29,7 +29,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "config": ("ColibriConfig", "ConfigError", "RopeScaling"),
     "errors": ("ColibriModelError",),
     "experts": ("ExpertBackend", "ExpertGlu", "GroupedExperts"),
-    "layers": ("KVCache",),
+    "layers": ("Attention", "KVCache"),
     "model": ("CausalLMOutput", "ColibriForCausalLM"),
     "moe": ("MoELayer",),
     "param_count": ("count_params",),
@@ -55,7 +55,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and IDEs (tests hold the 
     from .config import ColibriConfig, ConfigError, RopeScaling
     from .errors import ColibriModelError
     from .experts import ExpertBackend, ExpertGlu, GroupedExperts
-    from .layers import KVCache
+    from .layers import Attention, KVCache
     from .model import CausalLMOutput, ColibriForCausalLM
     from .moe import MoELayer
     from .param_count import count_params
@@ -65,6 +65,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and IDEs (tests hold the 
     from .tokenizer import EOS_TOKEN, IM_END, load_tokenizer
 
 __all__ = [
+    "Attention",
     "EOS_TOKEN",
     "FORMAT_VERSION",
     "IM_END",

@@ -121,6 +121,12 @@ class RotaryEmbedding(nn.Module):
             return
         self._cos, self._sin = _rope_tables(self.head_dim, self.theta, self.scaling, max(length, self.max_len), device)
 
+    def at(self, position: int, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+        """The fp32 (cos, sin) rows [D] of one position (< the table length), as `forward` applies
+        them: for a runtime that rotates a decode token itself (colibri-stream's native attention)."""
+        self.ensure(self.max_len, torch.device(device))
+        return self._cos[position], self._sin[position]
+
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """x: [B, H, T, D]; positions: absolute positions (< the table length), [T] shared by the
         batch or [B, T] per row (a padded batch whose rows stand at different positions)."""

@@ -31,7 +31,8 @@ import torch
 
 from ..errors import NativeKernelError
 
-SOURCE = Path(__file__).with_name("native") / "q4_matvec.c"
+# the q4/q8/bf16 products, and the small per-row pieces of a decode token (one shared object)
+SOURCES = tuple(Path(__file__).with_name("native") / name for name in ("q4_matvec.c", "decode_step.c"))
 FLAGS = ("-O3", "-shared", "-fPIC", "-fopenmp")
 BLOCK = 32  # activation columns per int8 scale (the kernel's BLOCK)
 SCALAR, AVX2, AVX512_VNNI = 0, 1, 2  # the kernel's levels (AVX512_VNNI: the same bits as AVX2, faster)
@@ -54,7 +55,7 @@ def _library() -> ctypes.CDLL:
     compiler = _compiler()
     if compiler is None:
         raise NativeKernelError("no C compiler found (set CC, or install gcc)")
-    source = SOURCE.read_bytes()
+    source = b"".join(path.read_bytes() for path in SOURCES)
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
     digest = hashlib.sha256(source + version.encode() + " ".join(FLAGS).encode()).hexdigest()[:16]
     target = _cache_dir() / f"q4_matvec-{digest}.so"
@@ -62,9 +63,11 @@ def _library() -> ctypes.CDLL:
         target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
             built = Path(tmp) / target.name
-            done = subprocess.run([compiler, *FLAGS, "-o", str(built), str(SOURCE)], capture_output=True, text=True)
+            done = subprocess.run([compiler, *FLAGS, "-o", str(built), *map(str, SOURCES), "-lm"], capture_output=True,
+                                  text=True)
             if done.returncode != 0:
-                raise NativeKernelError(f"{compiler} failed on {SOURCE.name}: {done.stderr.strip()[-500:]}")
+                names = ", ".join(path.name for path in SOURCES)
+                raise NativeKernelError(f"{compiler} failed on {names}: {done.stderr.strip()[-500:]}")
             os.replace(built, target)  # atomic: a concurrent build of the same digest is identical
     library = ctypes.CDLL(str(target))
     pointer, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
@@ -84,6 +87,8 @@ def _library() -> ctypes.CDLL:
     library.colibri_q8_quantize.restype = library.colibri_q4_matmul.restype = i32
     library.colibri_q8w_matmul.restype = i32
     library.colibri_q4_cpu_level.restype = i32
+    library.colibri_norm_rope.argtypes = [pointer, i64, i64, pointer, ctypes.c_float, pointer, pointer]
+    library.colibri_norm_rope.restype = i32
     return library
 
 
@@ -281,3 +286,21 @@ def dense_matmul(x: torch.Tensor, weights: torch.Tensor, scales: torch.Tensor, z
             raise ValueError(f"the native kernel refused {cols} columns in groups of {group}")
         out[:, start:stop] = x @ block[: stop - start].T
     return out
+
+
+# norm_rope's limit (a stack row of this many floats per head)
+MAX_HEAD_DIM = 1024
+
+
+def norm_rope(rows: torch.Tensor, norm, cos: torch.Tensor, sin: torch.Tensor) -> None:
+    """In place on f32 rows [heads, D]: colibri-model's per-head RMSNorm (`norm`: its module, or
+    None for none), then the rotation by one position's (cos, sin) rows [D]."""
+    weight = None if norm is None else norm.weight
+    if rows.dtype != torch.float32 or not rows.is_contiguous() or rows.shape[1] % 8 or rows.shape[1] > MAX_HEAD_DIM \
+            or (weight is not None and (weight.dtype != torch.float32 or not weight.is_contiguous())):
+        raise ValueError(f"norm_rope needs contiguous f32 rows of a multiple of 8 up to {MAX_HEAD_DIM} columns "
+                         f"and an f32 weight, got {rows.dtype} {tuple(rows.shape)}")
+    _library().colibri_norm_rope(rows.data_ptr(), rows.shape[0], rows.shape[1],
+                                 None if weight is None else weight.data_ptr(), norm.eps if norm is not None else 0.0,
+                                 cos.data_ptr(), sin.data_ptr())
+
