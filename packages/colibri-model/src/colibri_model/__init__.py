@@ -29,7 +29,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "config": ("ColibriConfig", "ConfigError", "RopeScaling"),
     "errors": ("ColibriModelError",),
     "experts": ("ExpertBackend", "ExpertGlu", "GroupedExperts"),
-    "layers": ("Attention", "KVCache"),
+    "layers": ("Attention", "KVCache", "RMSNorm"),
     "model": ("CausalLMOutput", "ColibriForCausalLM"),
     "moe": ("MoELayer",),
     "param_count": ("count_params",),
@@ -55,7 +55,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and IDEs (tests hold the 
     from .config import ColibriConfig, ConfigError, RopeScaling
     from .errors import ColibriModelError
     from .experts import ExpertBackend, ExpertGlu, GroupedExperts
-    from .layers import Attention, KVCache
+    from .layers import Attention, KVCache, RMSNorm
     from .model import CausalLMOutput, ColibriForCausalLM
     from .moe import MoELayer
     from .param_count import count_params
@@ -83,6 +83,7 @@ __all__ = [
     "GroupedExperts",
     "KVCache",
     "MoELayer",
+    "RMSNorm",
     "RouterStats",
     "checkpoint_config_dict",
     "checkpoint_tensor_shapes",

@@ -25,7 +25,7 @@ from colibri_model import (
     parse_checkpoint_config,
 )
 
-from .compute.native_attention import install_decode_attention
+from .compute.native_decode import install_decode_paths
 from .compute.native_linear import SharedInput, install, native_linear_name
 from .errors import ContainerConfigError
 from .io.heap import release_free_heap
@@ -52,7 +52,7 @@ def build_model(
     """An eval-mode model whose resident weights come from `container` and routed experts from
     `backends` (one per MoE layer). `native_linears`: the q4 projections stay q4 and run on the
     native kernel (compute/native_linear.py), and a decode token's attention runs in C
-    (compute/native_attention.py). An untied embedding stays as stored (stored_embedding.py)."""
+    (compute/native_decode.py). An untied embedding stays as stored (stored_embedding.py)."""
     with torch.device("meta"):
         model = ColibriForCausalLM(config, expert_backends=backends)
     state = {}
@@ -84,8 +84,8 @@ def build_model(
         raise ContainerConfigError(f"{container.path}: no weights for {leftover[:3]}")
     del state
     release_free_heap()
-    if native_linears:  # the native kernel builds here: one decode token's attention runs in C too
-        install_decode_attention(model, config)
+    if native_linears:  # the native kernel builds here: a decode token's attention and norms take C too
+        install_decode_paths(model, config)
     return model.eval()
 
 

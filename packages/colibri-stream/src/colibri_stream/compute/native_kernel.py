@@ -33,7 +33,9 @@ from ..errors import NativeKernelError
 
 # the q4/q8/bf16 products, and the small per-row pieces of a decode token (one shared object)
 SOURCES = tuple(Path(__file__).with_name("native") / name for name in ("q4_matvec.c", "decode_step.c"))
-FLAGS = ("-O3", "-shared", "-fPIC", "-fopenmp")
+# -ffp-contract=off: a product and a sum written apart stay apart (no fused multiply-add the source
+# did not ask for), so the portable paths give the same bits on every CPU and compiler
+FLAGS = ("-O3", "-shared", "-fPIC", "-fopenmp", "-ffp-contract=off")
 BLOCK = 32  # activation columns per int8 scale (the kernel's BLOCK)
 SCALAR, AVX2, AVX512_VNNI = 0, 1, 2  # the kernel's levels (AVX512_VNNI: the same bits as AVX2, faster)
 
@@ -88,7 +90,10 @@ def _library() -> ctypes.CDLL:
     library.colibri_q8w_matmul.restype = i32
     library.colibri_q4_cpu_level.restype = i32
     library.colibri_norm_rope.argtypes = [pointer, i64, i64, pointer, ctypes.c_float, pointer, pointer]
-    library.colibri_norm_rope.restype = i32
+    library.colibri_rms_norm.argtypes = [pointer, i64, pointer, ctypes.c_float, pointer]
+    library.colibri_add_weighted_rows.argtypes = [pointer, pointer, pointer, i64, i64]
+    library.colibri_norm_rope.restype = library.colibri_rms_norm.restype = i32
+    library.colibri_add_weighted_rows.restype = i32
     return library
 
 
@@ -304,3 +309,26 @@ def norm_rope(rows: torch.Tensor, norm, cos: torch.Tensor, sin: torch.Tensor) ->
                                  None if weight is None else weight.data_ptr(), norm.eps if norm is not None else 0.0,
                                  cos.data_ptr(), sin.data_ptr())
 
+
+
+def rms_norm(x: torch.Tensor, norm) -> torch.Tensor:
+    """colibri-model's RMSNorm (`norm`: its module, f32 weight) of one f32 row [D], as a new row."""
+    weight = norm.weight
+    if x.dtype != torch.float32 or not x.is_contiguous() or x.dim() != 1 or x.shape[0] % 8 \
+            or weight.dtype != torch.float32 or weight.shape != x.shape:
+        raise ValueError(f"rms_norm needs one contiguous f32 row of a multiple of 8 columns and an f32 weight "
+                         f"of its width, got {x.dtype} {tuple(x.shape)}, weight {weight.dtype} {tuple(weight.shape)}")
+    out = torch.empty_like(x)
+    _library().colibri_rms_norm(x.data_ptr(), x.shape[0], weight.data_ptr(), norm.eps, out.data_ptr())
+    return out
+
+
+def add_weighted_rows(row: torch.Tensor, rows: torch.Tensor, weights: list[float]) -> None:
+    """row [D] += rows[e] * weights[e], e in order, in place: bit for bit `row += rows[e] * w` one
+    after another in torch (f32), in one call."""
+    if row.dtype != torch.float32 or rows.dtype != torch.float32 or not row.is_contiguous() \
+            or not rows.is_contiguous() or rows.dim() != 2 or rows.shape != (len(weights), row.shape[0]):
+        raise ValueError(f"add_weighted_rows needs an f32 row [D] and f32 rows [{len(weights)}, D], got "
+                         f"{row.dtype} {tuple(row.shape)} and {rows.dtype} {tuple(rows.shape)}")
+    _library().colibri_add_weighted_rows(row.data_ptr(), rows.data_ptr(), (ctypes.c_float * len(weights))(*weights),
+                                         len(weights), row.shape[0])

@@ -27,6 +27,7 @@ from colibri_model import ExpertBackend
 from ..cache.expert_cache import ExpertCache
 from ..stats import StreamStats
 from ..traces.events import TraceEvent
+from .native_kernel import add_weighted_rows
 
 
 class StreamedExperts(ExpertBackend):
@@ -43,7 +44,8 @@ class StreamedExperts(ExpertBackend):
         self.predictor = None  # prefetch.RoutingPredictor, set by the engine when prefetch is on
 
     def forward(self, x: torch.Tensor, expert_ids: torch.Tensor, gates: torch.Tensor) -> torch.Tensor:
-        distinct = torch.unique(expert_ids).tolist()  # sorted ascending
+        one = expert_ids[0].tolist() if x.shape[0] == 1 else None  # a decode token: no torch.unique
+        distinct = sorted(set(one)) if one is not None else torch.unique(expert_ids).tolist()  # ascending
         if self.stats.record_trace:
             self.stats.trace.append(TraceEvent(self.stats.steps, self.layer_index, tuple(distinct)))
         pinned = {(self.layer_index, e) for e in distinct}
@@ -55,11 +57,11 @@ class StreamedExperts(ExpertBackend):
         if self.predictor is not None:
             self.predictor.before_layer(self.layer_index, x, distinct)
         out = torch.zeros(x.shape[0], self.d_model, dtype=torch.float32, device=x.device)
-        if x.shape[0] == 1 and len(distinct) == expert_ids.shape[1]:
+        if one is not None and len(distinct) == len(one):
             started = time.perf_counter()
             inputs = x if self.quantize is None else self.quantize(x)
             self.stats.compute_seconds += time.perf_counter() - started
-            self._one_token(inputs, expert_ids[0].tolist(), gates[0].float(), out[0], pinned, keys, prefetcher)
+            self._one_token(inputs, one, gates[0].float(), out[0], pinned, keys, prefetcher)
             return out.to(x.dtype)
         for i, expert in enumerate(distinct):
             prepared = self.cache.get(self.layer_index, expert, pinned)
@@ -85,10 +87,13 @@ class StreamedExperts(ExpertBackend):
         forward_each = getattr(kind, "forward_each", None)
         if forward_each is not None and all(type(p) is kind for p in prepared):
             outputs = forward_each(prepared, inputs)  # the token's experts in one go (native kernel)
+            # [E, d] f32: accumulated in ascending order in one call, the batched path's bits
+            weights = gates.tolist()
+            add_weighted_rows(row, outputs, [weights[slot_of[expert]] for _, expert in keys])
         else:
             outputs = [p.forward(inputs)[0] for p in prepared]
-        for (_, expert), y in zip(keys, outputs):  # accumulated in ascending order, as the batched path
-            row += y.float() * gates[slot_of[expert]]
+            for (_, expert), y in zip(keys, outputs):  # accumulated in ascending order, as the batched path
+                row += y.float() * gates[slot_of[expert]]
         self.stats.compute_seconds += time.perf_counter() - started
 
     def reference_forward(

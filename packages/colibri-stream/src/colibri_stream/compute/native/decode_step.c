@@ -2,8 +2,8 @@
  * allocations each that cost more than their arithmetic at this size: q and k of one attention
  * layer normed per head and rotated (colibri-model's RMSNorm and RotaryEmbedding).
  *
- * Plain loops in a fixed order at the baseline instruction set (no FMA, no reassociation): the
- * same bits on every x86 CPU. The results equal torch's to float rounding, not bit for bit (the
+ * Plain loops in a fixed order at the baseline instruction set, no multiply-add contraction
+ * (-ffp-contract=off) and no reassociation: the same bits on every CPU. The results equal torch's to float rounding, not bit for bit (the
  * sum of squares runs in another order); the Python side keeps torch's path beside this one and
  * tests the two against each other. */
 
@@ -40,6 +40,30 @@ int colibri_norm_rope(float *x, int64_t heads, int64_t D, const float *weight, f
             float a = normed[i], b = normed[i + half];
             v[i] = a * cos[i] - b * sin[i];
             v[i + half] = b * cos[i + half] + a * sin[i + half];
+        }
+    }
+    return 0;
+}
+
+/* out [D] = x * rsqrt(mean(x^2) + eps) * weight, one row (colibri-model's RMSNorm). */
+int colibri_rms_norm(const float *x, int64_t D, const float *weight, float eps, float *out) {
+    if (D % 8) return -1;
+    float inv = 1.f / sqrtf(dot8(x, x, D) / (float)D + eps);
+    for (int64_t i = 0; i < D; i++) out[i] = x[i] * inv * weight[i];
+    return 0;
+}
+
+/* row [D] += rows[e] * weights[e] for e = 0, 1, ... in that order, each product rounded to f32
+ * before its sum: bit for bit what `row += y * w` does in torch, one expert after another (the
+ * order the batched path's index_add_ takes), in one call instead of two ops per expert
+ * (compiled with -ffp-contract=off: no compiler fuses the two into one multiply-add). */
+int colibri_add_weighted_rows(float *row, const float *rows, const float *weights, int64_t count, int64_t D) {
+    for (int64_t e = 0; e < count; e++) {
+        const float *y = rows + e * D;
+        float w = weights[e];
+        for (int64_t i = 0; i < D; i++) {
+            float product = y[i] * w;
+            row[i] = row[i] + product;
         }
     }
     return 0;

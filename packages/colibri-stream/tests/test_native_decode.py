@@ -1,15 +1,15 @@
-"""The C decode attention against colibri-model's own: the pieces on random data, whole layers
-on every case the engine meets, and the cases it must leave to colibri-model."""
+"""The decode fast paths against colibri-model's own: the C pieces on random data, whole layers on
+every case the engine meets, the cases they must leave to colibri-model, and the engine."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from colibri_model import Attention, ColibriConfig, KVCache
-from colibri_model.layers import RMSNorm, RotaryEmbedding
+from colibri_model import Attention, ColibriConfig, KVCache, RMSNorm
+from colibri_model.layers import RotaryEmbedding
 from colibri_stream import Engine
-from colibri_stream.compute.native_attention import NativeDecodeAttention, install_decode_attention
-from colibri_stream.compute.native_kernel import kernel_unavailable, norm_rope
+from colibri_stream.compute.native_decode import NativeDecodeAttention, NativeRowNorm, install_decode_paths
+from colibri_stream.compute.native_kernel import add_weighted_rows, kernel_unavailable, norm_rope, rms_norm
 from colibri_stream.session_kv import SessionKV
 
 pytestmark = pytest.mark.skipif(kernel_unavailable() is not None, reason="no C compiler for the native kernel")
@@ -38,11 +38,40 @@ def test_norm_rope_is_rmsnorm_then_the_rotation(normed):
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
+def test_rms_norm_of_one_row_is_colibri_models():
+    gen = torch.Generator().manual_seed(3)
+    norm = RMSNorm(1024, 1e-5)
+    with torch.no_grad():
+        norm.weight.copy_(torch.rand(1024, generator=gen) + 0.5)
+    x = torch.randn(1, 1, 1024, generator=gen) * 4
+    torch.testing.assert_close(rms_norm(x.reshape(-1), norm), norm(x).reshape(-1), rtol=1e-6, atol=1e-6)
+    fast = RMSNorm(1024, 1e-5)
+    fast.load_state_dict(norm.state_dict())
+    fast.__class__ = NativeRowNorm
+    torch.testing.assert_close(fast(x), norm(x), rtol=1e-6, atol=1e-6)
+    rows = torch.randn(2, 3, 1024, generator=gen)  # more than one row: colibri-model's own, same bits
+    assert torch.equal(fast(rows), norm(rows))
+
+
+def test_weighted_rows_add_up_as_torch_does_one_after_another():
+    gen = torch.Generator().manual_seed(4)
+    rows = torch.randn(8, 1000, generator=gen)
+    weights = torch.rand(8, generator=gen)
+    expected = torch.randn(1000, generator=gen)
+    got = expected.clone()
+    for y, w in zip(rows, weights):
+        expected += y * w
+    add_weighted_rows(got, rows, weights.tolist())
+    assert torch.equal(got, expected)
+
+
 def test_bad_shapes_are_refused_with_the_shapes():
     with pytest.raises(ValueError, match=r"multiple of 8 .* got torch.float32 \(2, 12\)"):
         norm_rope(torch.randn(2, 12), None, torch.ones(12), torch.zeros(12))
     with pytest.raises(ValueError, match=r"got torch.bfloat16 \(2, 16\)"):
         norm_rope(torch.randn(2, 16, dtype=torch.bfloat16), None, torch.ones(16), torch.zeros(16))
+    with pytest.raises(ValueError, match=r"f32 rows \[3, D\], got torch.float32 \(4,\) and torch.float32 \(2, 4\)"):
+        add_weighted_rows(torch.zeros(4), torch.zeros(2, 4), [1.0, 2.0, 3.0])
 
 
 @pytest.mark.parametrize("changes, steps", [({}, 12), ({"qk_norm": False}, 12),
@@ -110,22 +139,27 @@ def test_layers_the_c_path_does_not_cover_keep_their_class(changes):
     config = _config(**changes)
     with torch.device("meta"):
         model = ColibriForCausalLM(config)
-    assert install_decode_attention(model, config) == 0
+    install_decode_paths(model, config)
     assert all(type(m) is Attention for m in model.modules() if isinstance(m, Attention))
+    assert all(type(m) is NativeRowNorm for m in model.modules() if isinstance(m, RMSNorm))
 
 
-def test_the_native_engine_decodes_as_before_with_the_c_attention(tiny):
-    """The engine's single-session decode takes the C path; its logits stay within float
-    rounding of the same engine with colibri-model's attention (at most an int8 activation
-    rounding apart, so near, not equal), token by token."""
+def test_the_native_engine_decodes_as_before_with_the_fast_paths(tiny):
+    """The engine's single-session decode takes the fast paths; its logits stay within float
+    rounding of the same engine with colibri-model's attention and norms (at most an int8
+    activation rounding apart, so near, not equal), token by token."""
     ids = list(range(3, 27))
     with Engine.open(tiny[0], ram_budget="200MB", compute="native") as eng:
         layers = [m for m in eng.model.modules() if isinstance(m, Attention)]
+        norms = [m for m in eng.model.modules() if isinstance(m, RMSNorm)]
         assert layers and all(type(m) is NativeDecodeAttention for m in layers)
+        assert norms and all(type(m) is NativeRowNorm for m in norms)
         runs = []
-        for cls in (NativeDecodeAttention, Attention):
+        for attention, norm in ((NativeDecodeAttention, NativeRowNorm), (Attention, RMSNorm)):
             for m in layers:
-                m.__class__ = cls
+                m.__class__ = attention
+            for m in norms:
+                m.__class__ = norm
             session = eng.session()
             runs.append(torch.stack([session.append([t]).reshape(-1) for t in ids]))
     scale = runs[1].abs().max()
