@@ -54,6 +54,7 @@ CPU_KERNEL_TESTS := \
 	packages/colibri-stream/tests/test_expert_compute.py \
 	packages/colibri-stream/tests/test_expert_slab.py \
 	packages/colibri-stream/tests/test_hf_import.py \
+	packages/colibri-stream/tests/test_native_decode.py \
 	packages/colibri-stream/tests/test_native_kernel.py
 
 test: setup
