@@ -58,3 +58,20 @@ def test_every_tensor_is_written_by_the_seeded_init(name):
     assert not unwritten, f"{name}: reset_parameters leaves {unwritten} uninitialised"
     differ = [n for n, t in meta_tensors.items() if not torch.equal(t, eager_tensors[n])]
     assert not differ, f"{name}: the meta-device init differs from the eager one in {differ}"
+
+
+def test_a_skeleton_on_the_meta_device_imports_no_compiler():
+    """A runtime builds the model on meta and assigns its weights after: the embedding's own init
+    must not run there (torch's meta normal_ imports torch._dynamo: seconds and ~70 MB)."""
+    import subprocess
+    import sys
+
+    probe = ("import sys, torch\n"
+             "from colibri_model import ColibriForCausalLM, get_preset\n"
+             "with torch.device('meta'):\n"
+             "    model = ColibriForCausalLM(get_preset('tiny'))\n"
+             "assert model.embed.weight.is_meta\n"
+             "print('torch._dynamo' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "False"

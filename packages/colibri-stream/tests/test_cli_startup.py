@@ -54,3 +54,18 @@ def test_public_names_resolve_lazily_to_their_modules():
     assert set(package.__all__) <= set(dir(package))
     with pytest.raises(AttributeError, match="has no attribute 'NoSuchName'"):
         package.NoSuchName  # noqa: B018
+
+
+def test_opening_an_engine_and_decoding_import_no_compiler(tiny):
+    """torch._dynamo (about 2 s and 70 MB of anonymous memory: a tenth of a small cap) is never
+    imported to open a container, prefill and decode."""
+    probe = ("import sys\n"
+             "from colibri_stream import Engine\n"
+             f"with Engine.open({str(tiny[0])!r}, ram_budget='200MB', compute='native') as engine:\n"
+             "    session = engine.session()\n"
+             "    session.append(list(range(3, 20)))\n"
+             "    session.append([5])\n"
+             "print('torch._dynamo' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "False"

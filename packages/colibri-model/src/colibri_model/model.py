@@ -89,6 +89,17 @@ class _TrainingCompiled:
         return self.eager(h, positions, cache, attention_mask)
 
 
+def _embedding(rows: int, dim: int) -> nn.Embedding:
+    """nn.Embedding, without its own init when built on the meta device (a runtime's skeleton,
+    whose weights are assigned later): torch's meta `normal_` imports torch._dynamo, 2 s and
+    ~70 MB of a streaming runtime's memory for values nobody reads. Elsewhere it draws as before,
+    so a seed gives the same model."""
+    device = torch.empty(0).device
+    if device.type == "meta":  # a given weight is taken as is (what nn.Embedding.from_pretrained does)
+        return nn.Embedding(rows, dim, _weight=torch.empty(rows, dim, device=device))
+    return nn.Embedding(rows, dim)
+
+
 class ColibriForCausalLM(nn.Module):
     """The Colibri MoE language model.
 
@@ -104,7 +115,7 @@ class ColibriForCausalLM(nn.Module):
         super().__init__()
         self.config = config
         backends = expert_backends or {}
-        self.embed = nn.Embedding(config.vocab_size, config.d_model)
+        self.embed = _embedding(config.vocab_size, config.d_model)
         self.layers = nn.ModuleList(Block(config, i, backends.get(i)) for i in range(config.n_layers))
         self.norm = RMSNorm(config.d_model, config.norm_eps)
         self.lm_head = None if config.tie_embeddings else nn.Linear(config.d_model, config.vocab_size, bias=False)
