@@ -25,14 +25,14 @@ from .native_kernel import MAX_HEAD_DIM, norm_rope, rms_norm
 
 
 def decode_attention_supported(config: ColibriConfig) -> bool:
-    """Whether this config's attention layers have the C decode path (the rest never change)."""
+    """Whether this config's attention layers have the decode fast path (the rest never change)."""
     return (config.attention_kind == "gqa" and not config.attn_sinks and not config.rope_interleave
             and not (config.qk_norm and config.qk_norm_scope == "projection")
             and config.head_dim % 8 == 0 and config.head_dim <= MAX_HEAD_DIM)
 
 
 class NativeDecodeAttention(Attention):
-    """An `Attention` whose single-token, single-sequence decode runs in C; see the module docstring."""
+    """An `Attention` whose one decode token of one session skips the torch glue (module docstring)."""
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cache=None,
                 attention_mask: torch.Tensor | None = None) -> torch.Tensor:
