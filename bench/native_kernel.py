@@ -9,9 +9,10 @@
   then 1, 4 and 64 activation rows through the native kernel at each level this CPU runs
   (0 portable C, 1 AVX2, 2 AVX-512 VNNI).
 - `decode`: a synthetic container of an HF config's shapes (random weights, deleted after),
-  opened three ways at a budget that holds every expert (full RAM): compute "native" (experts
-  and resident projections from the stored bytes), "native" with f32 resident projections, and
-  torch's "int4". Each round, each engine prefills the prompt in a new session and decodes
+  opened four ways at a budget that holds every expert (full RAM): compute "native" (experts
+  and resident projections from the stored bytes), "native" without its decode fast paths
+  (colibri-model's attention and norms), "native" with f32 resident projections, and torch's
+  "int4". Each round, each engine prefills the prompt in a new session and decodes
   `--tokens` after it, round-robin, so load drifts hit all alike; medians of `--rounds` rounds and
   ratios against torch's int4, with every expert cached (warm).
 - `quality`: the trained routing workload (studies/trained_workload.py, cached in WORKDIR): the
@@ -87,6 +88,17 @@ def kernels(args) -> dict:
     return out
 
 
+def without_decode_paths(engine):
+    """The engine with colibri-model's own attention and norms again (compute/native_decode.py)."""
+    from colibri_model import Attention, RMSNorm
+
+    for module in engine.model.modules():
+        for base in (Attention, RMSNorm):
+            if isinstance(module, base):
+                module.__class__ = base
+    return engine
+
+
 def decode(args) -> dict:
     from colibri_int4 import SYNTHETIC_SCHEME, write_synthetic_container
     from colibri_int4.import_hf import read_hf_config
@@ -102,6 +114,7 @@ def decode(args) -> dict:
         budget = 2 * path.stat().st_size  # every expert fits: full RAM
         common = dict(ram_budget=budget, prefill_chunk=args.prefill_chunk, prefetch="off")
         engines["native"] = Engine.open(path, compute="native", **common)
+        engines["native, no decode fast paths"] = without_decode_paths(Engine.open(path, compute="native", **common))
         rule = native_linear.native_linear_name
         native_linear.native_linear_name = lambda *a: False  # the resident projections dequantized to f32
         try:
