@@ -171,19 +171,6 @@ def test_rows_in_tiles_and_experts_together_are_bitwise_each_alone(level, group,
         q4_experts(x, matrices, group, row_each=True)
 
 
-@pytest.mark.parametrize("level", LEVELS)
-@pytest.mark.parametrize("weight_rows", [4, 19, 42])
-def test_one_row_takes_four_weight_rows_at_a_time_with_each_rows_bits(level, weight_rows):
-    """A decode token (one activation row) runs four weight rows side by side, the rest of a block
-    one at a time: each result is bitwise the one it gets in a tile of activation rows."""
-    rng = np.random.default_rng(weight_rows)
-    packed, scales, zeros = _random_q4(weight_rows, 512, 64, rng, True, False)[:3]
-    x = QuantizedActivations(torch.from_numpy(rng.normal(0, 1, (3, 512)).astype(np.float32)))
-    tiled = q4_matmul(x, packed, scales, zeros, 64, level=level)
-    for i in range(3):
-        assert torch.equal(q4_matmul(x[torch.tensor([i])], packed, scales, zeros, 64, level=level)[0], tiled[i])
-
-
 @pytest.mark.parametrize("rows", [1, 3, 4, 9])
 def test_bf16_weights_give_the_same_bits_at_every_level_and_each_row_what_it_gets_alone(rows):
     torch.manual_seed(rows)

@@ -366,66 +366,6 @@ ROWS_PAIRS(rows_pairs_vnni, VNNI_TARGET, PAIR_DOT_VNNI)
 
 TILE_PAIRS(tile_pairs_avx2, "avx2,fma,f16c", rows_pairs_avx2)
 TILE_PAIRS(tile_pairs_vnni, VNNI_TARGET, rows_pairs_vnni)
-
-/* One activation row (a decode token) times QUAD consecutive weight rows: each weight row runs
- * exactly rows_pairs' one-row sequence (its two accumulators, the same multiply-adds in the same
- * order, its scalar offsets, its horizontal sum), so every result is bitwise what it is alone; the
- * rows only share the activation loads and interleave their chains. One row alone is short (at 1024
- * columns 16 steps, each waiting on its accumulator's multiply-add, then a 16-step scalar chain of
- * offsets): four side by side keep the core busy instead. */
-#define QUAD 4
-#define QUAD_PAIRS(NAME, TARGET, PAIR_DOT)                                                                     \
-    __attribute__((target(TARGET))) static void NAME(                                                          \
-        const uint8_t *p, int64_t row_bytes, const uint16_t *s, const uint16_t *z, int fp16, int64_t blocks,   \
-        int64_t per_group, const int8_t *pairs, const float *pair_scales, const float *offset,                 \
-        const float *xgroup, float *out) {                                                                     \
-        const __m256i low = _mm256_set1_epi8(15);                                                               \
-        const __m256i ones = _mm256_set1_epi16(1);                                                              \
-        (void)ones;                                                                                             \
-        int64_t groups = blocks / per_group;                                                                    \
-        float scales[QUAD][groups], zeros[QUAD][groups];                                                        \
-        for (int q = 0; q < QUAD; q++) {                                                                        \
-            row_scales_avx2(s + q * groups, groups, fp16, scales[q]);                                           \
-            if (z) row_scales_avx2(z + q * groups, groups, fp16, zeros[q]);                                     \
-        }                                                                                                       \
-        __m256 acc0[QUAD], acc1[QUAD];                                                                          \
-        for (int q = 0; q < QUAD; q++) acc0[q] = acc1[q] = _mm256_setzero_ps();                                 \
-        for (int64_t g = 0; g < groups; g++) {                                                                  \
-            __m256 scale[QUAD];                                                                                 \
-            for (int q = 0; q < QUAD; q++) scale[q] = _mm256_set1_ps(scales[q][g]);                             \
-            for (int64_t b = g * per_group; b < (g + 1) * per_group; b += 2) {                                  \
-                const int8_t *x = pairs + b * BLOCK;                                                            \
-                __m256i x0 = _mm256_loadu_si256((const __m256i *)x);                                            \
-                __m256i x1 = _mm256_loadu_si256((const __m256i *)(x + 32));                                     \
-                __m256 steps = _mm256_loadu_ps(pair_scales + (b / 2) * 8);                                      \
-                for (int q = 0; q < QUAD; q++) {                                                                \
-                    __m256i raw = _mm256_loadu_si256((const __m256i *)(p + q * row_bytes + b * 16));            \
-                    __m256i even = _mm256_and_si256(raw, low);                                                  \
-                    __m256i odd = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);                             \
-                    __m256 d = _mm256_mul_ps(steps, scale[q]);                                                  \
-                    __m256 v = _mm256_cvtepi32_ps(PAIR_DOT(even, odd, x0, x1));                                 \
-                    if (b & 2) acc1[q] = _mm256_fmadd_ps(v, d, acc1[q]);                                        \
-                    else acc0[q] = _mm256_fmadd_ps(v, d, acc0[q]);                                              \
-                }                                                                                               \
-            }                                                                                                   \
-        }                                                                                                       \
-        float scalar[QUAD] = {0.f, 0.f, 0.f, 0.f};                                                              \
-        for (int64_t g = 0; g < groups; g++)                                                                    \
-            for (int q = 0; q < QUAD; q++) {                                                                    \
-                scalar[q] -= scales[q][g] * offset[g]; /* the -8 of every nibble */                             \
-                if (z) scalar[q] += zeros[q][g] * xgroup[g];                                                    \
-            }                                                                                                   \
-        for (int q = 0; q < QUAD; q++) {                                                                        \
-            __m256 both = _mm256_add_ps(acc0[q], acc1[q]);                                                      \
-            __m128 lo = _mm_add_ps(_mm256_castps256_ps128(both), _mm256_extractf128_ps(both, 1));               \
-            lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));                                                         \
-            lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));                                                           \
-            out[q] = _mm_cvtss_f32(lo) + scalar[q];                                                             \
-        }                                                                                                       \
-    }
-
-QUAD_PAIRS(quad_pairs_avx2, "avx2,fma,f16c", PAIR_DOT_AVX2)
-QUAD_PAIRS(quad_pairs_vnni, VNNI_TARGET, PAIR_DOT_VNNI)
 #endif
 
 /* One activation row as the kernel reads it (pointers into colibri_q8_quantize's output), with the
@@ -519,21 +459,7 @@ static int q4_products(const int8_t *xq, const float *dx, const int32_t *xs, con
             int R = row_start[e + 1] - i < TILE ? (int)(row_start[e + 1] - i) : TILE;
             const act_row *tile[TILE];
             for (int r = 0; r < R; r++) tile[r] = &acts[act_rows[i + r]];
-            int64_t n = n0;
-#ifdef COLIBRI_X86
-            const act_row *a = tile[0];
-            if (R == 1 && level >= 1 && a->pairs && per_group % 2 == 0) /* one row: four weight rows at a time */
-                for (; n + QUAD <= n1; n += QUAD) {
-                    const uint16_t *z = zeros[e] ? zeros[e] + n * groups : 0;
-                    if (level >= 2)
-                        quad_pairs_vnni(packed[e] + n * (K / 2), K / 2, scales[e] + n * groups, z, fp16, blocks,
-                                        per_group, a->pairs, a->pair_scales, a->offset, a->xgroup, y + i * N + n);
-                    else
-                        quad_pairs_avx2(packed[e] + n * (K / 2), K / 2, scales[e] + n * groups, z, fp16, blocks,
-                                        per_group, a->pairs, a->pair_scales, a->offset, a->xgroup, y + i * N + n);
-                }
-#endif
-            for (; n < n1; n++) {
+            for (int64_t n = n0; n < n1; n++) {
                 float *out[TILE];
                 for (int r = 0; r < R; r++) out[r] = y + (i + r) * N + n;
                 q4_tile(tile, R, packed[e] + n * (K / 2), scales[e] + n * groups, zeros[e] ? zeros[e] + n * groups : 0,
