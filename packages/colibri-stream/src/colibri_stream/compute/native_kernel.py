@@ -310,7 +310,6 @@ def norm_rope(rows: torch.Tensor, norm, cos: torch.Tensor, sin: torch.Tensor) ->
                                  cos.data_ptr(), sin.data_ptr())
 
 
-
 def rms_norm(x: torch.Tensor, norm) -> torch.Tensor:
     """colibri-model's RMSNorm (`norm`: its module, f32 weight) of one f32 row [D], as a new row."""
     weight = norm.weight
