@@ -139,3 +139,13 @@ def test_diloco_rounds_with_split_batches(work, tmp_path):
     assert {r["final"]["step"] for r in doc["runs"]} == {8}
     assert {r["final"]["tokens"] for r in doc["runs"]} == {8 * 4 * 32}
     assert by["k4"]["outer_momentum"] == 0.0 and doc["settings"]["split_batch"] is True
+
+
+def test_diloco_rounds_with_chosen_workers_and_inner_lr(work, tmp_path):
+    doc = _run("diloco_rounds", work, tmp_path, "--seeds", "0", "--steps", "8", "--inner-steps", "2", "--split-batch",
+               "--outer-lr", "1.0", "--outer-momentum", "0", "--ablations", "", "--workers", "4",
+               "--inner-lr", "2e-3")
+    by = {r["name"]: r for r in doc["runs"]}
+    assert set(by) == {"k1", "k4"}  # K=1 always, then only the arms asked for
+    assert by["k4"]["inner_lr"] == 2e-3 and doc["settings"]["inner_lr"] == 2e-3  # read back from the base
+    assert "vs_k1_equal_tokens" in doc["summary"]["k4"]

@@ -44,7 +44,7 @@ import torch  # noqa: E402
 from colibri_model import ColibriForCausalLM  # noqa: E402
 from colibri_model.data.loader import IGNORE_INDEX, fixed_batches  # noqa: E402
 from colibri_model.data.manifest import open_data_dir  # noqa: E402
-from colibri_model.training import Trainer  # noqa: E402
+from colibri_model.training import Trainer, read_training_state  # noqa: E402
 from colibri_relay.round_loop import MergeInput  # noqa: E402
 from colibri_relay.round_state import RoundsConfig  # noqa: E402
 from safetensors import safe_open  # noqa: E402
@@ -230,6 +230,7 @@ def diloco_run(work: Path, data: Path, scale, seed: int, arm: Arm, h: int, round
             raise SystemExit(f"{arm.name}: batch size {scale.batch_size} does not split over {k} workers")
         scale = replace(scale, batch_size=scale.batch_size // k)
     bases = {0: make_base(root, data, scale, seed, rounds * h, lr=arm.inner_lr)}
+    inner_lr = read_training_state(bases[0]).train_config["lr"]  # what every worker's AdamW runs at
     config = RoundsConfig(companion="in-process", workers=k, inner_steps=h, round_s=1.0, outer_lr=arm.outer_lr,
                           outer_momentum=arm.outer_momentum)
     apps = [ColibriRounds(ParallelOptions(relay="in-process", work_dir=root / f"w{slot}", data_dir=data, slot=slot,
@@ -279,7 +280,8 @@ def diloco_run(work: Path, data: Path, scale, seed: int, arm: Arm, h: int, round
             if r - 1 in bases and r - 1 > 0:  # the late worker needs base r until round r+1
                 shutil.rmtree(bases.pop(r - 1))
     return {"name": arm.name, "seed": seed, "workers": k, "outer_lr": arm.outer_lr,
-            "outer_momentum": arm.outer_momentum, "inner_lr": arm.inner_lr, "worker_batch": scale.batch_size, "codec": arm.codec,
+            "outer_momentum": arm.outer_momentum, "inner_lr": inner_lr, "worker_batch": scale.batch_size,
+            "codec": arm.codec,
             "late": arm.late, "curves": curves_of(points), "points": points, "rounds": rounds_log,
             "final": final_of(points)}
 
