@@ -12,6 +12,8 @@ from colibri_stream.compute.native_decode import NativeDecodeAttention, NativeRo
 from colibri_stream.compute.native_kernel import add_weighted_rows, kernel_unavailable, norm_rope, rms_norm
 from colibri_stream.session_kv import SessionKV
 
+from .test_native_kernel import assert_near_reference
+
 pytestmark = pytest.mark.skipif(kernel_unavailable() is not None, reason="no C compiler for the native kernel")
 
 
@@ -145,9 +147,9 @@ def test_layers_the_c_path_does_not_cover_keep_their_class(changes):
 
 
 def test_the_native_engine_decodes_as_before_with_the_fast_paths(tiny):
-    """The engine's single-session decode takes the fast paths; its logits stay within float
-    rounding of the same engine with colibri-model's attention and norms (at most an int8
-    activation rounding apart, so near, not equal), token by token."""
+    """The engine's single-session decode takes the fast paths; its logits stay near the same
+    engine's with colibri-model's attention and norms, token by token (an int8 activation rounding
+    or a router near-tie may land the other way under another sum order: near, not equal)."""
     ids = list(range(3, 27))
     with Engine.open(tiny[0], ram_budget="200MB", compute="native") as eng:
         layers = [m for m in eng.model.modules() if isinstance(m, Attention)]
@@ -162,6 +164,4 @@ def test_the_native_engine_decodes_as_before_with_the_fast_paths(tiny):
                 m.__class__ = norm
             session = eng.session()
             runs.append(torch.stack([session.append([t]).reshape(-1) for t in ids]))
-    scale = runs[1].abs().max()
-    assert float((runs[0] - runs[1]).abs().max()) <= 1e-3 * float(scale)
-    assert (runs[0].argmax(-1) == runs[1].argmax(-1)).float().mean() >= 0.9
+    assert_near_reference(runs[0], runs[1])
