@@ -55,7 +55,8 @@ CPU_KERNEL_TESTS := \
 	packages/colibri-stream/tests/test_expert_slab.py \
 	packages/colibri-stream/tests/test_hf_import.py \
 	packages/colibri-stream/tests/test_native_decode.py \
-	packages/colibri-stream/tests/test_native_kernel.py
+	packages/colibri-stream/tests/test_native_kernel.py \
+	packages/colibri-stream/tests/test_step_combiner.py
 
 test: setup
 	$(PY) -m pytest -q $(foreach p,$(PACKAGES),packages/colibri-$(p)/tests) tests repo_tests

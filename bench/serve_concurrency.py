@@ -1,17 +1,23 @@
 """`colibri-stream serve` with 8 concurrent streaming clients against 1 client: aggregate tokens/s
-(ratio) and wrong answers (each concurrent answer against the same request run alone).
+(ratio) and wrong answers (each concurrent answer against the same request run alone), with the
+sessions' decode steps combined into one pass (continuous batching, the server's default) and
+one pass at a time (`--no-batch-sessions`).
 
 A random NanoColibri-like model (colibri-model's `--preset`, default tiny) is exported to an int4
-container in WORKDIR, served on 127.0.0.1 in this process (the server's own threads), and the
-official `openai` client sends greedy streaming chat completions of `--max-tokens` tokens:
+container in WORKDIR (or `--container` is served as it is), served on 127.0.0.1 in this process
+(the server's own threads), and the official `openai` client sends greedy streaming chat
+completions of `--max-tokens` tokens:
 
 - alone: the 8 requests one after another (one client), each answer kept as the reference;
-- concurrent: the same 8 requests at once (8 threads released by a barrier);
+- queued: the same 8 requests at once (8 threads released by a barrier), one pass at a time;
+- batched: the same, the decode steps of the 8 sessions combined (step_combiner.py);
 
-interleaved over `--rounds` rounds. Tokens are the server's own usage counts. Prints one JSON
-object: tokens/s of each mode per round, the median ratio concurrent / alone, wrong answers.
+interleaved in that order over `--rounds` rounds, one engine (the mode switched between them).
+Tokens are the server's own usage counts. Prints one JSON object: tokens/s of each mode per
+round, the ratios to alone (median over rounds), the mean rows of a combined pass, wrong answers.
 
-    nice python bench/serve_concurrency.py [--preset tiny] [--rounds 3] [--max-tokens 32] [--workdir DIR]
+    nice python bench/serve_concurrency.py [--preset tiny | --container X.coli --ram-budget 4GB]
+        [--rounds 3] [--max-tokens 32] [--workdir DIR]
 """
 
 from __future__ import annotations
@@ -80,6 +86,8 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--threads", type=int, default=1, help="torch threads of the engine")
     parser.add_argument("--workdir", default=None)
+    parser.add_argument("--container", default=None, help="serve this container instead of a random preset")
+    parser.add_argument("--ram-budget", default="auto")
     args = parser.parse_args()
 
     import openai
@@ -91,31 +99,45 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         workdir = Path(args.workdir or scratch)
         workdir.mkdir(parents=True, exist_ok=True)
-        container = build(workdir, args.preset)
-        with Engine.open(container) as engine:
-            server = make_server(engine, "127.0.0.1", 0, model_name="bench", keep_sessions=8)
+        container = Path(args.container) if args.container else build(workdir, args.preset)
+        with Engine.open(container, ram_budget=args.ram_budget) as engine:
+            # no pooled sessions: a pooled prefix changes the prompt's chunking, so its logits (and,
+            # at the near ties of random weights, its tokens) differ from the same request alone
+            server = make_server(engine, "127.0.0.1", 0, model_name="bench", keep_sessions=0)
             serve_in_thread(server)
             client = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=600)
+            combiner = engine.runner.combiner
             try:
                 one(client, "bench", "warm-up", 4)
-                rows, wrong = [], 0
+                rows, wrong, passes, combined_rows = [], {"queued": 0, "batched": 0}, 0, 0
                 for _ in range(args.rounds):
+                    engine.runner.batch_sessions = False
                     started = time.perf_counter()
                     alone = [one(client, "bench", topic, args.max_tokens) for topic in TOPICS]
                     alone_wall = time.perf_counter() - started
-                    texts, tokens, wall = concurrent(client, "bench", args.max_tokens)
-                    wrong += sum(a[0] != t for a, t in zip(alone, texts, strict=True))
-                    alone_tokens = sum(a[1] for a in alone)
-                    rows.append({"alone_tok_s": round(alone_tokens / alone_wall, 2),
-                                 "concurrent_tok_s": round(tokens / wall, 2),
-                                 "ratio": round((tokens / wall) / (alone_tokens / alone_wall), 3)})
+                    alone_rate = sum(a[1] for a in alone) / alone_wall
+                    row = {"alone_tok_s": round(alone_rate, 2)}
+                    for mode in ("queued", "batched"):
+                        engine.runner.batch_sessions = mode == "batched"
+                        before = (combiner.passes, combiner.rows)
+                        texts, tokens, wall = concurrent(client, "bench", args.max_tokens)
+                        if mode == "batched":
+                            passes += combiner.passes - before[0]
+                            combined_rows += combiner.rows - before[1]
+                        wrong[mode] += sum(a[0] != t for a, t in zip(alone, texts, strict=True))
+                        row[f"{mode}_tok_s"] = round(tokens / wall, 2)
+                        row[f"{mode}_ratio"] = round(tokens / wall / alone_rate, 3)
+                    rows.append(row)
                 compute = engine.stats.compute_mode
             finally:
                 server.shutdown()
                 server.server_close()
-    print(json.dumps({"preset": args.preset, "compute": compute, "clients": len(TOPICS), "max_tokens": args.max_tokens,
-                      "rounds": rows, "median_ratio": statistics.median(r["ratio"] for r in rows),
-                      "wrong_answers": wrong, "answers_checked": len(TOPICS) * args.rounds}))
+    print(json.dumps({"model": args.container or args.preset, "compute": compute, "clients": len(TOPICS),
+                      "max_tokens": args.max_tokens, "rounds": rows,
+                      "median_queued_ratio": statistics.median(r["queued_ratio"] for r in rows),
+                      "median_batched_ratio": statistics.median(r["batched_ratio"] for r in rows),
+                      "mean_rows_per_combined_pass": round(combined_rows / max(passes, 1), 2),
+                      "wrong_answers": wrong, "answers_checked_per_mode": len(TOPICS) * args.rounds}))
 
 
 if __name__ == "__main__":

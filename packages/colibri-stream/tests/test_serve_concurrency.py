@@ -1,5 +1,6 @@
 """Several clients at once: 8 streaming clients (chat, completions, Anthropic messages, a batch of
-n=2) against the real server, each answer equal to the same request run alone, within a bound."""
+n=2) against the real server, each answer equal to the same request run alone, within a bound,
+their decode steps batched together (continuous batching)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ def served(tiny):
         serve_in_thread(server)
         yield (openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=BOUND_SECONDS),
                anthropic.Anthropic(base_url=server.url.removesuffix("/v1"), api_key="unused", max_retries=0,
-                                   timeout=BOUND_SECONDS))
+                                   timeout=BOUND_SECONDS), engine)
         server.shutdown()
         server.server_close()
 
@@ -64,9 +65,11 @@ def _requests(client, claude):
 
 
 def test_eight_concurrent_streaming_clients_get_what_each_gets_alone(served):
-    client, claude = served
+    client, claude, engine = served
     requests = _requests(client, claude)
     alone = [go()[0] for go in requests]
+    combiner = engine.runner.combiner
+    before = (combiner.passes, combiner.rows)
     got: dict[int, tuple] = {}
     errors: list[BaseException] = []
     start = threading.Barrier(len(requests))
@@ -90,3 +93,5 @@ def test_eight_concurrent_streaming_clients_get_what_each_gets_alone(served):
     assert all(text for text in alone)
     # the telemetry says the counters were shared while requests ran beside each other
     assert max(got[i][1]["concurrent_requests"] for i in got) >= 1
+    # and the sessions' decode steps were batched: passes held several requests' tokens
+    assert combiner.rows - before[1] > combiner.passes - before[0] > 0

@@ -34,7 +34,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "moe": ("MoELayer",),
     "param_count": ("count_params",),
     "presets": ("PRESETS", "get_preset"),
-    "router": ("RouterStats",),
+    "router": ("Router", "RouterStats"),
     "tensor_names": ("checkpoint_tensor_shapes", "held_dtype"),
     "tokenizer": ("EOS_TOKEN", "IM_END", "load_tokenizer"),
 }
@@ -60,7 +60,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and IDEs (tests hold the 
     from .moe import MoELayer
     from .param_count import count_params
     from .presets import PRESETS, get_preset
-    from .router import RouterStats
+    from .router import Router, RouterStats
     from .tensor_names import checkpoint_tensor_shapes, held_dtype
     from .tokenizer import EOS_TOKEN, IM_END, load_tokenizer
 
@@ -84,6 +84,7 @@ __all__ = [
     "KVCache",
     "MoELayer",
     "RMSNorm",
+    "Router",
     "RouterStats",
     "checkpoint_config_dict",
     "checkpoint_tensor_shapes",

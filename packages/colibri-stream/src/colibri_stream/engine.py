@@ -22,7 +22,8 @@ Contexts are `Session`s (session.py): `engine.session()` holds its own KV cache 
 `logits` and `chat` each run on a fresh session. Threads: the weights, the expert cache, the
 prefetcher and `stats` are shared, so every forward pass, whatever its session, holds the
 runner's lock; sessions may be used from several threads (one thread per session
-at a time). `forward_tokens` / `reset` / `context_length` are the engine's own default session,
+at a time), and the decode steps of sessions generating at the same time run as one pass
+(`batch_sessions`, step_combiner.py: continuous batching). `forward_tokens` / `reset` / `context_length` are the engine's own default session,
 one context: kept for single-threaded callers, not for concurrent use.
 """
 
@@ -67,7 +68,8 @@ class Engine:
         self.path = container.path
         self.heap_trimmer = HeapTrimmer(self.budget.heap_slack_bytes)
         self.runner = ForwardRunner(self.model, self.cache, self.stats, self.heap_trimmer, max_context=self.max_context,
-                                    prefill_chunk=self.prefill_chunk, device=self.device, dtype=plan.footprint.dtype)
+                                    prefill_chunk=self.prefill_chunk, device=self.device, dtype=plan.footprint.dtype,
+                                    batch_sessions=options.batch_sessions)
         self.codec = TextCodec(self.tokenizer, tuple(_end_token_ids(container, self.tokenizer)))
 
     # --- construction ----------------------------------------------------------------------
@@ -92,7 +94,9 @@ class Engine:
         "on" for experts of 512 KiB or more when a CPU is free beyond torch's threads and the
         cache cannot hold every expert; set torch's threads before opening); `slab` (default
         True: int4 experts live in one allocation made now, cache/slab.py); `tokenizer`
-        (default: the container's, else colibri-model's bundled one).
+        (default: the container's, else colibri-model's bundled one); `batch_sessions` (default
+        True: sessions generating on several threads at once have their decode steps run as one
+        pass, step_combiner.py; with the native kernels each row keeps the bits it gets alone).
 
         Raises `BudgetError` (naming the minimum) when `ram_budget` cannot hold the resident
         part plus one layer's working set, `colibri_int4.ContainerError` for a damaged file.

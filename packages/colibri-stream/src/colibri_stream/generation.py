@@ -287,15 +287,16 @@ def decode_loop(session, prompt_ids: list[int],
     if not row.done:
         logits = session.append(prompt_ids) if prompt_ids else session.last_logits()
     prefill_seconds = time.perf_counter() - began
-    while not row.done:
-        event = row.step(logits)
-        if event is not None:
-            yield event
-        if row.deferred is not None:
-            session.defer([row.deferred])
-        if row.next_token is None:
-            break
-        logits = session.append([row.next_token])
+    with session.runner.generating():  # concurrent sessions' steps may run as one pass (runner.py)
+        while not row.done:
+            event = row.step(logits)
+            if event is not None:
+                yield event
+            if row.deferred is not None:
+                session.defer([row.deferred])
+            if row.next_token is None:
+                break
+            logits = session.append([row.next_token])
     tail = row.tail()
     if tail is not None:
         yield tail

@@ -59,6 +59,7 @@ class EngineOptions:
     prefetch_threads: int = 2
     slab: bool = True  # int4 experts in one allocation made at open (cache/slab.py)
     tokenizer: str | os.PathLike | Tokenizer | None = None
+    batch_sessions: bool = True  # concurrent sessions' decode steps in one pass (step_combiner.py)
 
     def __post_init__(self):
         if self.compute not in COMPUTE_CHOICES:

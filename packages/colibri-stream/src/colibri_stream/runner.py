@@ -17,7 +17,9 @@ counter the stats are checked against, the heap trimmer).
 - `passes()`: the lock around the passes of one call, then `finish()`: wait for the prefetch
   workers, give freed heap back, update the I/O counters.
 - `run(kv, ids, all_logits)`: a session's tokens through its KV cache in chunks of
-  `prefill_chunk`.
+  `prefill_chunk`; with `batch_sessions` on, one decode token joins the decode tokens other
+  sessions ask for at the same time in one [B, 1] pass (step_combiner.py: continuous batching).
+- `generating()`: around a session's decode loop, so a combined step waits for its token.
 """
 
 from __future__ import annotations
@@ -35,18 +37,25 @@ from .io.accounting import ReadBytesCounter, agreement
 from .io.heap import HeapTrimmer
 from .session_kv import SessionKV
 from .stats import StreamStats
+from .step_combiner import DecodeCombiner, SessionRows, install_row_attention
 
 
 class ForwardRunner:
     """The model as served: `model`, `cache`, `stats`, `lock`, the I/O accounting and the limits
-    a pass keeps to (`max_context`, `prefill_chunk`, `device`, `dtype`: activations and KV caches)."""
+    a pass keeps to (`max_context`, `prefill_chunk`, `device`, `dtype`: activations and KV caches).
+    `batch_sessions`: combine concurrent sessions' decode steps into one pass (step_combiner.py)."""
 
     def __init__(self, model: ColibriForCausalLM, cache: ExpertCache, stats: StreamStats, heap_trimmer: HeapTrimmer, *,
-                 max_context: int, prefill_chunk: int, device, dtype: torch.dtype = torch.float32):
+                 max_context: int, prefill_chunk: int, device, dtype: torch.dtype = torch.float32,
+                 batch_sessions: bool = False):
         self.model, self.cache, self.stats, self.heap_trimmer = model, cache, stats, heap_trimmer
         self.max_context, self.prefill_chunk, self.device, self.dtype = max_context, prefill_chunk, device, dtype
         # reentrant: a caller holding it for a batch may run helpers that take it again
         self.lock = threading.RLock()
+        # a decode step holds no more tokens than a prefill chunk: the workspace the budget holds
+        self.combiner = DecodeCombiner(self.lock, self._run_rows, max_rows=prefill_chunk)
+        self.batch_sessions = batch_sessions
+        install_row_attention(model)
         self.os_reads = ReadBytesCounter()  # from here on, every storage read is the run's
         self.update_io()
 
@@ -114,6 +123,11 @@ class ForwardRunner:
         (`stats.decode_tokens` / `prefill_tokens`)."""
         if not ids:
             raise ValueError("a forward pass needs at least one token")
+        if self.batch_sessions and len(ids) == 1 and kv.length > 0 and not all_logits:
+            if kv.length + 1 > self.max_context:
+                raise ValueError(f"{kv.length + 1} tokens exceed the engine's max_context={self.max_context}")
+            kv.reserve(kv.length + 1)
+            return self.combiner.step(kv, ids[0])
         with self.passes():
             if kv.length + len(ids) > self.max_context:
                 raise ValueError(f"{kv.length + len(ids)} tokens exceed the engine's max_context={self.max_context}")
@@ -128,6 +142,27 @@ class ForwardRunner:
                 logits = self.forward(chunk, kv, None if all_logits else chunk.shape[1] - 1)[0]
                 outputs.append(logits if all_logits else logits[-1])
         return torch.cat(outputs, 0) if all_logits else outputs[-1]
+
+    @contextmanager
+    def generating(self) -> Iterator[None]:
+        """Around a session's decode loop: a combined step waits for this session's tokens."""
+        if not self.batch_sessions:
+            yield
+            return
+        with self.combiner.generating():
+            yield
+
+    @torch.inference_mode()
+    def _run_rows(self, caches: list, tokens: list[int]) -> torch.Tensor:
+        """One decode token after each of `caches` (their room reserved), as one [B, 1] pass:
+        fp32 logits [B, V]. One row runs as a session's own pass does."""
+        with self.passes():
+            self.stats.decode_tokens += len(caches)
+            ids = torch.tensor([[t] for t in tokens], dtype=torch.long, device=self.device)
+            if len(caches) == 1:
+                return self.forward(ids, caches[0])[:, -1]
+            positions = torch.tensor([[kv.length] for kv in caches], dtype=torch.long, device=self.device)
+            return self.forward(ids, SessionRows(caches), positions=positions)[:, -1]
 
 
 def _keep_columns(start: int):

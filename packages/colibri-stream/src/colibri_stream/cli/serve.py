@@ -26,16 +26,19 @@ from .run import _open_engine, engine_options
 @click.option("--chat-template", "chat_template", type=click.Path(exists=True, dir_okay=False), default=None,
               help="A Jinja chat template file (transformers' kind) to use instead of the container's, e.g. one "
               "that renders `tools`.")
+@click.option("--batch-sessions/--no-batch-sessions", default=True, show_default=True,
+              help="Continuous batching: the decode steps of requests generating at the same time run as one "
+              "forward pass (each distinct expert read once for all); off: one request's pass at a time.")
 @click.option("--verbose", is_flag=True, help="Log every request (and tracebacks of server errors) to stderr.")
 @engine_options(required_budget=True)
-def serve(container, host, port, model_name, keep_sessions, chat_template, verbose, **options):
+def serve(container, host, port, model_name, keep_sessions, chat_template, batch_sessions, verbose, **options):
     """Serve CONTAINER over HTTP: OpenAI's /v1/chat/completions, /v1/completions, /v1/responses
     and /v1/models, Anthropic's /v1/messages (stream: true for server-sent events)."""
     from pathlib import Path
 
     from ..serve.server import make_server
 
-    engine = _open_engine(container, options)
+    engine = _open_engine(container, options, batch_sessions=batch_sessions)
     with engine:
         try:
             template = Path(chat_template).read_text(encoding="utf-8") if chat_template else None

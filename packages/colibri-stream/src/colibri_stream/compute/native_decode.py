@@ -1,5 +1,7 @@
 """One decode token of one session with less torch glue: colibri-model's grouped-query attention
-(`NativeDecodeAttention`) and RMSNorm (`NativeRowNorm`) with a fast path for that case.
+(`NativeDecodeAttention`) and RMSNorm (`NativeRowNorm`) with a fast path for that case; and
+routing row by row (`RowwiseRouter`), so a decode row of a step that serves several sessions
+gets the bits it gets alone.
 
 A decode step of a 24-layer MoE spent about as long in the torch calls around attention (view,
 transpose, two RMSNorms and two rotations of one row, the cache write, a [1, S] mask, SDPA: a
@@ -7,7 +9,7 @@ dozen dispatches and allocations per layer) as in the attention's four projectio
 For one query row of one session, q and k are normed and rotated by one C call each
 (compute/native/decode_step.c), and the newest position sees every cached column, so SDPA runs
 unmasked; the projections stay the native kernel's. A layer's input norms of one row (about ten
-torch dispatches each) are one C call.
+torch dispatches each) are one C call, and so is each row of a [B, 1] decode step.
 
 Every other case runs colibri-model's own forward, unchanged: batches, prefill chunks, masks,
 sliding windows, sinks, an OLMoE-style norm over the whole projection, interleaved rotary, a
@@ -19,9 +21,10 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from colibri_model import Attention, ColibriConfig, RMSNorm
+from colibri_model import Attention, ColibriConfig, RMSNorm, Router
 
 from .native_kernel import MAX_HEAD_DIM, norm_rope, rms_norm
+from .native_linear import NativeLinear
 
 
 def decode_attention_supported(config: ColibriConfig) -> bool:
@@ -53,20 +56,60 @@ class NativeDecodeAttention(Attention):
         return self.o_proj(out.view(1, 1, heads * dim))
 
 
+    def forward_rows(self, x: torch.Tensor, positions: torch.Tensor, caches: list) -> torch.Tensor | None:
+        """One decode token of each of B sessions (x [B, 1, d], positions [B, 1], their own caches):
+        the four projections take the B rows at once (each row's bits are its own: the native
+        kernel's rows never depend on their neighbours), each row's norm, rotation, cache write and
+        attention as alone. None when this layer has no such path (the caller runs rows alone)."""
+        if x.dtype != torch.float32 or self.window is not None or not all(
+                isinstance(getattr(self, p), NativeLinear) for p in ("q_proj", "k_proj", "v_proj", "o_proj")):
+            return None
+        heads, kv_heads, dim = self.n_heads, self.n_kv_heads, self.head_dim
+        rows = x.shape[0]
+        q = self.q_proj(x).reshape(rows, heads, dim)
+        k = self.k_proj(x).reshape(rows, kv_heads, dim)
+        v = self.v_proj(x).reshape(rows, 1, kv_heads, 1, dim)
+        out = torch.empty(rows, heads * dim, dtype=x.dtype, device=x.device)
+        for i, cache in enumerate(caches):
+            qi, ki = q[i].contiguous(), k[i].contiguous()
+            cos, sin = self.rope.at(int(positions[i, 0]), x.device)
+            norm_rope(qi, self.q_norm, cos, sin)
+            norm_rope(ki, self.k_norm, cos, sin)
+            keys, values = cache.update(self.layer_index, ki.view(1, kv_heads, 1, dim), v[i])
+            out[i] = F.scaled_dot_product_attention(qi.view(1, heads, 1, dim), keys, values, enable_gqa=True).view(-1)
+        return self.o_proj(out.view(rows, 1, heads * dim))
+
+
 class NativeRowNorm(RMSNorm):
-    """An `RMSNorm` whose one f32 row [1, 1, D] (a decode token's layer input) is one C call."""
+    """An `RMSNorm` whose decode rows [B, 1, D] (f32: each a decode token's layer input) are one C
+    call each, so a row of a combined step (step_combiner.py) gets the bits it gets alone."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() != 3 or x.shape[0] != 1 or x.shape[1] != 1 or x.dtype != torch.float32 \
+        if x.dim() != 3 or x.shape[1] != 1 or x.dtype != torch.float32 \
                 or self.weight.dtype != torch.float32 or x.shape[2] % 8:
             return super().forward(x)
-        return rms_norm(x.reshape(-1).contiguous(), self).view(x.shape)
+        if x.shape[0] == 1:
+            return rms_norm(x.reshape(-1).contiguous(), self).view(x.shape)
+        rows = x.reshape(x.shape[0], -1).contiguous()
+        return torch.stack([rms_norm(row, self) for row in rows]).view(x.shape)
+
+
+class RowwiseRouter(Router):
+    """A `Router` whose logits are one matmul per row: torch's f32 matmul of N rows sums in an
+    order that depends on N, so a decode token routed in a step of several sessions
+    (step_combiner.py) could pick another expert at a near tie than it picks alone. Row by row it
+    picks what it picks alone; a 128-token prefill chunk pays about 1% of its time for it."""
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] == 1:
+            return super().logits(x)
+        return torch.cat([super(RowwiseRouter, self).logits(row) for row in x.split(1)])
 
 
 def install_decode_paths(model: torch.nn.Module, config: ColibriConfig) -> int:
-    """Give `model`'s attention layers (where its config has the path) and RMSNorms the decode fast
-    paths; returns how many modules took one. Same parameters, same names: only the class of each
-    module changes."""
+    """Give `model`'s attention layers (where its config has the path), RMSNorms and routers the
+    decode paths; returns how many modules took one. Same parameters, same names: only the class
+    of each module changes."""
     count = 0
     attention = decode_attention_supported(config)
     for module in model.modules():
@@ -75,5 +118,8 @@ def install_decode_paths(model: torch.nn.Module, config: ColibriConfig) -> int:
             count += 1
         elif type(module) is RMSNorm:
             module.__class__ = NativeRowNorm
+            count += 1
+        elif type(module) is Router:
+            module.__class__ = RowwiseRouter
             count += 1
     return count

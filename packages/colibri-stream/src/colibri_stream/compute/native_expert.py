@@ -5,7 +5,7 @@ Preparing a missed expert is a copy of what was read (gate and up stacked into o
 matrix, as `Int4Expert` fuses them), not a repack into another layout. Activations enter as int8
 blocks (`QuantizedActivations`): the decode path quantizes a layer's input once and every expert
 of the token reads it, and `forward_each` runs all of a token's experts in one kernel call per
-projection; `forward` also takes a plain tensor of many rows (a prefill chunk's tokens routed
+projection (`forward_grouped`: every expert of a decode step of several sessions on its tokens); `forward` also takes a plain tensor of many rows (a prefill chunk's tokens routed
 here), which the kernel takes four rows at a time per weight load (native_kernel.matmul).
 
 The weights are the container's exactly; the activations are rounded to int8 per 32 columns (one
@@ -21,7 +21,7 @@ from colibri_int4 import ExpertBlob, ExpertBlobLayout
 from colibri_model import ExpertGlu
 
 from ..cache.slab import aligned, place
-from .native_kernel import BLOCK, QuantizedActivations, kernel_unavailable, matmul, q4_experts
+from .native_kernel import BLOCK, QuantizedActivations, kernel_unavailable, matmul, q4_grouped
 
 _PARTS = ("gate_up", "gate_up_scales", "gate_up_zeros", "down", "down_scales", "down_zeros",
           "gate_up_bias", "down_bias")
@@ -92,16 +92,31 @@ class NativeQ4Expert:
     def forward_each(experts: list[NativeQ4Expert], x: QuantizedActivations) -> torch.Tensor:
         """Row e: experts[e].forward(x) for one row x (a decode token), bitwise, in three kernel
         calls for all the experts together instead of two matmuls and a quantization each."""
+        return NativeQ4Expert.forward_grouped(experts, x, [[0]] * len(experts))
+
+    @staticmethod
+    def forward_grouped(experts: list[NativeQ4Expert], x: QuantizedActivations, rows: list[list[int]]) -> torch.Tensor:
+        """experts[e].forward on the rows `rows[e]` of x, for all of them in three kernel calls ->
+        [sum of len(rows[e]), d], expert e's rows first, in the order given; each row bitwise what
+        `forward` gives it (a decode step of several sessions: each expert on the tokens routed to it)."""
         first = experts[0]
-        gate_up = q4_experts(x, [(e.gate_up, e.gate_up_scales, e.gate_up_zeros) for e in experts],
-                             first.group_gate_up, row_each=False, fp16_scales=first.fp16_scales)
+        gate_up = q4_grouped(x, [(e.gate_up, e.gate_up_scales, e.gate_up_zeros) for e in experts], rows,
+                             first.group_gate_up, fp16_scales=first.fp16_scales)
+        counts = [len(r) for r in rows]
         if first.gate_up_bias is not None:
-            gate_up += torch.stack([e.gate_up_bias for e in experts])
+            gate_up += _per_row([e.gate_up_bias for e in experts], counts)
         gate, up = gate_up.split(first.expert_dim, dim=-1)
         hidden = QuantizedActivations(first.glu(gate, up))
-        out = q4_experts(hidden, [(e.down, e.down_scales, e.down_zeros) for e in experts], first.group_down,
-                         row_each=True, fp16_scales=first.fp16_scales)
-        return out if first.down_bias is None else out.add_(torch.stack([e.down_bias for e in experts]))
+        starts = [sum(counts[:e]) for e in range(len(counts))]
+        out = q4_grouped(hidden, [(e.down, e.down_scales, e.down_zeros) for e in experts],
+                         [list(range(s, s + n)) for s, n in zip(starts, counts)], first.group_down,
+                         fp16_scales=first.fp16_scales)
+        return out if first.down_bias is None else out.add_(_per_row([e.down_bias for e in experts], counts))
+
+
+def _per_row(biases: list[torch.Tensor], counts: list[int]) -> torch.Tensor:
+    """Expert e's bias repeated for each of its counts[e] rows: [sum(counts), n]."""
+    return torch.stack(biases).repeat_interleave(torch.tensor(counts), dim=0)
 
 
 def native_nbytes(layout: ExpertBlobLayout, d_model: int, expert_dim: int) -> int:

@@ -189,28 +189,45 @@ def q4_experts(x: QuantizedActivations, matrices: list[tuple[torch.Tensor, torch
     `row_each=True`: matrix e times row e of x (M == E) -> [E, N].
     Each result row is bitwise what `q4_matmul` gives for that matrix and row."""
     count = len(matrices)
-    packed, scales = matrices[0][0], matrices[0][1]
-    rows = packed.shape[0]
-    for p, s, _ in matrices:
-        if p.shape != packed.shape or s.shape != scales.shape or p.shape[1] * 2 != x.cols \
-                or s.shape != (rows, x.cols // group):
-            raise ValueError(f"q4 matrix {tuple(p.shape)} / scales {tuple(s.shape)} do not fit {x.cols} columns "
-                             f"in groups of {group}, or differ from the first {tuple(packed.shape)}")
     if row_each and x.rows != count:
         raise ValueError(f"{count} matrices, one row each, but {x.rows} activation rows")
-    per = 1 if row_each else x.rows
-    act_rows = list(range(count)) if row_each else list(range(x.rows)) * count
+    rows = [[e] for e in range(count)] if row_each else [list(range(x.rows))] * count
+    return q4_grouped(x, matrices, rows, group, fp16_scales, level)
+
+
+def q4_grouped(x: QuantizedActivations, matrices: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]],
+               rows: list[list[int]], group: int, fp16_scales: bool = False, level: int | None = None) -> torch.Tensor:
+    """Matrix e times the activation rows `rows[e]` (indices into x), for several q4 matrices of
+    one shape in one call -> [sum of len(rows[e]), N], matrix e's rows first, in the order given:
+    a step's experts, each on the tokens routed to it. Each result row is bitwise what
+    `q4_matmul` gives for that matrix and row."""
+    count = len(matrices)
+    packed, scales = matrices[0][0], matrices[0][1]
+    out_features = packed.shape[0]
+    for p, s, _ in matrices:
+        if p.shape != packed.shape or s.shape != scales.shape or p.shape[1] * 2 != x.cols \
+                or s.shape != (out_features, x.cols // group):
+            raise ValueError(f"q4 matrix {tuple(p.shape)} / scales {tuple(s.shape)} do not fit {x.cols} columns "
+                             f"in groups of {group}, or differ from the first {tuple(packed.shape)}")
+    if len(rows) != count:
+        raise ValueError(f"{count} matrices but rows for {len(rows)}")
+    act_rows = [r for picked in rows for r in picked]
+    starts = [0]
+    for picked in rows:
+        starts.append(starts[-1] + len(picked))
     pointers = ctypes.c_void_p * count
     zeros = [z for _, _, z in matrices]
-    out = torch.empty(count * per, rows, dtype=torch.float32)
+    out = torch.empty(len(act_rows), out_features, dtype=torch.float32)
     status = _library().colibri_q4_experts(
         *_activation_pointers(x), count, pointers(*(p.data_ptr() for p, _, _ in matrices)),
         pointers(*(s.data_ptr() for _, s, _ in matrices)),
         None if all(z is None for z in zeros) else pointers(*(0 if z is None else z.data_ptr() for z in zeros)),
-        (ctypes.c_int64 * len(act_rows))(*act_rows), (ctypes.c_int64 * (count + 1))(*range(0, count * per + 1, per)),
-        int(fp16_scales), rows, group, out.data_ptr(), torch.get_num_threads(), cpu_level() if level is None else level)
+        (ctypes.c_int64 * len(act_rows))(*act_rows), (ctypes.c_int64 * (count + 1))(*starts),
+        int(fp16_scales), out_features, group, out.data_ptr(), torch.get_num_threads(),
+        cpu_level() if level is None else level)
     if status != 0:
-        raise ValueError(f"the native kernel refused {x.cols} columns in groups of {group} (multiples of {BLOCK})")
+        raise ValueError(f"the native kernel refused {x.cols} columns in groups of {group} (multiples of {BLOCK}), "
+                         f"or an activation row outside 0..{x.rows - 1}")
     return out
 
 

@@ -14,6 +14,11 @@ the same ascending order (bitwise the batched result). With the native kernel (`
 the token's input is quantized once and its experts run together (`NativeQ4Expert.forward_each`:
 three kernel calls per layer, not two matmuls and a quantization per expert).
 
+A few tokens (a decode step of several sessions, `GROUPED_ROWS`) with the native kernel: the
+input quantized once, the distinct experts taken top_k at a time (the slots the budget holds at
+once), each group in three kernel calls on the tokens routed to its experts
+(`NativeQ4Expert.forward_grouped`), each token's outputs added in the same ascending order.
+
 `reference_forward` is the obvious per-(token, slot) loop, kept to test the batched path.
 """
 
@@ -28,6 +33,11 @@ from ..cache.expert_cache import ExpertCache
 from ..stats import StreamStats
 from ..traces.events import TraceEvent
 from .native_kernel import add_weighted_rows
+
+GROUPED_ROWS = 16
+"""Up to this many tokens (a decode step of several sessions) take `_few_tokens`; more (a prefill
+chunk) run each expert on its rows in turn. The same bits either way (tested): this only
+chooses the faster way, fewer calls per expert for a few rows, fewer per token for many."""
 
 
 class StreamedExperts(ExpertBackend):
@@ -63,6 +73,11 @@ class StreamedExperts(ExpertBackend):
             self.stats.compute_seconds += time.perf_counter() - started
             self._one_token(inputs, one, gates[0].float(), out[0], pinned, keys, prefetcher)
             return out.to(x.dtype)
+        if self.quantize is not None and x.shape[0] <= GROUPED_ROWS:
+            rows = expert_ids.tolist()
+            if all(len(set(r)) == len(r) for r in rows) and self._few_tokens(x, rows, gates, out, pinned, keys,
+                                                                            prefetcher):
+                return out.to(x.dtype)
         for i, expert in enumerate(distinct):
             prepared = self.cache.get(self.layer_index, expert, pinned)
             if prefetcher is not None:  # keep the workers busy with the misses still to come
@@ -73,6 +88,49 @@ class StreamedExperts(ExpertBackend):
             out.index_add_(0, tokens, y.float() * gates[tokens, slots].unsqueeze(-1).float())
             self.stats.compute_seconds += time.perf_counter() - started
         return out.to(x.dtype)
+
+    def _few_tokens(self, x: torch.Tensor, rows: list[list[int]], gates: torch.Tensor, out: torch.Tensor, pinned,
+                    keys, prefetcher) -> bool:
+        """A decode step of several sessions: the layer's input quantized once, its distinct
+        experts run top_k at a time (the slots the budget holds at once) on the tokens routed to
+        them, three kernel calls per group, and each token's outputs added in ascending expert
+        order, as the other paths add them. False (nothing done) when the experts are not all
+        the native kernel's."""
+        started = time.perf_counter()
+        inputs = self.quantize(x)
+        weights = gates.float().tolist()
+        tokens_of: dict[int, list[tuple[int, float]]] = {}
+        for token, experts in enumerate(rows):
+            for slot, expert in enumerate(experts):
+                tokens_of.setdefault(expert, []).append((token, weights[token][slot]))
+        self.stats.compute_seconds += time.perf_counter() - started
+        width = len(rows[0])
+        for first in range(0, len(keys), width):
+            group = keys[first : first + width]
+            prepared = []
+            for i, (_, expert) in enumerate(group):
+                prepared.append(self.cache.get(self.layer_index, expert, pinned))  # pinned: all stay while used
+                if prefetcher is not None:
+                    prefetcher.issue_needed(keys[first + i + 1 :])
+            forward_grouped = getattr(type(prepared[0]), "forward_grouped", None)
+            if forward_grouped is None or any(type(p) is not type(prepared[0]) for p in prepared):
+                if first == 0:
+                    return False
+                raise TypeError("a layer's experts were prepared for different kernels")  # one engine, one kind
+            started = time.perf_counter()
+            outputs = forward_grouped(prepared, inputs, [[t for t, _ in tokens_of[e]] for _, e in group])
+            mine: dict[int, tuple[list[int], list[float]]] = {}
+            at = 0
+            for _, expert in group:  # ascending experts: each token's rows in the order they add
+                for token, weight in tokens_of[expert]:
+                    picked, ws = mine.setdefault(token, ([], []))
+                    picked.append(at)
+                    ws.append(weight)
+                    at += 1
+            for token, (picked, ws) in mine.items():
+                add_weighted_rows(out[token], outputs[picked], ws)
+            self.stats.compute_seconds += time.perf_counter() - started
+        return True
 
     def _one_token(self, inputs, ids: list[int], gates: torch.Tensor, row: torch.Tensor, pinned, keys,
                    prefetcher) -> None:

@@ -1,0 +1,181 @@
+"""Continuous batching of sessions (step_combiner.py): sessions generating on several threads at
+once have their decode steps run as one [B, 1] pass, and each row gets what it gets alone: the
+same bits with the native kernels, the same tokens (logprobs to float rounding) with torch's, for
+plain, sliding-window-with-sinks and latent (MLA) attention. Plus the combiner's own rules: a pass
+that fails fails every row it held and the next steps run; a generating session that is slow to
+ask for its next token holds the others up by at most `gather_s` per step; no pass holds more rows
+than a prefill chunk."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from colibri_int4 import QuantScheme
+from colibri_model import ColibriConfig
+from colibri_stream import Engine
+from colibri_stream.compute.native_kernel import kernel_unavailable
+from colibri_stream.studies.synthetic_container import export_random_model
+
+from .conftest import TINY, build_container
+
+JOIN_S = 120  # a deadlock fails the test instead of hanging the suite
+PROMPTS = [[5 + i, 17, 33 + i, 9, 81] * (i + 1) for i in range(4)]  # 5, 10, 15, 20 tokens: ragged rows
+
+
+def _generate(engine, prompt, tokens=24, **kwargs):
+    stream = engine.session().stream(prompt, tokens, logprobs=2, **kwargs)
+    return [(t.id, t.logprob, t.top_logprobs) for t in stream]
+
+
+def _ids(generated) -> list[int]:
+    return [t[0] for t in generated]
+
+
+def _concurrently(engine, prompts, **kwargs):
+    """Each prompt generated on its own thread, all started together."""
+    got: dict[int, list] = {}
+    errors: list[BaseException] = []
+    start = threading.Barrier(len(prompts))
+
+    def worker(i, prompt):
+        try:
+            start.wait(timeout=JOIN_S)
+            got[i] = _generate(engine, prompt, **kwargs)
+        except BaseException as exc:  # noqa: BLE001 - re-raised below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i, p)) for i, p in enumerate(prompts)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=JOIN_S)
+    assert not any(t.is_alive() for t in threads), "a generating thread is stuck"
+    if errors:
+        raise errors[0]
+    return [got[i] for i in range(len(prompts))]
+
+
+def _alone_and_together(engine, prompts=PROMPTS, **kwargs):
+    engine.runner.batch_sessions = False
+    alone = [_generate(engine, p, **kwargs) for p in prompts]
+    engine.runner.batch_sessions = True
+    combiner = engine.runner.combiner
+    combiner.gather_s = 30.0  # every generating session joins every step: full batches, whatever the load
+    before = (combiner.passes, combiner.rows)
+    together = _concurrently(engine, prompts, **kwargs)
+    passes, rows = combiner.passes - before[0], combiner.rows - before[1]
+    return alone, together, passes, rows
+
+
+@pytest.mark.skipif(kernel_unavailable() is not None, reason="no C compiler for the native kernel")
+def test_combined_steps_give_each_session_the_bits_it_gets_alone(tiny):
+    with Engine.open(tiny[0], ram_budget="200MB", compute="native") as engine:
+        alone, together, passes, rows = _alone_and_together(engine)
+        sampled = _alone_and_together(engine, temperature=0.9, top_k=20, seed=3)
+    assert together == alone  # ids, logprobs and top logprobs, bit for bit
+    assert sampled[1] == sampled[0]
+    # 4 sessions, 23 decode steps each: run as full batches of 4 rows
+    assert rows == 4 * 23 and passes == 23
+
+
+@pytest.mark.parametrize("compute", ["int4", "dequant"])
+def test_combined_steps_with_torch_kernels_agree_to_rounding(tiny, compute):
+    with Engine.open(tiny[0], ram_budget="200MB", compute=compute, kernel_dtype="f32") as engine:
+        alone, together, passes, rows = _alone_and_together(engine)
+    assert rows > passes  # rows did share passes
+    for a, b in zip(alone, together, strict=True):
+        assert [t[0] for t in a] == [t[0] for t in b]
+        assert max(abs(x[1] - y[1]) for x, y in zip(a, b)) < 1e-4
+
+
+GPT_OSS = dict(TINY, name="combined-window", qk_norm=False, qkv_bias=True, o_bias=True, attn_sinks=True,
+               sliding_window=6, sliding_layers=(0, 2), router_score="softmax", selection_bias=False, router_bias=True,
+               expert_proj_bias=True, expert_glu="clamped_swiglu", glu_limit=7.0, shared_expert_dim=0, top_k_infer=2,
+               vocab_size=256)
+MLA = dict(TINY, name="combined-mla", attention_kind="mla", qk_norm=False, n_kv_heads=2, kv_lora_rank=32,
+           qk_nope_head_dim=24, qk_rope_head_dim=8, v_head_dim=32, q_lora_rank=None, rope_interleave=True,
+           vocab_size=256)
+
+
+@pytest.mark.parametrize("variant", [GPT_OSS, MLA], ids=["sliding-window-sinks", "mla"])
+def test_every_attention_kind_runs_its_rows_against_their_own_caches(tmp_path, variant):
+    container = export_random_model(tmp_path, ColibriConfig(**variant), bias_std=0.5)
+    prompts = [[(7 * i + j) % 256 for j in range(4 + 5 * i)] for i in range(3)]  # past the window of 6
+    with Engine.open(container, ram_budget="200MB", compute="dequant", prefill_chunk=4) as engine:
+        alone, together, passes, rows = _alone_and_together(engine, prompts, tokens=16)
+    assert rows > passes
+    for a, b in zip(alone, together, strict=True):
+        assert [t[0] for t in a] == [t[0] for t in b]
+        assert max(abs(x[1] - y[1]) for x, y in zip(a, b)) < 1e-4
+
+
+def test_a_failed_pass_fails_every_row_it_held_and_the_next_steps_run(tiny):
+    with Engine.open(tiny[0], ram_budget="200MB", compute="dequant") as engine:
+        runner = engine.runner
+        runner.combiner.gather_s = 30.0
+        forward, calls = runner.forward, []
+
+        def failing_once(ids, kv, *args, **kwargs):
+            if ids.shape[0] > 1 and not calls:
+                calls.append(ids.shape[0])
+                raise OSError("injected: an expert read failed")
+            return forward(ids, kv, *args, **kwargs)
+
+        runner.forward = failing_once
+        with pytest.raises(OSError, match="injected"):
+            _concurrently(engine, PROMPTS[:3])
+        assert calls == [3]  # one pass held the three rows and failed all three
+        runner.forward = forward
+        after = _concurrently(engine, PROMPTS[:3])
+        runner.batch_sessions = False
+        assert [_ids(r) for r in after] == [_ids(_generate(engine, p)) for p in PROMPTS[:3]]
+
+
+def test_a_slow_generating_session_holds_the_others_up_by_at_most_the_gather_wait(tiny):
+    """One session takes a token and then waits (still generating) until the other has finished
+    all of its tokens: the other must not wait for it beyond `gather_s` per step."""
+    with Engine.open(tiny[0], ram_budget="200MB", compute="dequant") as engine:
+        engine.runner.combiner.gather_s = 0.005
+        fast_done = threading.Event()
+        results: dict[str, object] = {}
+
+        def slow():
+            stream = engine.session().stream(PROMPTS[0], 8)
+            results["slow_first"] = next(stream).id
+            fast_done.wait(timeout=JOIN_S)  # inside its decode loop: it counts as generating
+            results["slow"] = [results["slow_first"]] + [t.id for t in stream]
+
+        def fast():
+            results["fast"] = [t.id for t in engine.session().stream(PROMPTS[1], 24)]
+            fast_done.set()
+
+        threads = [threading.Thread(target=slow), threading.Thread(target=fast)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=JOIN_S)
+        assert not any(t.is_alive() for t in threads)
+        engine.runner.batch_sessions = False
+        assert results["fast"] == [t[0] for t in _generate(engine, PROMPTS[1])]
+        assert results["slow"] == [t[0] for t in _generate(engine, PROMPTS[0], tokens=8)]
+
+
+def test_no_pass_holds_more_rows_than_a_prefill_chunk(tmp_path):
+    container, _ = build_container(tmp_path, QuantScheme(group_size=32, resident_dtype="int8"))
+    with Engine.open(container, ram_budget="200MB", compute="dequant", prefill_chunk=2) as engine:
+        combiner = engine.runner.combiner
+        combiner.gather_s = 30.0
+        sizes: list[int] = []
+        run_rows = combiner.run_rows
+
+        def recording(caches, tokens):
+            sizes.append(len(caches))
+            return run_rows(caches, tokens)
+
+        combiner.run_rows = recording
+        prompts = [p[:5] for p in PROMPTS] + [PROMPTS[0][:5]]
+        together = _concurrently(engine, prompts)
+        engine.runner.batch_sessions = False
+        assert [_ids(r) for r in together] == [_ids(_generate(engine, p)) for p in prompts]
+    assert max(sizes) == 2 and sum(sizes) == 5 * 23
