@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 
 import pytest
+import torch
 from colibri_int4 import QuantScheme
 from colibri_model import ColibriConfig
 from colibri_stream import Engine
@@ -77,6 +78,24 @@ def test_combined_steps_give_each_session_the_bits_it_gets_alone(tiny):
     assert sampled[1] == sampled[0]
     # 4 sessions, 23 decode steps each: run as full batches of 4 rows
     assert rows == 4 * 23 and passes == 23
+
+
+@pytest.mark.skipif(kernel_unavailable() is not None, reason="no C compiler for the native kernel")
+@pytest.mark.parametrize("top_k", [1, 2])
+def test_a_native_moe_layer_gives_each_of_a_few_rows_what_it_gives_the_row_alone(tiny, top_k):
+    """The layers of a combined step taken one by one: norm, router (row-wise) and routed experts
+    (a few tokens' grouped kernel calls) on 5 rows equal each row run alone, bit for bit."""
+    torch.manual_seed(0)
+    with Engine.open(tiny[0], ram_budget="200MB", compute="native", top_k=top_k) as engine:
+        block = next(b for b in engine.model.layers if b.is_moe)
+        x = torch.randn(5, 1, engine.config.d_model)
+        with torch.inference_mode():
+            for layer in (block.ffn_norm, block.moe):
+                together = layer(x)
+                alone = torch.cat([layer(x[i : i + 1]) for i in range(x.shape[0])])
+                assert torch.equal(together, alone), type(layer).__name__
+            ids = block.moe.router(x.view(5, -1), top_k)[0]
+        assert len(torch.unique(ids)) > top_k  # the rows share some experts, not all: a real union
 
 
 @pytest.mark.parametrize("compute", ["int4", "dequant"])

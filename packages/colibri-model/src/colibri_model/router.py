@@ -62,14 +62,10 @@ class Router(nn.Module):
         )
         self.count_tokens = True
 
-    def logits(self, x: torch.Tensor) -> torch.Tensor:
-        """The fp32 logits [N, E] of x [N, d], before the score (a runtime may specialise this)."""
-        return F.linear(x.float(), self.weight.float(), None if self.bias is None else self.bias.float())
-
     def forward(self, x: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x: [N, d]. Returns (expert_ids [N, k] int64, gates [N, k] in x's dtype, scores [N, E] fp32)."""
         with torch.autocast(x.device.type, enabled=False):
-            logits = self.logits(x)
+            logits = F.linear(x.float(), self.weight.float(), None if self.bias is None else self.bias.float())
             scores = torch.sigmoid(logits) if self.score == "sigmoid" else torch.softmax(logits, dim=-1)
             choice = scores.detach() if self.expert_bias is None else scores.detach() + self.expert_bias.float()
             if self.groups > 1:

@@ -96,7 +96,8 @@ class Engine:
         True: int4 experts live in one allocation made now, cache/slab.py); `tokenizer`
         (default: the container's, else colibri-model's bundled one); `batch_sessions` (default
         True: sessions generating on several threads at once have their decode steps run as one
-        pass, step_combiner.py; with the native kernels each row keeps the bits it gets alone).
+        pass, step_combiner.py; with the native kernels each row of a step of up to 16 keeps the
+        bits it gets alone).
 
         Raises `BudgetError` (naming the minimum) when `ram_budget` cannot hold the resident
         part plus one layer's working set, `colibri_int4.ContainerError` for a damaged file.

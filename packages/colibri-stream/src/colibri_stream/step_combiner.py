@@ -20,9 +20,11 @@ B caches; every attention layer runs its rows one at a time, so a row's attentio
 and the bits of the session alone, sliding windows and latent caches included; a layer with a
 `forward_rows`, the native decode attention, takes the rows' projections at once and the rest
 row by row); every other layer (norms, router, experts, shared expert, LM head) takes the B
-rows at once. With the native
-kernels those rows give each row the bits it gets alone (tested: tests/test_step_combiner.py); with
-torch's kernels they agree to float rounding, as a batch of prompts does (batch_decode.py).
+rows at once. With the native kernels (`compute="native"`, what auto picks on AVX2 CPUs) each row
+gets the bits it gets alone, in steps of up to 16 sessions (the router routes that many rows one
+by one: compute/native_decode.py, `RowwiseRouter`; tested: tests/test_step_combiner.py), so an
+answer does not depend on who else is being served; with torch's kernels, or more rows, they
+agree to float rounding, as a batch of prompts does (batch_decode.py).
 """
 
 from __future__ import annotations

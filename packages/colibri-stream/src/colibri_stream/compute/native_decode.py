@@ -26,6 +26,10 @@ from colibri_model import Attention, ColibriConfig, RMSNorm, Router
 from .native_kernel import MAX_HEAD_DIM, norm_rope, rms_norm
 from .native_linear import NativeLinear
 
+ROWWISE_ROUTING_ROWS = 16
+"""Up to this many rows, `RowwiseRouter` routes each row alone (a combined decode step of that many
+sessions keeps every row's bits; beyond it they agree to float rounding)."""
+
 
 def decode_attention_supported(config: ColibriConfig) -> bool:
     """Whether this config's attention layers have the decode fast path (the rest never change)."""
@@ -95,15 +99,17 @@ class NativeRowNorm(RMSNorm):
 
 
 class RowwiseRouter(Router):
-    """A `Router` whose logits are one matmul per row: torch's f32 matmul of N rows sums in an
-    order that depends on N, so a decode token routed in a step of several sessions
-    (step_combiner.py) could pick another expert at a near tie than it picks alone. Row by row it
-    picks what it picks alone; a 128-token prefill chunk pays about 1% of its time for it."""
+    """A `Router` that routes a few rows (a decode step of several sessions, step_combiner.py) one
+    row at a time, so each picks the experts and gates it gets alone: torch's f32 matmul sums N
+    rows in an order that depends on N, and its elementwise sigmoid takes another code path for a
+    row's tail than for the middle of a longer tensor (16 experts: another bit), either of which
+    could flip a near tie. Longer inputs (a prefill chunk) route in one go, as before."""
 
-    def logits(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] == 1:
-            return super().logits(x)
-        return torch.cat([super(RowwiseRouter, self).logits(row) for row in x.split(1)])
+    def forward(self, x: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if not 1 < x.shape[0] <= ROWWISE_ROUTING_ROWS:
+            return super().forward(x, top_k)
+        parts = [super(RowwiseRouter, self).forward(row, top_k) for row in x.split(1)]
+        return tuple(torch.cat(column) for column in zip(*parts))
 
 
 def install_decode_paths(model: torch.nn.Module, config: ColibriConfig) -> int:
