@@ -19,7 +19,7 @@ activations stay within the workspace the budget reserved. Serving uses the conf
 
 Contexts are `Session`s (session.py): `engine.session()` holds its own KV cache and token ids
 (`append(ids) -> logits`, `fork`, `truncate`, `stream`, `generate`); `generate`, `stream`,
-`logits` and `chat` each run on a fresh session. Threads: the weights, the expert cache, the
+`logits`, `embed` and `chat` each run on a fresh session. Threads: the weights, the expert cache, the
 prefetcher and `stats` are shared, so every forward pass, whatever its session, holds the
 runner's lock; sessions may be used from several threads (one thread per session
 at a time), and the decode steps of sessions generating at the same time run as one pass
@@ -222,6 +222,18 @@ class Engine:
         from .batch import packed_logits
 
         return packed_logits(self.runner, input_ids, positions, attention_mask, rows, cols).cpu()
+
+    def embed(self, text_or_ids: str | Sequence[int], *, pooling: str = "mean", normalize: bool = True) -> torch.Tensor:
+        """An embedding of a text or token ids, fp32 [d_model] on the CPU: the final norm's output
+        (the last hidden state) over the tokens, their `pooling` "mean" or the "last" token's,
+        L2-normalised unless `normalize=False`. A language model's own representation (what
+        llama.cpp's `--embedding --pooling mean` serves), not a trained embedding model's."""
+        ids = self.encode(text_or_ids) if isinstance(text_or_ids, str) else [int(i) for i in text_or_ids]
+        if pooling not in ("mean", "last"):
+            raise ValueError(f"pooling must be mean or last, got {pooling!r}")
+        hidden = self.runner.hidden_states(ids).cpu()
+        pooled = hidden.mean(0) if pooling == "mean" else hidden[-1]
+        return torch.nn.functional.normalize(pooled, dim=0) if normalize else pooled
 
     # --- text ------------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:

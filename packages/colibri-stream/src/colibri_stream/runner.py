@@ -20,6 +20,7 @@ counter the stats are checked against, the heap trimmer).
   `prefill_chunk`; with `batch_sessions` on, one decode token joins the decode tokens other
   sessions ask for at the same time in one [B, 1] pass (step_combiner.py: continuous batching).
 - `generating()`: around a session's decode loop, so a combined step waits for its token.
+- `hidden_states(ids)`: the final norm's output for every position (embeddings).
 """
 
 from __future__ import annotations
@@ -142,6 +143,34 @@ class ForwardRunner:
                 logits = self.forward(chunk, kv, None if all_logits else chunk.shape[1] - 1)[0]
                 outputs.append(logits if all_logits else logits[-1])
         return torch.cat(outputs, 0) if all_logits else outputs[-1]
+
+    @torch.inference_mode()
+    def hidden_states(self, ids: list[int]) -> torch.Tensor:
+        """colibri-model's final-norm output, fp32 [len(ids), d], for `ids` on a fresh KV cache in
+        chunks of `prefill_chunk` (counted as prefill); the vocab projection runs on one column
+        of each chunk, not on every position."""
+        if not ids:
+            raise ValueError("hidden states need at least one token")
+        if len(ids) > self.max_context:
+            raise ValueError(f"{len(ids)} tokens exceed the engine's max_context={self.max_context}")
+        kv = self.new_session_kv()
+        kv.reserve(len(ids))
+        captured: list[torch.Tensor] = []
+
+        def keep(module, args, output):
+            captured.append(output[0].float())
+            return output[:, -1:]
+
+        with self.passes():
+            self.stats.prefill_tokens += len(ids)
+            hook = self.model.norm.register_forward_hook(keep)
+            try:
+                for start in range(0, len(ids), self.prefill_chunk):
+                    chunk = torch.tensor([ids[start : start + self.prefill_chunk]], dtype=torch.long, device=self.device)
+                    self.forward(chunk, kv)
+            finally:
+                hook.remove()
+        return torch.cat(captured)
 
     @contextmanager
     def generating(self) -> Iterator[None]:

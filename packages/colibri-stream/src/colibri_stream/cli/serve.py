@@ -29,11 +29,14 @@ from .run import _open_engine, engine_options
 @click.option("--batch-sessions/--no-batch-sessions", default=True, show_default=True,
               help="Continuous batching: the decode steps of requests generating at the same time run as one "
               "forward pass (each distinct expert read once for all); off: one request's pass at a time.")
+@click.option("--embedding-pooling", type=click.Choice(["mean", "last"]), default="mean", show_default=True,
+              help="/v1/embeddings: the mean of the last hidden state over the input's tokens, or the last token's.")
 @click.option("--verbose", is_flag=True, help="Log every request (and tracebacks of server errors) to stderr.")
 @engine_options(required_budget=True)
-def serve(container, host, port, model_name, keep_sessions, chat_template, batch_sessions, verbose, **options):
-    """Serve CONTAINER over HTTP: OpenAI's /v1/chat/completions, /v1/completions, /v1/responses
-    and /v1/models, Anthropic's /v1/messages (stream: true for server-sent events)."""
+def serve(container, host, port, model_name, keep_sessions, chat_template, batch_sessions, embedding_pooling, verbose,
+          **options):
+    """Serve CONTAINER over HTTP: OpenAI's /v1/chat/completions, /v1/completions, /v1/responses,
+    /v1/embeddings and /v1/models, Anthropic's /v1/messages (stream: true for server-sent events)."""
     from pathlib import Path
 
     from ..serve.server import make_server
@@ -42,7 +45,7 @@ def serve(container, host, port, model_name, keep_sessions, chat_template, batch
     with engine:
         try:
             template = Path(chat_template).read_text(encoding="utf-8") if chat_template else None
-            server = make_server(engine, host, port, model_name, verbose, keep_sessions, template)
+            server = make_server(engine, host, port, model_name, verbose, keep_sessions, template, embedding_pooling)
         except OSError as exc:
             raise click.UsageError(f"cannot listen on {host}:{port} ({exc.strerror or exc})") from None
         click.echo(f"serving {server.model_name} at {server.url} (Ctrl-C stops)", err=True)

@@ -24,6 +24,7 @@ class ServeContext:
     template: ChatTemplate
     grammars: Grammars
     in_flight: InFlight = field(default_factory=InFlight)
+    embedding_pooling: str = "mean"  # /v1/embeddings: the mean or the last token's hidden state
 
     def chat_run(self, messages: list[dict], spec: Spec, template_variables: dict | None = None) -> Run:
         """The assistant's next turn after `messages` ({role, content, ...} as the template takes

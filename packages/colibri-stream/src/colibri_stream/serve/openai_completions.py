@@ -48,27 +48,29 @@ class CompletionRequest:
         self.prompts = prompts_of(ctx.engine, body.get("prompt"))
 
 
-def prompts_of(engine, prompt) -> list[list[int]]:
+def prompts_of(engine, prompt, field: str = "prompt") -> list[list[int]]:
+    """A string, token ids, or a non-empty list of either, as token id lists (400s name `field`)."""
+
     def is_ids(value) -> bool:
         return isinstance(value, list) and bool(value) and all(
             isinstance(t, int) and not isinstance(t, bool) for t in value)
 
     if prompt == "" or prompt == []:
-        raise bad("'prompt' is empty", "prompt")
+        raise bad(f"'{field}' is empty", field)
     if isinstance(prompt, str) or is_ids(prompt):
         prompts = [prompt]
     elif isinstance(prompt, list) and prompt and all(isinstance(p, str) or is_ids(p) for p in prompt):
         prompts = prompt
     else:
-        raise bad("'prompt' must be a string, a list of token ids, or a non-empty list of either", "prompt")
+        raise bad(f"'{field}' must be a string, a list of token ids, or a non-empty list of either", field)
     vocab = engine.tokenizer.get_vocab_size()
     out = []
     for p in prompts:
         ids = engine.encode(p) if isinstance(p, str) else p
         if not ids:
-            raise bad("'prompt' is empty", "prompt")
+            raise bad(f"'{field}' is empty", field)
         if any(not 0 <= t < vocab for t in ids):
-            raise bad(f"prompt token ids must be in [0, {vocab})", "prompt")
+            raise bad(f"{field} token ids must be in [0, {vocab})", field)
         out.append(ids)
     return out
 

@@ -5,11 +5,12 @@
     server.serve_forever()
 
 Routes: `/v1/chat/completions` (openai_chat.py), `/v1/completions` (openai_completions.py),
-`/v1/responses` (openai_responses.py), `/v1/messages` (anthropic_messages.py), `/v1/models`,
-and the tokenizer (`/tokenize`, `/detokenize`, `/tokenizer_info`: tokenizer_api.py).
-A `ThreadingHTTPServer`: one thread per connection, each request on its own session; the engine's
-lock serialises forward passes, so concurrent requests are queued pass by pass (they interleave
-token by token) and each gets the tokens it would get alone. Chat sessions are kept between
+`/v1/responses` (openai_responses.py), `/v1/messages` (anthropic_messages.py),
+`/v1/embeddings` (openai_embeddings.py), `/v1/models`, and the tokenizer (`/tokenize`,
+`/detokenize`, `/tokenizer_info`: tokenizer_api.py). A `ThreadingHTTPServer`: one thread per
+connection, each request on its own session; the decode steps of requests generating at the same
+time run as one pass (the engine's `batch_sessions`, step_combiner.py: continuous batching),
+prefills one at a time between them. Chat sessions are kept between
 requests (session_pool.py), so a resent conversation prefills only its new turn. `stream: true`
 answers with server-sent events and closes the connection; a client that goes away stops its
 generation. Errors are in the called API's shape (errors.py): 400 for a bad request (malformed
@@ -28,7 +29,14 @@ import traceback
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from ..chat import ChatTemplate
-from . import anthropic_messages, openai_chat, openai_completions, openai_responses, tokenizer_api
+from . import (
+    anthropic_messages,
+    openai_chat,
+    openai_completions,
+    openai_embeddings,
+    openai_responses,
+    tokenizer_api,
+)
 from .constrained import Grammars
 from .context import ServeContext
 from .errors import APIError
@@ -38,6 +46,7 @@ MAX_BODY_BYTES = 16 << 20
 ROUTES = {"/v1/chat/completions": (openai_chat.answer, "openai"),
           "/v1/completions": (openai_completions.answer, "openai"),
           "/v1/responses": (openai_responses.answer, "openai"),
+          "/v1/embeddings": (openai_embeddings.answer, "openai"),
           "/v1/messages": (anthropic_messages.answer, "anthropic")}
 TOKENIZER = {"/tokenize": tokenizer_api.tokenize, "/detokenize": tokenizer_api.detokenize}
 
@@ -156,15 +165,17 @@ class ColibriServer(ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(self, address, engine, model_name: str, verbose: bool = False, keep_sessions: int = 4,
-                 chat_template: str | None = None):
+                 chat_template: str | None = None, embedding_pooling: str = "mean"):
         super().__init__(address, Handler)
         self.engine, self.verbose = engine, verbose
         template = engine.chat_template
         if chat_template is not None:  # the caller's Jinja template in place of the container's
             config = engine.container.tokenizer_config or {}
             template = ChatTemplate(engine.tokenizer, chat_template, config.get("bos_token"), config.get("eos_token"))
+        if embedding_pooling not in ("mean", "last"):
+            raise ValueError(f"embedding_pooling must be mean or last, got {embedding_pooling!r}")
         self.ctx = ServeContext(engine, model_name, ChatSessionPool(engine, keep_sessions), template,
-                                grammars=Grammars(engine))
+                                grammars=Grammars(engine), embedding_pooling=embedding_pooling)
         self.created = int(time.time())
 
     @property
@@ -187,13 +198,15 @@ def models_response(model_name: str, created: int) -> dict:
 
 
 def make_server(engine, host: str = "127.0.0.1", port: int = 8000, model_name: str | None = None,
-                verbose: bool = False, keep_sessions: int = 4, chat_template: str | None = None) -> ColibriServer:
+                verbose: bool = False, keep_sessions: int = 4, chat_template: str | None = None,
+                embedding_pooling: str = "mean") -> ColibriServer:
     """`keep_sessions`: chat sessions kept between requests for prefix reuse (session_pool.py);
-    `chat_template`: a Jinja chat template (transformers' kind) used instead of the container's."""
+    `chat_template`: a Jinja chat template (transformers' kind) used instead of the container's;
+    `embedding_pooling`: "mean" or "last" token's hidden state for /v1/embeddings."""
     from pathlib import Path
 
     return ColibriServer((host, port), engine, model_name or Path(engine.path).stem, verbose, keep_sessions,
-                         chat_template)
+                         chat_template, embedding_pooling)
 
 
 def serve_in_thread(server: ColibriServer) -> threading.Thread:
