@@ -204,3 +204,50 @@ def test_no_pass_holds_more_rows_than_a_prefill_chunk(tmp_path):
         engine.runner.batch_sessions = False
         assert [_ids(r) for r in together] == [_ids(_generate(engine, p)) for p in prompts]
     assert max(sizes) == 2 and sum(sizes) == 5 * 23
+
+
+def test_a_long_prefill_lets_generating_sessions_through_between_its_chunks(tiny):
+    """A session generating while another reads a 64-token prompt in chunks of 4: the generating
+    session's decode steps run between the prompt's chunks (not after all 16), and both get what
+    they get alone."""
+    prompt = [(11 * i) % 200 + 3 for i in range(64)]
+    with Engine.open(tiny[0], ram_budget="200MB", compute="dequant", prefill_chunk=4) as engine:
+        runner, order = engine.runner, []
+        forward = runner.forward
+
+        def recording(ids, kv, *args, **kwargs):
+            order.append((ids.shape[1], kv))
+            return forward(ids, kv, *args, **kwargs)
+
+        runner.batch_sessions = False
+        alone = (_generate(engine, PROMPTS[0], tokens=40), engine.session().append(prompt))
+        runner.batch_sessions = True
+        runner.forward = recording
+        generating = threading.Event()
+        got: dict[str, object] = {}
+
+        def stream():
+            tokens = []
+            for t in engine.session().stream(PROMPTS[0], 40, logprobs=2):
+                tokens.append((t.id, t.logprob, t.top_logprobs))
+                if len(tokens) == 2:
+                    generating.set()
+            got["stream"] = tokens
+
+        def long_prompt():
+            generating.wait(timeout=JOIN_S)
+            got["logits"] = engine.session().append(prompt)
+
+        threads = [threading.Thread(target=stream), threading.Thread(target=long_prompt)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=JOIN_S)
+        assert not any(t.is_alive() for t in threads)
+    long_kv = next(kv for tokens, kv in order if sum(1 for t, k in order if k is kv) == 16)
+    chunks = [i for i, (_, kv) in enumerate(order) if kv is long_kv]
+    between = [tokens for tokens, kv in order[chunks[0] : chunks[-1]] if kv is not long_kv]
+    assert between and all(t == 1 for t in between)  # the stream got tokens while the prompt was read
+    assert _ids(got["stream"]) == _ids(alone[0])
+    assert max(abs(x[1] - y[1]) for x, y in zip(got["stream"], alone[0])) < 1e-4
+    torch.testing.assert_close(got["logits"], alone[1], atol=1e-4, rtol=1e-4)

@@ -139,6 +139,8 @@ class ForwardRunner:
                 self.stats.prefill_tokens += len(ids)
             outputs = []
             for start in range(0, len(ids), self.prefill_chunk):
+                if start and self.batch_sessions:  # streams generating meanwhile get their token between chunks
+                    self.combiner.serve_waiting()
                 chunk = torch.tensor([ids[start : start + self.prefill_chunk]], dtype=torch.long, device=self.device)
                 logits = self.forward(chunk, kv, None if all_logits else chunk.shape[1] - 1)[0]
                 outputs.append(logits if all_logits else logits[-1])

@@ -13,7 +13,9 @@ session that is generating (`DecodeCombiner.generating`, entered by the decode l
 its token or `gather_s` has passed, and runs the queued tokens (at most `prefill_chunk`, the
 workspace the budget holds) as one pass; the others wait for their logits and go on sampling on
 their own threads. A session arriving while a step runs joins the next one: requests enter and
-leave the batch between steps, whatever their lengths.
+leave the batch between steps, whatever their lengths. A long prompt's prefill runs chunk by
+chunk, and between its chunks the decode steps queued meanwhile run (`serve_waiting`), so the
+streams already generating keep getting tokens while a new request reads its prompt.
 
 What each row computes: its own attention over its own KV cache (`SessionRows` stands for the
 B caches; every attention layer runs its rows one at a time, so a row's attention is the code
@@ -42,6 +44,11 @@ DEFAULT_GATHER_S = 0.005
 """How long a step's leader waits for generating sessions that have not queued their token yet
 (a thread still sampling or writing its last token to a client). Waiting ends as soon as all
 have queued: the bound only matters when one is slow, and then costs the others this per step."""
+
+
+LOCK_POLL_S = 0.002
+"""How often a step's leader retries the runner's lock while another pass holds it (it is woken
+at once when a prefill runs its step between chunks)."""
 
 
 class SessionRows:
@@ -149,23 +156,29 @@ class DecodeCombiner:
                 if mine.done:
                     break
                 self._leading = True
-            self._lead()  # runs this step, unless more than a pass takes were queued before it
+            self._lead(mine)  # runs this step, unless another pass took it or more than a pass takes were queued
         if mine.error is not None:
             raise mine.error
         return mine.logits
 
-    def _lead(self) -> None:
+    def serve_waiting(self) -> None:
+        """Run the decode steps queued now, without waiting for more: called between the chunks of
+        a long prefill by the thread running it (which holds `lock`), so streams that are
+        generating get a token per chunk instead of stalling for the whole prompt."""
+        with self._state:
+            batch, self._queue = self._queue[: self.max_rows], self._queue[self.max_rows :]
+        self._run(batch)
+
+    def _lead(self, mine: _Step) -> None:
         batch: list[_Step] = []
         try:
-            with self.lock:
-                batch = self._gather()
-                try:
-                    logits = self.run_rows([s.kv for s in batch], [s.token for s in batch])
-                    for i, s in enumerate(batch):
-                        s.logits = logits[i]
-                except BaseException as exc:  # every row of the pass sees why it failed
-                    for s in batch:
-                        s.error = exc
+            if not self._lock_unless_served(mine):
+                return
+            try:
+                batch = self._gather(mine)
+                self._run(batch, mark=False)
+            finally:
+                self.lock.release()
         finally:
             with self._state:
                 for s in batch:
@@ -173,17 +186,48 @@ class DecodeCombiner:
                 self._leading = False
                 self._state.notify_all()
 
-    def _gather(self) -> list[_Step]:
+    def _lock_unless_served(self, mine: _Step) -> bool:
+        """Take `lock`, or return False as soon as `mine` is done without it: a prefill holding the
+        lock runs queued steps between its chunks (`serve_waiting`), and a leader blocked on the
+        lock would not see its step done until the whole prompt had run."""
+        while not self.lock.acquire(blocking=False):
+            with self._state:
+                if mine.done:
+                    return False
+                self._state.wait(LOCK_POLL_S)
+        return True
+
+    def _run(self, batch: list[_Step], mark: bool = True) -> None:
+        """One pass of `batch` (the caller holds `lock`); `mark`: set the steps done and wake them."""
+        if not batch:
+            return
+        self.passes += 1
+        self.rows += len(batch)
+        try:
+            logits = self.run_rows([s.kv for s in batch], [s.token for s in batch])
+            for i, s in enumerate(batch):
+                s.logits = logits[i]
+        except BaseException as exc:  # every row of the pass sees why it failed
+            for s in batch:
+                s.error = exc
+        if mark:
+            with self._state:
+                for s in batch:
+                    s.done = True
+                self._state.notify_all()
+
+    def _gather(self, mine: _Step) -> list[_Step]:
         """The leader's batch: wait until every generating session has queued (or `gather_s`),
-        then take the queue's first `max_rows` steps, oldest first."""
+        then take the queue's first `max_rows` steps, oldest first; none when a prefill's
+        `serve_waiting` already ran the leader's own step while it waited for the lock."""
         deadline = time.monotonic() + self.gather_s
         with self._state:
+            if mine.done:
+                return []
             while len(self._queue) < min(self._generating, self.max_rows):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
                 self._state.wait(left)
             batch, self._queue = self._queue[: self.max_rows], self._queue[self.max_rows :]
-        self.passes += 1
-        self.rows += len(batch)
         return batch
