@@ -57,13 +57,14 @@ from colibri.pseudograd import PSEUDOGRAD_FILE  # noqa: E402
 EXPERIMENT = "diloco_rounds"
 FINDING = "parallel DiLoCo rounds vs sequential training"
 DECAY_FRACTION = 0.2
-VAL_BATCHES = 8  # x batch_size windows: the fixed set every model is scored on
+VAL_WINDOWS = 64  # the fixed validation windows every model is scored on, whatever the batch
+VAL_BATCH = 8
 
 
 # --- scoring ---------------------------------------------------------------------------------
 def validation_set(data: Path, scale) -> list[tuple[torch.Tensor, torch.Tensor]]:
     _, val, _ = open_data_dir(data)
-    return fixed_batches(val, scale.seq_len, scale.batch_size, VAL_BATCHES)
+    return fixed_batches(val, scale.seq_len, VAL_BATCH, VAL_WINDOWS // VAL_BATCH)
 
 
 @torch.no_grad()
@@ -368,12 +369,17 @@ def main(argv: list[str] | None = None) -> dict:
                             "default: the full batch, N/K steps each")
     extra.add_argument("--inner-lr", type=float, default=None,
                        help="the workers' AdamW lr (default: K=1's); K=1 keeps its own")
+    extra.add_argument("--batch-size", type=int, default=None,
+                       help="K=1's sequences per step, the global batch (default: the scale's, 8); with "
+                            "--split-batch each worker takes batch/K")
     extra.add_argument("--workers", default="2,4", help="the K > 1 arms to run besides K=1")
     extra.add_argument("--bandwidth", type=float, default=100.0, help="MB/s each way per machine")
     extra.add_argument("--ablations", default="fp32,late", help="K=4 extra arms on the first seed ('' for none)")
     known, rest = extra.parse_known_args(argv)
     args = runs.experiment_args(__doc__.splitlines()[0], rest)
     scale, h = args.scale, known.inner_steps
+    if known.batch_size is not None:
+        scale = replace(scale, batch_size=known.batch_size)
     steps = scale.steps
     if steps % (4 * h):
         raise SystemExit(f"--steps {steps} must be a multiple of 4 x --inner-steps ({4 * h})")
@@ -412,7 +418,7 @@ def main(argv: list[str] | None = None) -> dict:
                 "inner_steps": h, "outer_lr": known.outer_lr, "outer_momentum": known.outer_momentum,
                 "split_batch": known.split_batch, "inner_lr": known.inner_lr or "K=1's",
                 "bandwidth_MB_s": known.bandwidth, "decay_fraction": DECAY_FRACTION,
-                "val_windows": VAL_BATCHES * scale.batch_size,
+                "val_windows": VAL_WINDOWS, "batch_size": scale.batch_size,
                 "late_discount": 0.5, "workers_run": "one after another in one process (simulated clock)"}
     path = report.write_result(args.out, EXPERIMENT, FINDING, settings, results, summarize(results), started)
     plot(results, args.out, f"{FINDING} ({scale.name} scale, H={h})")
