@@ -149,3 +149,13 @@ def test_diloco_rounds_with_chosen_workers_and_inner_lr(work, tmp_path):
     assert set(by) == {"k1", "k4"}  # K=1 always, then only the arms asked for
     assert by["k4"]["inner_lr"] == 2e-3 and doc["settings"]["inner_lr"] == 2e-3  # read back from the base
     assert "vs_k1_equal_tokens" in doc["summary"]["k4"]
+
+
+def test_diloco_rounds_with_a_larger_global_batch(work, tmp_path):
+    doc = _run("diloco_rounds", work, tmp_path, "--seeds", "0", "--steps", "8", "--inner-steps", "2", "--split-batch",
+               "--batch-size", "8", "--outer-lr", "1.0", "--outer-momentum", "0", "--ablations", "", "--workers", "4")
+    by = {r["name"]: r for r in doc["runs"]}
+    # K=1 takes the global batch of 8 a step, each of the 4 workers its share of 2: equal tokens
+    assert doc["settings"]["batch_size"] == 8 and by["k4"]["worker_batch"] == 2
+    assert {r["final"]["tokens"] for r in doc["runs"]} == {8 * 8 * 32}
+    assert doc["settings"]["val_windows"] == 64  # the same validation windows whatever the batch
