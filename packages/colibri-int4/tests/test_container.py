@@ -6,6 +6,7 @@ import tracemalloc
 import numpy as np
 import pytest
 from colibri_int4 import (
+    ChecksumError,
     Container,
     QuantScheme,
     dequantize_container,
@@ -122,6 +123,34 @@ def test_iter_resident_reads_tensor_by_tensor_and_row_blocks_match(tiny_containe
             with pytest.raises(ValueError, match="only 2-D"):
                 raw.rows(0, 1)
     assert "q4" in encodings
+
+
+def test_map_resident_gives_read_only_views_of_the_file_that_outlive_close(tiny_container):
+    """`map_resident` decodes the same stored bytes as `iter_resident`, as read-only views over a
+    map of the file, CRC-checked; `skip` leaves tensors out of `iter_resident`."""
+    path, _, _ = tiny_container
+    with Container.open(path) as c:
+        whole = {t.name: t for t in c.iter_resident()}
+        name = max(whole, key=lambda n: whole[n].data.nbytes)
+        mapped = c.map_resident(name)
+        assert [t.name for t in c.iter_resident(skip={name})] == [n for n in whole if n != name]
+        with pytest.raises(KeyError, match="no resident tensor 'nope'"):
+            c.map_resident("nope")
+    assert not mapped.data.flags.writeable
+    np.testing.assert_array_equal(mapped.dequantize(), whole[name].dequantize())  # after close
+
+
+def test_map_resident_refuses_a_corrupt_tensor(tiny_container, tmp_path):
+    path, _, _ = tiny_container
+    with Container.open(path) as c:
+        entry = max(c.header.tensors, key=lambda t: t.length)
+    bad = tmp_path / "bad.coli"
+    data = bytearray(path.read_bytes())
+    data[entry.offset + entry.length // 2] ^= 0x40
+    bad.write_bytes(bytes(data))
+    with Container.open(bad) as c:
+        with pytest.raises(ChecksumError, match=f"tensor '{entry.name}' at bytes \\[{entry.offset}, "):
+            c.map_resident(entry.name)
 
 
 def test_estimator_for_nano_matches_the_design():

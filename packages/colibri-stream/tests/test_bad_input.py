@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 
 import pytest
-from colibri_int4 import Container, ContainerError
+from colibri_int4 import ChecksumError, Container, ContainerError
 from colibri_int4.header import PREAMBLE_SIZE, pack_preamble
 from colibri_stream import BudgetError, Engine, ExpertCorruptError, SizeFormatError, parse_size
 
@@ -96,3 +96,19 @@ def test_unknown_model_config_version_is_refused(tiny, tmp_path):
         assert f.tell() == PREAMBLE_SIZE + len(new_json)
     with pytest.raises(ValueError, match=r"2\.0 is not supported.*reads 1\.0"):
         Engine.open(path, ram_budget="200MB")
+
+
+def test_a_corrupt_embedding_is_refused_at_open_naming_the_tensor(tiny, tmp_path):
+    """The embedding is mapped rather than read, and still checked against its CRC at open."""
+    assert Engine.plan(tiny[0]).footprint.mapped_bytes > 0  # untied: the mapped path
+    bad = tmp_path / "bad-embedding.coli"
+    shutil.copy(tiny[0], bad)
+    with Container.open(bad) as c:
+        entry = next(t for t in c.header.tensors if t.name == "embed.weight")
+    with open(bad, "r+b") as f:
+        f.seek(entry.offset + entry.length // 3)
+        byte = f.read(1)
+        f.seek(entry.offset + entry.length // 3)
+        f.write(bytes([byte[0] ^ 0x10]))
+    with pytest.raises(ChecksumError, match="tensor 'embed.weight' at bytes"):
+        Engine.open(bad, ram_budget="200MB")

@@ -38,12 +38,13 @@ def test_qwen3_30b_a3b_plan_from_config_matches_a_hand_computation():
     assert INT4_BLOB % 4096 == 0 and INT8_BLOB % 4096 == 0  # no padding at these shapes
     plan = Engine.plan(planned_container(QWEN3_30B, "int4"), compute="int4")
     f = plan.footprint
-    # defaults for a 16 GB laptop: bf16 (f32 would be 5.5 GB of backbone: the embedding stays as
-    # stored, bf16, the rest in f32), 4096 of 40,960 positions
+    # defaults for a 16 GB laptop: bf16 (f32 would be 5.5 GB of backbone weights: the embedding as
+    # stored, bf16, mapped from the container outside the budget, the rest in f32), 4096 of 40,960 positions
     assert f.dtype == torch.bfloat16 and f.max_context == DEFAULT_MAX_CONTEXT and plan.max_seq_len == 40960
     f32_backbone = 2 * V * D + 4 * (MATRICES - V * D) + 4 * (VECTORS + ROUTER_COUNTERS)
     assert len(plan.defaults) == 2 and f"{format_size(f32_backbone)} in f32" in plan.defaults[0]
-    assert f.resident_by_dtype == {"bf16": 2 * MATRICES, "f32": 4 * (VECTORS + ROUTER_COUNTERS)}
+    assert f.resident_by_dtype == {"bf16": 2 * (MATRICES - V * D), "f32": 4 * (VECTORS + ROUTER_COUNTERS)}
+    assert f.mapped_bytes == 2 * V * D  # the bf16 embedding
     assert plan.kv_bytes_per_token == 2 * L * KV * HD * 2 == 98_304  # K and V, bf16
     assert plan.kv_cache_at(40960) == 4_026_531_840  # the ~4 GB the config's context would take
     assert f.total_experts == L * E and f.top_k == 8
@@ -58,7 +59,7 @@ def test_qwen3_30b_a3b_plan_from_config_matches_a_hand_computation():
     assert sizes["int4"].file_size < sizes["int8"].file_size < sizes["bf16"].file_size
     explicit = Engine.plan(planned_container(QWEN3_30B, "bf16"), dtype="f32", max_context=40960)
     assert explicit.defaults == [] and explicit.footprint.resident_by_dtype["f32"] > 4 * (MATRICES - V * D)
-    assert explicit.footprint.resident_by_dtype["bf16"] == 2 * V * D  # the embedding, as stored
+    assert "bf16" not in explicit.footprint.resident_by_dtype and explicit.footprint.mapped_bytes == 2 * V * D
     assert explicit.footprint.kv_cache_bytes == 2 * 98_304 * 40960  # f32 KV
 
 
@@ -71,7 +72,8 @@ def test_plan_cli_from_config_prints_sizes_kv_and_hit_rate_budget(tmp_path):
     assert "max_context 4096 of the config's 40960" in text.output
     out = json.loads(run(main, ["plan", str(QWEN3_30B), "--quant", "int8", "--compute", "dequant", "--json"]).output)
     assert out["quant"] == "int8" and out["expert_bytes_on_disk"] == L * E * INT8_BLOB
-    assert out["kv_cache_by_context"]["40960"] == 40960 * 98_304 and out["resident_by_dtype"]["bf16"] == 2 * MATRICES
+    assert out["kv_cache_by_context"]["40960"] == 40960 * 98_304 and out["resident_by_dtype"]["bf16"] == 2 * (MATRICES - V * D)
+    assert out["mapped_bytes"] == 2 * V * D
     # a hit-rate target from a routing trace of this shape (48 x 128, top-8)
     trace_path = _write_trace(tmp_path / "qwen3.jsonl.gz")
     target = run(main, ["plan", str(QWEN3_30B), "--compute", "int4", "--trace", str(trace_path), "--hit-rate", "0.5",

@@ -15,9 +15,10 @@ aligned buffers and pass to `ExpertBlob.parse`, or read through `read_expert_int
 from __future__ import annotations
 
 import copy
+import mmap
 import os
 import zlib
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -57,6 +58,7 @@ class Container:
     def __init__(self, path: Path, fd: int, header: ContainerHeader, shape: ModelShape,
                  blob_layout: ExpertBlobLayout | None, version: tuple[int, int]):
         self.path, self._fd, self.header, self.shape = path, fd, header, shape
+        self._map: mmap.mmap | None = None  # made by the first `map_resident`
         self.blob_layout, self.version = blob_layout, version
         self._experts = {(e.layer, e.expert): e for e in header.experts.entries}
 
@@ -108,6 +110,7 @@ class Container:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+        self._map = None  # the mapped views keep the map alive; it is unmapped with the last of them
 
     def __enter__(self) -> Container:
         return self
@@ -204,13 +207,31 @@ class Container:
             out[t.name] = raw.dequantize() if dequantize else raw
         return out
 
-    def iter_resident(self, verify: bool = True) -> Iterator[RawTensor]:
-        """Each resident tensor in file order, read with its own `pread` and CRC-checked: only
-        one tensor's stored bytes are in memory at a time (`read_resident` holds the whole
-        region), which keeps a runtime's peak memory while it materialises the model close to
-        the model's own size."""
+    def iter_resident(self, verify: bool = True, skip: Collection[str] = ()) -> Iterator[RawTensor]:
+        """Each resident tensor in file order (but those named in `skip`), read with its own
+        `pread` and CRC-checked: only one tensor's stored bytes are in memory at a time
+        (`read_resident` holds the whole region), which keeps a runtime's peak memory while it
+        materialises the model close to the model's own size."""
         for t in self.header.tensors:
-            yield self._decode_resident(t, _read(self._fd, t.length, t.offset, f"tensor '{t.name}'"), verify)
+            if t.name not in skip:
+                yield self._decode_resident(t, _read(self._fd, t.length, t.offset, f"tensor '{t.name}'"), verify)
+
+    def map_resident(self, name: str, verify: bool = True) -> RawTensor:
+        """One resident tensor as read-only views over a memory map of the file, CRC-checked
+        once through the map. Its pages are the page cache's: clean, file-backed, reclaimed by
+        the kernel when memory is short and read again when touched, so a runtime that touches
+        a few rows of a large tensor (an embedding table) holds those pages, not the table. The
+        views stay valid after `close()` (the map is released when the last one goes)."""
+        entry = next((t for t in self.header.tensors if t.name == name), None)
+        if entry is None:
+            raise KeyError(f"no resident tensor '{name}' in {self.path}")
+        self._need_file(f"tensor '{name}'")
+        if self._map is None:
+            self._map = mmap.mmap(self._fd, 0, access=mmap.ACCESS_READ)
+        if entry.offset + entry.length > len(self._map):
+            raise ContainerError(f"truncated: tensor '{name}' needs bytes [{entry.offset}, "
+                                 f"{entry.offset + entry.length})")
+        return self._decode_resident(entry, memoryview(self._map)[entry.offset : entry.offset + entry.length], verify)
 
     def _decode_resident(self, t, chunk, verify: bool) -> RawTensor:
         """One resident tensor's stored bytes, CRC-checked, as a `RawTensor`."""

@@ -1,6 +1,7 @@
 """The sizes of one configuration (`Footprint`) and the split of a budget (`Budget`).
 
-    budget = resident weights        (every non-routed tensor, materialised in the engine dtype)
+    budget = resident weights        (every non-routed tensor, materialised in the engine dtype,
+                                      but an untied embedding: mapped from the container file)
            + KV cache                (batch 1, `max_context` positions, all layers)
            + workspace               (activations of one prefill chunk, logits included; estimate)
            + staging buffers         (page-aligned blob buffers that misses are read into)
@@ -104,6 +105,7 @@ class Footprint:
     slot_bytes: int
     n_experts: int
     total_experts: int
+    mapped_bytes: int = 0  # an untied embedding, mapped from the container (page cache, not in the budget)
 
     @property
     def expert_dtype(self) -> torch.dtype:
@@ -277,7 +279,7 @@ class Sizing:
             kv_cache_bytes(config, max_context, elem, min(chunk, max_context)),
             workspace_bytes(config, min(chunk, max_context), max_context, elem),
             0, TOKENIZER_BYTES_PER_TOKEN * config.vocab_size, heap_slack_bytes(blob),
-            slot, config.n_experts, config.n_moe_layers * config.n_experts,
+            slot, config.n_experts, config.n_moe_layers * config.n_experts, self.mapped_bytes(),
         )
         return replace(f, staging_bytes=self.staging(f, threads))
 
@@ -292,14 +294,18 @@ class Sizing:
                 by_dtype[t.encoding] = by_dtype.get(t.encoding, 0) + t.length  # weights + scales (+ zeros), as stored
                 continue
             if stored_embedding_name(t.name, self.config.tie_embeddings):
-                by_dtype[t.encoding] = by_dtype.get(t.encoding, 0) + t.length  # held as stored
-                continue
+                continue  # mapped from the container: `mapped_bytes`, page cache rather than the budget
             target = held_dtype(t.shape, dtype, t.name)  # colibri-model's rule, as resident.py materialises
             n = target.itemsize * _numel(t.shape)
             by_dtype[dtype_name(target)] = by_dtype.get(dtype_name(target), 0) + n
         # the routers' token counters (fp32 buffers the model keeps even when not counting)
         by_dtype["f32"] = by_dtype.get("f32", 0) + 4 * self.config.n_moe_layers * self.config.n_experts
         return by_dtype
+
+    def mapped_bytes(self) -> int:
+        """Stored bytes of the resident tensors the engine maps from the container (stored_embedding.py)."""
+        return sum(t.length for t in self.container.header.tensors
+                   if stored_embedding_name(t.name, self.config.tie_embeddings))
 
     def staging(self, f: Footprint, threads: int) -> int:
         # Prefetch workers each hold a staging buffer and, until it is stored, one prepared expert.

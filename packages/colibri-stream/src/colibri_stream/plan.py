@@ -21,8 +21,8 @@ preferred values gets exactly them (so results at every budget that worked befor
 unchanged); a knob set explicitly is never changed, and a budget below every candidate is
 refused with `BudgetError` naming both minimums.
 
-The preferred values: 128-token chunks; dtype f32, unless the resident weights alone would
-take more than `F32_RESIDENT_LIMIT` (2 GiB) in f32, then bf16 (Qwen3-30B-A3B's 1.5B-parameter
+The preferred values: 128-token chunks; dtype f32, unless the resident weights alone (a mapped
+embedding included) would take more than `F32_RESIDENT_LIMIT` (2 GiB) in f32, then bf16 (Qwen3-30B-A3B's 1.5B-parameter
 backbone is 6.2 GB in f32, 3.1 GB in bf16, and bf16 is the checkpoint's own precision); and
 max_context the config's max_seq_len capped at `DEFAULT_MAX_CONTEXT` (4096: Qwen3-30B-A3B's
 40,960 positions would hold 4.0 GB of bf16 KV cache that a 16 GB laptop needs for experts).
@@ -48,7 +48,7 @@ from .sizes import format_size
 
 __all__ = ["PLAN_VERSION", "Budget", "ComputeRoutes", "Footprint", "Plan", "make_plan", "plan_dtypes"]
 
-PLAN_VERSION = "1.1"  # of `plan --json` (PLAN.md): a new minor may add keys, a new major changes them
+PLAN_VERSION = "1.2"  # of `plan --json` (PLAN.md): a new minor may add keys, a new major changes them
 
 PREFERRED_PREFILL_CHUNK = 128
 AUTO_PREFILL_CHUNKS = (128, 64, 32)
@@ -153,6 +153,7 @@ class Plan:
             "kv_bytes_per_token": self.kv_bytes_per_token,
             "resident_bytes": f.resident_bytes,
             "resident_by_dtype": dict(f.resident_by_dtype),
+            "mapped_bytes": f.mapped_bytes,
             "kv_cache_bytes": f.kv_cache_bytes,
             "workspace_bytes": f.workspace_bytes,
             "staging_bytes": f.staging_bytes,
@@ -210,8 +211,11 @@ def make_plan(container: Container, opts: EngineOptions, ram_budget: int | None 
     prefetch = opts.prefetch
     counted_threads = opts.prefetch_threads if prefetch == "on" and layout else 0
     sizes = Sizing(container, config, opts, top_k, compute)
-    # what the preferred dtype depends on, when none was asked for (the f32 route is resolved then)
-    f32_resident = sum(sizes.resident_by_dtype(torch.float32).values()) if opts.dtype is None else 0
+    # what the preferred dtype depends on, when none was asked for (the f32 route is resolved then):
+    # the backbone's weights, the mapped embedding included, so that where the default lands for a
+    # model does not move with how its embedding is held
+    f32_resident = (sum(sizes.resident_by_dtype(torch.float32).values()) + sizes.mapped_bytes()
+                    if opts.dtype is None else 0)
     knobs, defaults = _candidate_knobs(opts, config, f32_resident)
     candidates = [sizes.footprint(*k, counted_threads) for k in knobs]
     chosen = candidates[0]

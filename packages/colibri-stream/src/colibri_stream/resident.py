@@ -52,19 +52,20 @@ def build_model(
     """An eval-mode model whose resident weights come from `container` and routed experts from
     `backends` (one per MoE layer). `native_linears`: the q4 projections stay q4 and run on the
     native kernel (compute/native_linear.py), and a decode token's attention runs in C
-    (compute/native_decode.py). An untied embedding stays as stored (stored_embedding.py)."""
+    (compute/native_decode.py). An untied embedding is mapped from the file as stored (stored_embedding.py)."""
     with torch.device("meta"):
         model = ColibriForCausalLM(config, expert_backends=backends)
     state = {}
     expected = set(model.state_dict())
     shared_input = SharedInput()  # q, k, v (gate, up) of a layer read one tensor: quantized once
-    for raw in container.iter_resident():
+    mapped = {t.name for t in container.header.tensors if stored_embedding_name(t.name, config.tie_embeddings)}
+    for name in mapped:  # an untied embedding: views of the file as stored, not read into RAM
+        raw = container.map_resident(name)
+        model.embed = StoredEmbedding(raw, held_dtype(raw.shape, dtype, raw.name), device, mapped=True)
+        expected.discard(name)
+    for raw in container.iter_resident(skip=mapped):
         if native_linears and native_linear_name(raw.name, raw.encoding, raw.shape, raw.group_size):
             install(model, raw.name, raw, shared_input)
-            expected.discard(raw.name)
-            continue
-        if stored_embedding_name(raw.name, config.tie_embeddings):
-            model.embed = StoredEmbedding(raw, held_dtype(raw.shape, dtype, raw.name), device)
             expected.discard(raw.name)
             continue
         state[raw.name] = _materialise(raw, held_dtype(raw.shape, dtype, raw.name), device)

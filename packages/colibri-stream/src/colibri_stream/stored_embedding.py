@@ -8,6 +8,9 @@ the smallest budget such models run in. A looked-up row is exactly the row the m
 table would hold (the same dequantization of the same stored row; within-row groups), so
 logits do not change by a bit.
 
+The engine maps the table from the container (`Container.map_resident`): read-only pages of the
+page cache, of which only the looked-up rows stay touched, and which the kernel takes back when
+memory is short, so the table is not in the RAM budget at all (the plan's `mapped_bytes`).
 `stored_embedding_name` is the one rule for which tensor is held this way; the footprint and the
 model builder both read it. A tied LM head (the embedding doubles as the vocab projection) needs
 the whole table in the engine dtype, so a tied model keeps the materialised one.
@@ -34,11 +37,16 @@ def stored_embedding_name(name: str, tied: bool) -> bool:
 class StoredEmbedding(nn.Module):
     """nn.Embedding's forward over a table kept as stored: `ids` [...] -> [..., dim] in `dtype`."""
 
-    def __init__(self, raw, dtype: torch.dtype, device: torch.device):
-        """`raw`: colibri-int4's RawTensor of `embed.weight`."""
+    def __init__(self, raw, dtype: torch.dtype, device: torch.device, mapped: bool = False):
+        """`raw`: colibri-int4's RawTensor of `embed.weight`. `mapped`: its arrays are views of a
+        file mapping (`Container.map_resident`), kept as they are: no copy, no torch buffers, so
+        nothing counts them as resident."""
         super().__init__()
         self.num_embeddings, self.embedding_dim = raw.shape
-        self.dtype, self.device = dtype, device
+        self.dtype, self.device, self.mapped = dtype, device, mapped
+        if mapped:
+            self.raw = raw
+            return
         # Copied into torch buffers (not persistent: the container's bytes, not a state_dict entry),
         # so whatever counts a module's tensors (the engine's resident bytes) counts them, and the
         # read buffer is not kept; lookups read numpy views of the same memory.
@@ -55,4 +63,5 @@ class StoredEmbedding(nn.Module):
         return rows.to(device=self.device, dtype=self.dtype).view(*ids.shape, self.embedding_dim)
 
     def extra_repr(self) -> str:
-        return f"{self.num_embeddings}, {self.embedding_dim}, {self.raw.encoding} as stored"
+        where = "mapped from the container" if self.mapped else "held"
+        return f"{self.num_embeddings}, {self.embedding_dim}, {self.raw.encoding} as stored, {where}"

@@ -91,6 +91,7 @@ def describe_plan(p, process_bytes: int, runtime_file_bytes: int) -> list[str]:
         f"({size(p.expert_bytes_on_disk)} on disk); {f.describe()}, top_k {f.top_k}, prefetch {p.prefetch}",
         f"fixed part {size(f.fixed_bytes)}: resident {size(f.resident_bytes)} ("
         + ", ".join(f"{k} {size(v)}" for k, v in sorted(f.resident_by_dtype.items()))
+        + (f"; embedding mapped from the container {size(f.mapped_bytes)}" if f.mapped_bytes else "")
         + f"), KV cache {size(f.kv_cache_bytes)}, workspace {size(f.workspace_bytes)}, staging "
         f"{size(f.staging_bytes)}, tokenizer {size(f.tokenizer_bytes)}, heap slack {size(f.heap_slack_bytes)}",
         f"minimum budget  {size(p.min_budget):>10} ({p.min_budget} bytes): one layer's working set "
