@@ -3,7 +3,9 @@
 Opening reads and validates only the header (preamble + JSON), so it costs milliseconds even
 for a 15 GB file. The resident region is one sequential `preadv`; each expert is one range
 the runtime may read itself (offsets/lengths from `expert_entry`) with O_DIRECT into its own
-aligned buffers and pass to `ExpertBlob.parse`, or read through `read_expert_into`.
+aligned buffers and pass to `ExpertBlob.parse`, or read through `read_expert_into`. A resident
+tensor a runtime only looks rows up in (an embedding table) can instead be mapped
+(`map_resident`): read-only views of the page cache, not a copy.
 
     >>> with Container.open("model.coli") as c:                      # doctest: +SKIP
     ...     weights = c.read_resident()                                # name -> fp32 array
