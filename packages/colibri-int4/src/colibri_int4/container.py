@@ -223,7 +223,9 @@ class Container:
         once through the map. Its pages are the page cache's: clean, file-backed, reclaimed by
         the kernel when memory is short and read again when touched, so a runtime that touches
         a few rows of a large tensor (an embedding table) holds those pages, not the table. The
-        views stay valid after `close()` (the map is released when the last one goes)."""
+        views stay valid after `close()` (the map is released when the last one goes). A file
+        replaced by a rename (as `export` and `import-hf` write) leaves the views on the old file;
+        one truncated in place would fault (SIGBUS) when a view touches the lost bytes."""
         entry = next((t for t in self.header.tensors if t.name == name), None)
         if entry is None:
             raise KeyError(f"no resident tensor '{name}' in {self.path}")
