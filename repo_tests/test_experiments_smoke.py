@@ -159,3 +159,9 @@ def test_diloco_rounds_with_a_larger_global_batch(work, tmp_path):
     assert doc["settings"]["batch_size"] == 8 and by["k4"]["worker_batch"] == 2
     assert {r["final"]["tokens"] for r in doc["runs"]} == {8 * 8 * 32}
     assert doc["settings"]["val_windows"] == 64  # the same validation windows whatever the batch
+
+
+def test_diloco_rounds_refuses_a_batch_of_no_sequences(capsys):
+    with pytest.raises(SystemExit) as exc:
+        _load("diloco_rounds").main(["--batch-size", "0"])
+    assert exc.value.code == 2 and "--batch-size 0" in capsys.readouterr().err

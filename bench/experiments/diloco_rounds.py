@@ -376,6 +376,8 @@ def main(argv: list[str] | None = None) -> dict:
     extra.add_argument("--bandwidth", type=float, default=100.0, help="MB/s each way per machine")
     extra.add_argument("--ablations", default="fp32,late", help="K=4 extra arms on the first seed ('' for none)")
     known, rest = extra.parse_known_args(argv)
+    if known.batch_size is not None and known.batch_size < 1:
+        extra.error(f"--batch-size {known.batch_size}: need at least one sequence a step")
     args = runs.experiment_args(__doc__.splitlines()[0], rest)
     scale, h = args.scale, known.inner_steps
     if known.batch_size is not None:
