@@ -61,7 +61,7 @@ def build_model(
     mapped = {t.name for t in container.header.tensors if stored_embedding_name(t.name, config.tie_embeddings)}
     for name in mapped:  # an untied embedding: views of the file as stored, not read into RAM
         raw = container.map_resident(name)
-        model.embed = StoredEmbedding(raw, held_dtype(raw.shape, dtype, raw.name), device, mapped=True)
+        model.embed = StoredEmbedding(raw, held_dtype(raw.shape, dtype, raw.name), device)
         expected.discard(name)
     for raw in container.iter_resident(skip=mapped):
         if native_linears and native_linear_name(raw.name, raw.encoding, raw.shape, raw.group_size):

@@ -18,15 +18,10 @@ the whole table in the engine dtype, so a tied model keeps the materialised one.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
-import numpy as np
 import torch
 from torch import nn
 
 EMBEDDING = "embed.weight"
-# numpy views torch can hold for any stored dtype of that width (uint16 bf16 bits, uint8 nibbles)
-_SIGNED = {1: np.int8, 2: np.int16, 4: np.float32}
 
 
 def stored_embedding_name(name: str, tied: bool) -> bool:
@@ -37,31 +32,17 @@ def stored_embedding_name(name: str, tied: bool) -> bool:
 class StoredEmbedding(nn.Module):
     """nn.Embedding's forward over a table kept as stored: `ids` [...] -> [..., dim] in `dtype`."""
 
-    def __init__(self, raw, dtype: torch.dtype, device: torch.device, mapped: bool = False):
-        """`raw`: colibri-int4's RawTensor of `embed.weight`. `mapped`: its arrays are views of a
-        file mapping (`Container.map_resident`), kept as they are: no copy, no torch buffers, so
-        nothing counts them as resident."""
+    def __init__(self, raw, dtype: torch.dtype, device: torch.device):
+        """`raw`: colibri-int4's RawTensor of `embed.weight`, kept as given: views of the container's
+        map (`Container.map_resident`), no copy and no torch buffers, so nothing counts them as
+        resident."""
         super().__init__()
         self.num_embeddings, self.embedding_dim = raw.shape
-        self.dtype, self.device, self.mapped = dtype, device, mapped
-        if mapped:
-            self.raw = raw
-            return
-        # Copied into torch buffers (not persistent: the container's bytes, not a state_dict entry),
-        # so whatever counts a module's tensors (the engine's resident bytes) counts them, and the
-        # read buffer is not kept; lookups read numpy views of the same memory.
-        arrays = {}
-        for name in ("data", "scales", "zeros"):
-            array = getattr(raw, name)
-            held = None if array is None else torch.tensor(array.view(_SIGNED[array.dtype.itemsize]))
-            self.register_buffer(name, held, persistent=False)
-            arrays[name] = None if held is None else held.numpy().view(array.dtype)
-        self.raw = replace(raw, **arrays)
+        self.dtype, self.device, self.raw = dtype, device, raw
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         rows = torch.from_numpy(self.raw.take(ids.detach().reshape(-1).cpu().numpy()).dequantize())
         return rows.to(device=self.device, dtype=self.dtype).view(*ids.shape, self.embedding_dim)
 
     def extra_repr(self) -> str:
-        where = "mapped from the container" if self.mapped else "held"
-        return f"{self.num_embeddings}, {self.embedding_dim}, {self.raw.encoding} as stored, {where}"
+        return f"{self.num_embeddings}, {self.embedding_dim}, {self.raw.encoding} as stored"
