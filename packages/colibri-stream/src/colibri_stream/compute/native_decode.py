@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from colibri_model import Attention, ColibriConfig, RMSNorm, Router
 
-from .native_kernel import MAX_HEAD_DIM, norm_rope, rms_norm
+from .native_kernel import MAX_HEAD_DIM, norm_rope, rms_norm, route_row
 from .native_linear import NativeLinear
 
 ROWWISE_ROUTING_ROWS = 16
@@ -99,17 +99,33 @@ class NativeRowNorm(RMSNorm):
 
 
 class RowwiseRouter(Router):
-    """A `Router` that routes a few rows (a decode step of several sessions, step_combiner.py) one
-    row at a time, so each picks the experts and gates it gets alone: torch's f32 matmul sums N
-    rows in an order that depends on N, and its elementwise sigmoid takes another code path for a
-    row's tail than for the middle of a longer tensor (16 experts: another bit), either of which
-    could flip a near tie. Longer inputs (a prefill chunk) route in one go, as before."""
+    """A `Router` that routes a few rows (a decode token, or a decode step of several sessions,
+    step_combiner.py) one row at a time, so each picks the experts and gates it gets alone: torch's
+    f32 matmul sums N rows in an order that depends on N, and its elementwise sigmoid takes another
+    code path for a row's tail than for the middle of a longer tensor (16 experts: another bit),
+    either of which could flip a near tie. A row is one C call where the router allows it (a dozen
+    torch calls a layer otherwise); longer inputs (a prefill chunk) route in one go, as before."""
 
     def forward(self, x: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        if not 1 < x.shape[0] <= ROWWISE_ROUTING_ROWS:
+        if not 1 <= x.shape[0] <= ROWWISE_ROUTING_ROWS:
             return super().forward(x, top_k)
-        parts = [super(RowwiseRouter, self).forward(row, top_k) for row in x.split(1)]
+        route = self._route_row if self._native_routing(x) else super().forward
+        if x.shape[0] == 1:
+            return route(x, top_k)
+        parts = [route(row, top_k) for row in x.split(1)]
         return tuple(torch.cat(column) for column in zip(*parts))
+
+    def _native_routing(self, x: torch.Tensor) -> bool:
+        """Whether one C call routes a row here (decode_step.c's colibri_route_row): f32 rows and
+        router, no expert groups, no token counts to keep."""
+        return (x.dtype == torch.float32 and self.weight.dtype == torch.float32 and self.groups == 1
+                and not self.count_tokens and x.shape[-1] % 8 == 0 and self.weight.is_contiguous()
+                and all(t is None or (t.dtype == torch.float32 and t.is_contiguous())
+                        for t in (self.bias, self.expert_bias)))
+
+    def _route_row(self, row: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return route_row(row.reshape(-1).contiguous(), self.weight, self.bias, self.expert_bias, top_k,
+                         self.score == "softmax", self.route_norm, float(self.route_scale))
 
 
 def install_decode_paths(model: torch.nn.Module, config: ColibriConfig) -> int:

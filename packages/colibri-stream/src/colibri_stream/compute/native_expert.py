@@ -21,7 +21,8 @@ from colibri_int4 import ExpertBlob, ExpertBlobLayout
 from colibri_model import ExpertGlu
 
 from ..cache.slab import aligned, place
-from .native_kernel import BLOCK, QuantizedActivations, kernel_unavailable, matmul, q4_grouped
+from .native_kernel import (BLOCK, QuantizedActivations, TokenExperts, kernel_unavailable, matmul, q4_grouped,
+                            token_experts_in, token_experts_out)
 
 _PARTS = ("gate_up", "gate_up_scales", "gate_up_zeros", "down", "down_scales", "down_zeros",
           "gate_up_bias", "down_bias")
@@ -48,7 +49,7 @@ def _bits(array: np.ndarray) -> torch.Tensor:
 class NativeQ4Expert:
     """Gate|up stacked and down, as q4 nibbles + 16-bit scales (+ zeros, + f32 biases)."""
 
-    __slots__ = _PARTS + ("group_gate_up", "group_down", "expert_dim", "fp16_scales", "glu", "nbytes")
+    __slots__ = _PARTS + ("group_gate_up", "group_down", "expert_dim", "fp16_scales", "glu", "nbytes", "addresses")
 
     def __init__(self, blob: ExpertBlob, glu: ExpertGlu):
         self.expert_dim = blob.packed["gate"].shape[0]
@@ -68,6 +69,12 @@ class NativeQ4Expert:
             if biases else None
         self.down_bias = torch.from_numpy(np.array(biases["down"], dtype=np.float32)) if biases else None
         self.nbytes = sum(aligned(t.nbytes) for t in self._parts().values())
+        self._point()
+
+    def _point(self) -> None:
+        """(gate|up, down) as the kernel's (packed, scales, zeros or 0) addresses, for `forward_token`."""
+        self.addresses = tuple((p.data_ptr(), s.data_ptr(), 0 if z is None else z.data_ptr()) for p, s, z in (
+            (self.gate_up, self.gate_up_scales, self.gate_up_zeros), (self.down, self.down_scales, self.down_zeros)))
 
     def _parts(self) -> dict[str, torch.Tensor]:
         return {name: getattr(self, name) for name in _PARTS if getattr(self, name) is not None}
@@ -76,6 +83,7 @@ class NativeQ4Expert:
         """Copy the tensors into `slot` (uint8, >= nbytes) and use them from there (cache/slab.py)."""
         for name, view in place(self._parts(), slot).items():
             setattr(self, name, view)
+        self._point()
 
     def forward(self, x: torch.Tensor | QuantizedActivations) -> torch.Tensor:
         """down(act(gate x, up x)) in f32, for x [M, d] (a tensor, or already quantized)."""
@@ -93,6 +101,22 @@ class NativeQ4Expert:
         """Row e: experts[e].forward(x) for one row x (a decode token), bitwise, in three kernel
         calls for all the experts together instead of two matmuls and a quantization each."""
         return NativeQ4Expert.forward_grouped(experts, x, [[0]] * len(experts))
+
+    @staticmethod
+    def forward_token(experts: list[NativeQ4Expert], x: torch.Tensor, weights: list[float], out: torch.Tensor) -> bool:
+        """out [d] += experts[e].forward(x) * weights[e] for e in order, for one f32 row x [d]: bitwise
+        `forward_each` then `add_weighted_rows`, in two kernel calls around the activation (a decode
+        token's experts). False, with nothing done, for experts with biases (`forward_each` adds them)."""
+        first = experts[0]
+        if first.gate_up_bias is not None or first.down_bias is not None:
+            return False
+        d, fp16 = first.gate_up.shape[1] * 2, first.fp16_scales
+        gate_up = token_experts_in(x, TokenExperts([e.addresses[0] for e in experts], 2 * first.expert_dim, d,
+                                                   first.group_gate_up, fp16))
+        hidden = first.glu(*gate_up.split(first.expert_dim, dim=-1)).contiguous()
+        token_experts_out(hidden, TokenExperts([e.addresses[1] for e in experts], d, first.expert_dim,
+                                               first.group_down, fp16), weights, out)
+        return True
 
     @staticmethod
     def forward_grouped(experts: list[NativeQ4Expert], x: QuantizedActivations, rows: list[list[int]]) -> torch.Tensor:

@@ -93,6 +93,13 @@ def _library() -> ctypes.CDLL:
     library.colibri_rms_norm.argtypes = [pointer, i64, pointer, ctypes.c_float, pointer]
     library.colibri_add_weighted_rows.argtypes = [pointer, pointer, pointer, i64, i64]
     library.colibri_norm_rope.restype = library.colibri_rms_norm.restype = i32
+    experts = [pointer, i64, i64, pointer, pointer, pointer, i32, i64, i64]
+    library.colibri_token_experts_in.argtypes = [*experts, pointer, i32, i32]
+    library.colibri_token_experts_out.argtypes = [*experts, pointer, pointer, i32, i32]
+    library.colibri_token_experts_in.restype = library.colibri_token_experts_out.restype = i32
+    library.colibri_route_row.argtypes = [pointer, i64, pointer, pointer, pointer, i64, i64, i32, i32,
+                                          ctypes.c_float, pointer, pointer, pointer]
+    library.colibri_route_row.restype = i32
     library.colibri_add_weighted_rows.restype = i32
     return library
 
@@ -120,41 +127,78 @@ def cpu_level() -> int:
 
 class QuantizedActivations:
     """Rows of activations as the kernel reads them: int8 per 32 columns with one f32 scale each
-    (round to nearest even, scale = max|x| / 127), and per-block sums of the int8 and the f32 values."""
+    (round to nearest even, scale = max|x| / 127), and per-block sums of the int8 and the f32 values.
 
-    __slots__ = ("rows", "cols", "q", "scales", "sums", "float_sums", "pairs", "pair_scales")
-    _ARRAYS = ("q", "scales", "sums", "float_sums", "pairs", "pair_scales")
+    Two buffers hold everything (a decode step quantizes about a hundred inputs, so six allocations
+    and views each would show): `bytes_` [2, rows, cols] int8 (the values, then the same values in
+    the order q4 bytes unpack to, 64 columns at a time: the kernel's fast path), `words` f32
+    [rows * blocks * 7] (scales, float sums, int32 sums, then 4 pair scales a block). The kernel
+    takes `pointers`; the arrays themselves are views made when asked for."""
 
-    def __init__(self, x: torch.Tensor):
+    __slots__ = ("rows", "cols", "paired", "bytes_", "words", "pointers")
+
+    def __init__(self, x: torch.Tensor | None):
+        if x is None:  # filled in by __getitem__
+            return
         x = x.detach().to(torch.float32).contiguous()
         self.rows, self.cols = x.shape
         if self.cols % BLOCK:
             raise ValueError(f"the native kernel needs a multiple of {BLOCK} columns, got {self.cols}")
-        blocks = self.cols // BLOCK
-        # the same int8 in the order q4 bytes unpack to, 64 columns at a time (the kernel's fast path)
-        paired = self.cols % (2 * BLOCK) == 0
-        # two allocations, each array a contiguous [rows, n] piece of one (the kernel's row strides);
-        # a decode step quantizes about a hundred inputs, so six allocations each would show
-        m, cols = self.rows, self.cols
-        bytes_ = torch.empty(m * cols * (2 if paired else 1), dtype=torch.int8)
-        words = torch.empty(m * blocks * (7 if paired else 3), dtype=torch.float32)
-        self.q = bytes_[: m * cols].view(m, cols)
-        self.pairs = bytes_[m * cols :].view(m, cols if paired else 0)
-        self.scales = words[: m * blocks].view(m, blocks)
-        self.float_sums = words[m * blocks : 2 * m * blocks].view(m, blocks)
-        self.sums = words[2 * m * blocks : 3 * m * blocks].view(torch.int32).view(m, blocks)
-        self.pair_scales = words[3 * m * blocks :].view(m, 4 * blocks if paired else 0)
-        _library().colibri_q8_quantize(x.data_ptr(), self.rows, self.cols, self.q.data_ptr(), self.scales.data_ptr(),
-                                       self.sums.data_ptr(), self.float_sums.data_ptr(),
-                                       self.pairs.data_ptr() if paired else None,
-                                       self.pair_scales.data_ptr() if paired else None)
+        self.paired = self.cols % (2 * BLOCK) == 0
+        m, blocks = self.rows, self.cols // BLOCK
+        self.bytes_ = torch.empty(2 if self.paired else 1, m, self.cols, dtype=torch.int8)
+        self.words = torch.empty(m * blocks * (7 if self.paired else 3), dtype=torch.float32)
+        self._point()
+        _library().colibri_q8_quantize(x.data_ptr(), m, self.cols, *self.pointers[:4], *self.pointers[4:6])
+
+    def _point(self) -> None:
+        m, cols, blocks = self.rows, self.cols, self.cols // BLOCK
+        b, w = self.bytes_.data_ptr(), self.words.data_ptr()
+        row_words = 4 * m * blocks  # bytes of one [rows, blocks] f32 array
+        # q, scales, sums (int32), float sums, pairs, pair scales: colibri_q8_quantize's order
+        self.pointers = (b, w, w + 2 * row_words, w + row_words, b + m * cols if self.paired else None,
+                         w + 3 * row_words if self.paired else None)
+
+    def _words(self, part: int, width: int = 1) -> torch.Tensor:
+        m, blocks = self.rows, self.cols // BLOCK
+        return self.words[part * m * blocks : (part + width) * m * blocks].view(m, width * blocks)
+
+    @property
+    def q(self) -> torch.Tensor:
+        return self.bytes_[0]
+
+    @property
+    def pairs(self) -> torch.Tensor:
+        return self.bytes_[1] if self.paired else self.bytes_[0][:, :0]
+
+    @property
+    def scales(self) -> torch.Tensor:
+        return self._words(0)
+
+    @property
+    def float_sums(self) -> torch.Tensor:
+        return self._words(1)
+
+    @property
+    def sums(self) -> torch.Tensor:
+        return self._words(2).view(torch.int32)
+
+    @property
+    def pair_scales(self) -> torch.Tensor:
+        return self._words(3, 4) if self.paired else self._words(0)[:, :0]
 
     def __getitem__(self, rows: torch.Tensor) -> QuantizedActivations:
         """The given rows (an index tensor), without quantizing again."""
-        picked = object.__new__(QuantizedActivations)
-        picked.rows, picked.cols = int(rows.numel()), self.cols
-        for name in self._ARRAYS:
-            setattr(picked, name, getattr(self, name).index_select(0, rows))
+        picked = QuantizedActivations(None)
+        picked.rows, picked.cols, picked.paired = int(rows.numel()), self.cols, self.paired
+        picked.bytes_ = self.bytes_.index_select(1, rows)
+        m, blocks = self.rows, self.cols // BLOCK
+        three = self.words[: 3 * m * blocks].view(3, m, blocks).index_select(1, rows).reshape(-1)
+        if self.paired:
+            four = self.words[3 * m * blocks :].view(m, -1).index_select(0, rows).reshape(-1)
+            three = torch.cat([three, four])
+        picked.words = three
+        picked._point()
         return picked
 
 
@@ -176,9 +220,7 @@ def q4_matmul(x: QuantizedActivations, packed: torch.Tensor, scales: torch.Tenso
 
 
 def _activation_pointers(x: QuantizedActivations) -> tuple:
-    paired = x.pairs.numel() > 0
-    return (x.q.data_ptr(), x.scales.data_ptr(), x.sums.data_ptr(), x.float_sums.data_ptr(),
-            x.pairs.data_ptr() if paired else None, x.pair_scales.data_ptr() if paired else None, x.rows, x.cols)
+    return (*x.pointers, x.rows, x.cols)
 
 
 def q4_experts(x: QuantizedActivations, matrices: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]],
@@ -241,7 +283,7 @@ def q8_matmul(x: QuantizedActivations, weights: torch.Tensor, scales: torch.Tens
                          f"{x.cols} columns in groups of {group}")
     out = torch.empty(x.rows, rows, dtype=torch.float32)
     status = _library().colibri_q8w_matmul(
-        x.q.data_ptr(), x.scales.data_ptr(), x.rows, x.cols, weights.data_ptr(), scales.data_ptr(),
+        x.pointers[0], x.pointers[1], x.rows, x.cols, weights.data_ptr(), scales.data_ptr(),
         int(fp16_scales), rows, group, out.data_ptr(), torch.get_num_threads(),
         cpu_level() if level is None else level)
     if status != 0:
@@ -348,3 +390,65 @@ def add_weighted_rows(row: torch.Tensor, rows: torch.Tensor, weights: list[float
                          f"{row.dtype} {tuple(row.shape)} and {rows.dtype} {tuple(rows.shape)}")
     _library().colibri_add_weighted_rows(row.data_ptr(), rows.data_ptr(), (ctypes.c_float * len(weights))(*weights),
                                          len(weights), row.shape[0])
+
+
+class TokenExperts:
+    """The q4 matrices of one decode token's experts as the kernel takes them (`token_experts_in`,
+    `token_experts_out`): pointer arrays built once per token from each expert's addresses
+    (packed, scales, zeros or 0), the experts all of one shape [rows, cols] in groups of `group`."""
+
+    __slots__ = ("count", "packed", "scales", "zeros", "rows", "cols", "group", "fp16")
+
+    def __init__(self, addresses: list[tuple[int, int, int]], rows: int, cols: int, group: int, fp16: bool):
+        self.count = len(addresses)
+        array = ctypes.c_void_p * self.count
+        self.packed = array(*(a[0] for a in addresses))
+        self.scales = array(*(a[1] for a in addresses))
+        self.zeros = array(*(a[2] for a in addresses)) if any(a[2] for a in addresses) else None
+        self.rows, self.cols, self.group, self.fp16 = rows, cols, group, int(fp16)
+
+
+def token_experts_in(x: torch.Tensor, experts: TokenExperts) -> torch.Tensor:
+    """One row x [cols] f32 (contiguous) quantized once and through every matrix -> [count, rows]
+    f32: bitwise `q4_experts(QuantizedActivations(x[None]), ..., row_each=False)`."""
+    out = torch.empty(experts.count, experts.rows, dtype=torch.float32)
+    status = _library().colibri_token_experts_in(
+        x.data_ptr(), experts.cols, experts.count, experts.packed, experts.scales, experts.zeros, experts.fp16,
+        experts.rows, experts.group, out.data_ptr(), torch.get_num_threads(), cpu_level())
+    if status != 0:
+        raise ValueError(f"the native kernel refused {experts.cols} columns in groups of {experts.group}")
+    return out
+
+
+def token_experts_out(hidden: torch.Tensor, experts: TokenExperts, weights: list[float], out: torch.Tensor) -> None:
+    """Row e of hidden [count, cols] f32 (contiguous) through matrix e, then out [rows] += that
+    row * weights[e] for e in order, in place: bitwise `q4_experts(QuantizedActivations(hidden),
+    ..., row_each=True)` and `add_weighted_rows`."""
+    if hidden.shape != (experts.count, experts.cols) or not hidden.is_contiguous() or hidden.dtype != torch.float32 \
+            or out.shape != (experts.rows,) or not out.is_contiguous() or len(weights) != experts.count:
+        raise ValueError(f"token_experts_out: hidden {tuple(hidden.shape)}, out {tuple(out.shape)} and "
+                         f"{len(weights)} weights do not fit {experts.count} matrices of {experts.rows} x {experts.cols}")
+    status = _library().colibri_token_experts_out(
+        hidden.data_ptr(), experts.cols, experts.count, experts.packed, experts.scales, experts.zeros, experts.fp16,
+        experts.rows, experts.group, (ctypes.c_float * experts.count)(*weights), out.data_ptr(),
+        torch.get_num_threads(), cpu_level())
+    if status != 0:
+        raise ValueError(f"the native kernel refused {experts.cols} columns in groups of {experts.group}")
+
+
+def route_row(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, expert_bias: torch.Tensor | None,
+              top_k: int, softmax: bool, route_norm: bool, route_scale: float
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One row x [D] f32 routed as colibri-model's Router routes it (decode_step.c says how) ->
+    (ids [1, k] int64, gates [1, k] f32, scores [1, E] f32). Every tensor f32 and contiguous."""
+    experts = weight.shape[0]
+    scores = torch.empty(1, experts, dtype=torch.float32)
+    ids = torch.empty(1, top_k, dtype=torch.int64)
+    gates = torch.empty(1, top_k, dtype=torch.float32)
+    status = _library().colibri_route_row(
+        x.data_ptr(), x.shape[-1], weight.data_ptr(), None if bias is None else bias.data_ptr(),
+        None if expert_bias is None else expert_bias.data_ptr(), experts, top_k, int(softmax), int(route_norm),
+        route_scale, scores.data_ptr(), ids.data_ptr(), gates.data_ptr())
+    if status != 0:
+        raise ValueError(f"route_row: {x.shape[-1]} columns (a multiple of 8) and top-{top_k} of {experts} experts")
+    return ids, gates, scores

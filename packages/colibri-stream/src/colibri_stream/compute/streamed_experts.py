@@ -68,10 +68,7 @@ class StreamedExperts(ExpertBackend):
             self.predictor.before_layer(self.layer_index, x, distinct)
         out = torch.zeros(x.shape[0], self.d_model, dtype=torch.float32, device=x.device)
         if one is not None and len(distinct) == len(one):
-            started = time.perf_counter()
-            inputs = x if self.quantize is None else self.quantize(x)
-            self.stats.compute_seconds += time.perf_counter() - started
-            self._one_token(inputs, one, gates[0].float(), out[0], pinned, keys, prefetcher)
+            self._one_token(x, one, gates[0].float(), out[0], pinned, keys, prefetcher)
             return out.to(x.dtype)
         if self.quantize is not None and x.shape[0] <= GROUPED_ROWS:
             rows = expert_ids.tolist()
@@ -132,7 +129,7 @@ class StreamedExperts(ExpertBackend):
             self.stats.compute_seconds += time.perf_counter() - started
         return True
 
-    def _one_token(self, inputs, ids: list[int], gates: torch.Tensor, row: torch.Tensor, pinned, keys,
+    def _one_token(self, x: torch.Tensor, ids: list[int], gates: torch.Tensor, row: torch.Tensor, pinned, keys,
                    prefetcher) -> None:
         slot_of = {expert: slot for slot, expert in enumerate(ids)}
         prepared = []
@@ -142,13 +139,20 @@ class StreamedExperts(ExpertBackend):
                 prefetcher.issue_needed(keys[i + 1 :])
         started = time.perf_counter()
         kind = type(prepared[0])
-        forward_each = getattr(kind, "forward_each", None)
-        if forward_each is not None and all(type(p) is kind for p in prepared):
-            outputs = forward_each(prepared, inputs)  # the token's experts in one go (native kernel)
+        same_kind = all(type(p) is kind for p in prepared)
+        weights = gates.tolist()
+        ordered = [weights[slot_of[expert]] for _, expert in keys]  # accumulated in ascending order
+        forward_token = getattr(kind, "forward_token", None)
+        if same_kind and forward_token is not None and x.dtype == torch.float32 \
+                and forward_token(prepared, x[0].contiguous(), ordered, row):
+            pass  # the token's experts and their sum in two kernel calls (native kernel)
+        elif same_kind and getattr(kind, "forward_each", None) is not None:
+            inputs = x if self.quantize is None else self.quantize(x)
+            outputs = kind.forward_each(prepared, inputs)  # the token's experts in one go (native kernel)
             # [E, d] f32: accumulated in ascending order in one call, the batched path's bits
-            weights = gates.tolist()
-            add_weighted_rows(row, outputs, [weights[slot_of[expert]] for _, expert in keys])
+            add_weighted_rows(row, outputs, ordered)
         else:
+            inputs = x if self.quantize is None else self.quantize(x)
             outputs = [p.forward(inputs)[0] for p in prepared]
             for (_, expert), y in zip(keys, outputs):  # accumulated in ascending order, as the batched path
                 row += y.float() * gates[slot_of[expert]]

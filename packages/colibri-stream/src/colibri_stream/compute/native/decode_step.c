@@ -68,3 +68,47 @@ int colibri_add_weighted_rows(float *row, const float *rows, const float *weight
     }
     return 0;
 }
+
+/* One row's routing, as colibri-model's Router computes it for one token: logits = W x (+ bias)
+ * (W [E, D] f32), scores = sigmoid(logits) or softmax(logits), the k experts of the highest
+ * score (+ expert_bias, the balancing bias, when given) in descending order (a tie: the lower
+ * id first), their scores normalised to sum 1 in double precision when route_norm, times
+ * route_scale. ids [k] int64, gates [k] f32, scores [E] f32. A row's result never depends on the
+ * rows routed beside it (a decode step of several sessions routes each row alone). */
+int colibri_route_row(const float *x, int64_t D, const float *weight, const float *bias, const float *expert_bias,
+                      int64_t E, int64_t k, int softmax, int route_norm, float route_scale, float *scores,
+                      int64_t *ids, float *gates) {
+    if (D % 8 || k < 1 || k > E) return -1;
+    for (int64_t e = 0; e < E; e++) {
+        float logit = dot8(weight + e * D, x, D);
+        scores[e] = bias ? logit + bias[e] : logit;
+    }
+    if (softmax) {
+        float top = scores[0], total = 0.f;
+        for (int64_t e = 1; e < E; e++) top = scores[e] > top ? scores[e] : top;
+        for (int64_t e = 0; e < E; e++) { scores[e] = expf(scores[e] - top); total += scores[e]; }
+        for (int64_t e = 0; e < E; e++) scores[e] = scores[e] / total;
+    } else {
+        for (int64_t e = 0; e < E; e++) scores[e] = 1.f / (1.f + expf(-scores[e]));
+    }
+    double total = 0.0;
+    for (int64_t slot = 0; slot < k; slot++) {  /* k passes over E: k and E are small */
+        int64_t best = -1;
+        float best_choice = 0.f;
+        for (int64_t e = 0; e < E; e++) {
+            int taken = 0;
+            for (int64_t s = 0; s < slot; s++) taken |= ids[s] == e;
+            if (taken) continue;
+            float choice = expert_bias ? scores[e] + expert_bias[e] : scores[e];
+            if (best < 0 || choice > best_choice) { best = e; best_choice = choice; }
+        }
+        ids[slot] = best;
+        total += (double)scores[best];
+    }
+    for (int64_t slot = 0; slot < k; slot++) {
+        float chosen = scores[ids[slot]];
+        if (route_norm) chosen = (float)((double)chosen / total);
+        gates[slot] = chosen * route_scale;
+    }
+    return 0;
+}

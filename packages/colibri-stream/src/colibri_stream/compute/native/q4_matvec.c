@@ -583,6 +583,66 @@ int colibri_q4_experts(const int8_t *xq, const float *dx, const int32_t *xs, con
                        row_start, fp16, N, G, y, threads, level);
 }
 
+/* One decode token's routed experts in two calls, around the activation the caller applies
+ * (gate|up -> act -> down), with the bits of the calls they replace (colibri_q8_quantize, then
+ * colibri_q4_experts; then colibri_add_weighted_rows): per layer two calls instead of six, and no
+ * buffers to allocate on the caller's side.
+ *
+ * colibri_token_experts_in: x [K] quantized once, matrix e (of E, each [N, K]) times it -> y [E, N]. */
+int colibri_token_experts_in(const float *x, int64_t K, int64_t E, const uint8_t *const *packed,
+                             const uint16_t *const *scales, const uint16_t *const *zeros, int fp16, int64_t N,
+                             int64_t G, float *y, int threads, int level) {
+    if (K % BLOCK || E < 1) return -1;
+    int64_t blocks = K / BLOCK;
+    int paired = K % (2 * BLOCK) == 0;
+    int8_t *q = (int8_t *)malloc((size_t)(2 * K));
+    float *words = (float *)malloc(sizeof(float) * (size_t)(7 * blocks));
+    int64_t *rows = (int64_t *)malloc(sizeof(int64_t) * (size_t)(2 * E + 1));
+    const uint16_t **none = (const uint16_t **)calloc((size_t)E, sizeof(*none));
+    int status = -2;
+    if (q && words && rows && none) {
+        float *dx = words, *xf = words + blocks, *pair_scales = words + 3 * blocks;
+        int32_t *xs = (int32_t *)(words + 2 * blocks);
+        colibri_q8_quantize(x, 1, K, q, dx, xs, xf, paired ? q + K : 0, paired ? pair_scales : 0);
+        for (int64_t e = 0; e < E; e++) { rows[e] = 0; rows[E + e] = e; }
+        rows[2 * E] = E;
+        status = q4_products(q, dx, xs, xf, paired ? q + K : 0, paired ? pair_scales : 0, 1, K, E, packed, scales,
+                             zeros ? zeros : none, rows, rows + E, fp16, N, G, y, threads, level);
+    }
+    free(q); free(words); free(rows); free(none);
+    return status;
+}
+
+int colibri_add_weighted_rows(float *row, const float *rows, const float *weights, int64_t count, int64_t D);
+
+/* colibri_token_experts_out: hidden [E, K] (each expert's activation), row e through matrix e ->
+ * [E, N], then out [N] += row e * weights[e] for e = 0, 1, ... in that order. */
+int colibri_token_experts_out(const float *hidden, int64_t K, int64_t E, const uint8_t *const *packed,
+                              const uint16_t *const *scales, const uint16_t *const *zeros, int fp16, int64_t N,
+                              int64_t G, const float *weights, float *out, int threads, int level) {
+    if (K % BLOCK || E < 1) return -1;
+    int64_t blocks = K / BLOCK;
+    int paired = K % (2 * BLOCK) == 0;
+    int8_t *q = (int8_t *)malloc((size_t)(2 * E * K));
+    float *words = (float *)malloc(sizeof(float) * (size_t)(7 * E * blocks));
+    float *y = (float *)malloc(sizeof(float) * (size_t)(E * N));
+    int64_t *rows = (int64_t *)malloc(sizeof(int64_t) * (size_t)(2 * E + 1));
+    const uint16_t **none = (const uint16_t **)calloc((size_t)E, sizeof(*none));
+    int status = -2;
+    if (q && words && y && rows && none) {
+        float *dx = words, *xf = words + E * blocks, *pair_scales = words + 3 * E * blocks;
+        int32_t *xs = (int32_t *)(words + 2 * E * blocks);
+        colibri_q8_quantize(hidden, E, K, q, dx, xs, xf, paired ? q + E * K : 0, paired ? pair_scales : 0);
+        for (int64_t e = 0; e < E; e++) { rows[e] = e; rows[E + e] = e; }
+        rows[2 * E] = E;
+        status = q4_products(q, dx, xs, xf, paired ? q + E * K : 0, paired ? pair_scales : 0, E, K, E, packed, scales,
+                             zeros ? zeros : none, rows, rows + E, fp16, N, G, y, threads, level);
+        if (status == 0) colibri_add_weighted_rows(out, y, weights, E, N);
+    }
+    free(q); free(words); free(y); free(rows); free(none);
+    return status;
+}
+
 /* y [M, N] f32 = x [M, K] f32 @ w[N, K].T for bf16 weights (u16 bits), a vocab projection kept as
  * stored: half the bytes of f32 weights, the same products (a bf16 is an f32 with a shorter
  * mantissa, so each product is exact). The sums run in f32 over two 8-lane accumulators per row
