@@ -21,8 +21,16 @@ from colibri_int4 import ExpertBlob, ExpertBlobLayout
 from colibri_model import ExpertGlu
 
 from ..cache.slab import aligned, place
-from .native_kernel import (BLOCK, QuantizedActivations, TokenExperts, kernel_unavailable, matmul, q4_grouped,
-                            token_experts_in, token_experts_out)
+from .native_kernel import (
+    BLOCK,
+    QuantizedActivations,
+    TokenExperts,
+    kernel_unavailable,
+    matmul,
+    q4_grouped,
+    token_experts_in,
+    token_experts_out,
+)
 
 _PARTS = ("gate_up", "gate_up_scales", "gate_up_zeros", "down", "down_scales", "down_zeros",
           "gate_up_bias", "down_bias")
