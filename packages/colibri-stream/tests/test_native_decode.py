@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from colibri_model import Attention, ColibriConfig, KVCache, RMSNorm
+from colibri_model import Attention, ColibriConfig, KVCache, RMSNorm, Router
 from colibri_model.layers import RotaryEmbedding
 from colibri_stream import Engine
-from colibri_stream.compute.native_decode import NativeDecodeAttention, NativeRowNorm, install_decode_paths
-from colibri_stream.compute.native_kernel import add_weighted_rows, kernel_unavailable, norm_rope, rms_norm
+from colibri_stream.compute.native_decode import (NativeDecodeAttention, NativeRowNorm, RowwiseRouter,
+                                                  install_decode_paths)
+from colibri_stream.compute.native_kernel import add_weighted_rows, kernel_unavailable, norm_rope, rms_norm, route_row
 from colibri_stream.session_kv import SessionKV
 
 from .test_native_kernel import assert_near_reference
@@ -67,6 +68,49 @@ def test_weighted_rows_add_up_as_torch_does_one_after_another():
     assert torch.equal(got, expected)
 
 
+@pytest.mark.parametrize("changes", [{}, {"router_score": "softmax", "route_norm": False},
+                                     {"router_bias": True, "route_scale": 2.5}, {"selection_bias": False},
+                                     {"route_norm": False, "router_score": "softmax", "router_bias": True}])
+def test_a_row_routed_in_c_picks_colibri_models_experts_with_its_gates(changes):
+    """colibri_route_row against colibri-model's Router on 64 random rows: the same experts in the
+    same order, gates and scores to f32 rounding (the logits are summed in another order)."""
+    config = _config(n_dense_layers=0, n_experts=16, top_k_infer=4, **changes)
+    gen = torch.Generator().manual_seed(5)
+    router = Router(config)
+    with torch.no_grad():
+        router.weight.copy_(torch.randn(router.weight.shape, generator=gen) * 0.1)
+        if router.bias is not None:
+            router.bias.copy_(torch.randn(16, generator=gen) * 0.1)
+        if router.expert_bias is not None:
+            router.expert_bias.copy_(torch.randn(16, generator=gen) * 0.05)
+    router.count_tokens = False
+    x = torch.randn(64, config.d_model, generator=gen)
+    ids, gates, scores = router(x, 4)
+    for row in range(64):
+        got = route_row(x[row], router.weight.detach(), None if router.bias is None else router.bias.detach(),
+                        router.expert_bias, 4, config.router_score == "softmax", config.route_norm, config.route_scale)
+        assert torch.equal(got[0][0], ids[row])
+        torch.testing.assert_close(got[1][0], gates[row], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(got[2][0], scores[row], rtol=1e-5, atol=1e-6)
+    # the row-wise router takes the C call for one row and for each of a few, with the same result
+    router.__class__ = RowwiseRouter
+    assert router._native_routing(x[:1])
+    one = [router(x[i : i + 1], 4) for i in range(5)]
+    few = router(x[:5], 4)
+    assert all(torch.equal(torch.cat([o[j] for o in one]), few[j]) for j in range(3))
+
+
+def test_a_router_the_c_call_does_not_cover_routes_as_colibri_models():
+    config = _config(n_dense_layers=0, n_experts=16, router_groups=4, router_topk_groups=2)
+    router = Router(config)
+    torch.nn.init.normal_(router.weight, std=0.1)
+    router.__class__ = RowwiseRouter
+    x = torch.randn(3, config.d_model)
+    assert not router._native_routing(x)  # expert groups, and token counts kept
+    expected = [Router.forward(router, x[i : i + 1], 2) for i in range(3)]  # each row alone, in torch
+    assert all(torch.equal(a, torch.cat([e[j] for e in expected])) for j, a in enumerate(router(x, 2)))
+
+
 def test_bad_shapes_are_refused_with_the_shapes():
     with pytest.raises(ValueError, match=r"multiple of 8 .* got torch.float32 \(2, 12\)"):
         norm_rope(torch.randn(2, 12), None, torch.ones(12), torch.zeros(12))
@@ -74,6 +118,10 @@ def test_bad_shapes_are_refused_with_the_shapes():
         norm_rope(torch.randn(2, 16, dtype=torch.bfloat16), None, torch.ones(16), torch.zeros(16))
     with pytest.raises(ValueError, match=r"f32 rows \[3, D\], got torch.float32 \(4,\) and torch.float32 \(2, 4\)"):
         add_weighted_rows(torch.zeros(4), torch.zeros(2, 4), [1.0, 2.0, 3.0])
+    with pytest.raises(ValueError, match=r"route_row: 12 columns \(a multiple of 8\) and top-3 of 4 experts"):
+        route_row(torch.zeros(12), torch.zeros(4, 12), None, None, 3, False, True, 1.0)
+    with pytest.raises(ValueError, match=r"top-5 of 4 experts"):
+        route_row(torch.zeros(16), torch.zeros(4, 16), None, None, 5, False, True, 1.0)
 
 
 @pytest.mark.parametrize("changes, steps", [({}, 12), ({"qk_norm": False}, 12),

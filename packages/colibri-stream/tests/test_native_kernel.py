@@ -226,9 +226,16 @@ class _OneSlotCache:
         return self.experts[expert]
 
 
-@pytest.mark.parametrize("group", [32, 64])  # 64: the two-block path
-def test_one_token_decode_path_is_bitwise_the_batched_path(group):
-    scheme = QuantScheme(group_size=group)
+@pytest.mark.parametrize(("group", "symmetric", "scale_dtype"), [(32, True, "bf16"), (64, True, "bf16"),
+                                                                  (64, False, "fp16")])  # 64: the two-block path
+def test_one_token_decode_path_is_bitwise_the_batched_path(group, symmetric, scale_dtype, monkeypatch):
+    """One token's experts in two kernel calls (`forward_token`) against a few tokens' grouped
+    calls, bit for bit, and both near the per-(token, slot) reference."""
+    taken = []
+    forward_token = NativeQ4Expert.forward_token
+    monkeypatch.setattr(NativeQ4Expert, "forward_token",
+                        staticmethod(lambda *a: taken.append(1) or forward_token(*a)))
+    scheme = QuantScheme(group_size=group, symmetric=symmetric, scale_dtype=scale_dtype)
     experts = {}
     for e in range(4):
         blob, _ = make_blob(64, 64, scheme, seed=e)
@@ -241,7 +248,11 @@ def test_one_token_decode_path_is_bitwise_the_batched_path(group):
     for row in range(3):
         one = layer.forward(x[row : row + 1], ids[row : row + 1], gates[row : row + 1])
         assert torch.equal(one[0], batched[row])
+    assert len(taken) == 3  # each single token took the two-call path
     assert torch.allclose(batched, layer.reference_forward(x, ids, gates), rtol=1e-5, atol=1e-6)
+    matrices = native_kernel.TokenExperts([experts[0].addresses[1]], 64, 64, group, scale_dtype == "fp16")
+    with pytest.raises(ValueError, match=r"hidden \(2, 64\), out \(64,\) and 1 weights do not fit 1 matrices"):
+        native_kernel.token_experts_out(torch.zeros(2, 64), matrices, [1.0], torch.zeros(64))
 
 
 def assert_near_reference(got: torch.Tensor, expected: torch.Tensor) -> None:
