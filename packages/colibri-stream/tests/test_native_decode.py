@@ -8,9 +8,19 @@ import torch
 from colibri_model import Attention, ColibriConfig, KVCache, RMSNorm, Router
 from colibri_model.layers import RotaryEmbedding
 from colibri_stream import Engine
-from colibri_stream.compute.native_decode import (NativeDecodeAttention, NativeRowNorm, RowwiseRouter,
-                                                  install_decode_paths)
-from colibri_stream.compute.native_kernel import add_weighted_rows, kernel_unavailable, norm_rope, rms_norm, route_row
+from colibri_stream.compute.native_decode import (
+    NativeDecodeAttention,
+    NativeRowNorm,
+    RowwiseRouter,
+    install_decode_paths,
+)
+from colibri_stream.compute.native_kernel import (
+    add_weighted_rows,
+    kernel_unavailable,
+    norm_rope,
+    rms_norm,
+    route_row,
+)
 from colibri_stream.session_kv import SessionKV
 
 from .test_native_kernel import assert_near_reference
