@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from colibri_int4 import QuantScheme
 from colibri_model import Attention, ColibriConfig, KVCache, RMSNorm, Router
 from colibri_model.layers import RotaryEmbedding
+from colibri_model.model import Block
 from colibri_stream import Engine
 from colibri_stream.compute.native_decode import (
     NativeDecodeAttention,
+    NativeDecodeBlock,
     NativeRowNorm,
     RowwiseRouter,
     install_decode_paths,
@@ -23,6 +26,7 @@ from colibri_stream.compute.native_kernel import (
 )
 from colibri_stream.session_kv import SessionKV
 
+from .conftest import build_container
 from .test_native_kernel import assert_near_reference
 
 pytestmark = pytest.mark.skipif(kernel_unavailable() is not None, reason="no C compiler for the native kernel")
@@ -223,3 +227,32 @@ def test_the_native_engine_decodes_as_before_with_the_fast_paths(tiny):
             session = eng.session()
             runs.append(torch.stack([session.append([t]).reshape(-1) for t in ids]))
     assert_near_reference(runs[0], runs[1])
+
+
+@pytest.mark.parametrize("resident", ["int8", "int4"])
+def test_a_decode_token_through_the_block_calls_is_bitwise_the_per_module_path(tmp_path, resident):
+    """The two C calls of a layer's attention (NativeDecodeBlock) against the same engine's modules
+    one by one, token after token: the same logits, bit for bit; and a forward hook on a module the
+    calls stand in for (a prefetcher's, on the FFN norm) still runs."""
+    path, _ = build_container(tmp_path, QuantScheme(group_size=64, resident_dtype=resident))
+    ids = list(range(3, 27))
+    with Engine.open(path, ram_budget="200MB", compute="native") as eng:
+        blocks = list(eng.model.layers)
+        assert blocks and all(type(b) is NativeDecodeBlock for b in blocks)
+        runs = []
+        for kind in (NativeDecodeBlock, Block):
+            for b in blocks:
+                b.__class__ = kind
+            session = eng.session()
+            runs.append(torch.stack([session.append([t]).reshape(-1) for t in ids]))
+        assert all(b.__dict__["_decode_plan"] is not None for b in blocks)  # every layer took the calls
+        assert torch.equal(runs[0], runs[1])
+        for b in blocks:
+            b.__class__ = NativeDecodeBlock
+        seen = []
+        handle = blocks[0].ffn_norm.register_forward_pre_hook(lambda module, args: seen.append(args[0].shape))
+        try:
+            again = torch.stack([eng.session().append([t]).reshape(-1) for t in ids[:1]])
+        finally:
+            handle.remove()
+        assert seen == [torch.Size([1, 1, eng.config.d_model])] and torch.equal(again, runs[0][:1])

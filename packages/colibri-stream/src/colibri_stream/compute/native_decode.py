@@ -22,8 +22,18 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from colibri_model import Attention, ColibriConfig, RMSNorm, Router
+from colibri_model.model import Block
+from torch import nn
 
-from .native_kernel import MAX_HEAD_DIM, norm_rope, rms_norm, route_row
+from .native_kernel import (
+    MAX_HEAD_DIM,
+    Projection,
+    attention_in,
+    attention_out,
+    norm_rope,
+    rms_norm,
+    route_row,
+)
 from .native_linear import NativeLinear
 
 ROWWISE_ROUTING_ROWS = 16
@@ -128,6 +138,75 @@ class RowwiseRouter(Router):
                          self.score == "softmax", self.route_norm, float(self.route_scale))
 
 
+class _BlockPlan:
+    """What `NativeDecodeBlock` hands the C calls for one layer, built once: the four projections'
+    addresses, and the modules they belong to (which keep those tensors alive)."""
+
+    __slots__ = ("qkv", "o", "heads", "kv_heads", "dim", "modules")
+
+    def __init__(self, block: Block):
+        attn = block.attn
+        linears = [getattr(attn, name) for name in ("q_proj", "k_proj", "v_proj", "o_proj")]
+        self.qkv = (Projection * 3)(*(Projection.of(p.encoding, p.data, p.scales, p.zeros, p.group, p.fp16_scales,
+                                                    p.in_features) for p in linears[:3]))
+        o = linears[3]
+        self.o = Projection.of(o.encoding, o.data, o.scales, o.zeros, o.group, o.fp16_scales, o.in_features)
+        self.heads, self.kv_heads, self.dim = attn.n_heads, attn.n_kv_heads, attn.head_dim
+        self.modules = [block.attn_norm, attn, block.ffn_norm, *linears]
+
+    @staticmethod
+    def covers(block: Block) -> bool:
+        """Whether this layer's decode row can take the two calls: the native decode attention with
+        q4/q8 projections without biases, f32 norms, a width the kernel takes."""
+        attn = block.attn
+        if not isinstance(attn, NativeDecodeAttention) or attn.window is not None:
+            return False
+        linears = [getattr(attn, name) for name in ("q_proj", "k_proj", "v_proj", "o_proj")]
+        norms = [block.attn_norm, block.ffn_norm] + [n for n in (attn.q_norm, attn.k_norm) if n is not None]
+        return (all(isinstance(p, NativeLinear) and p.encoding in ("q4", "q8") and p.bias is None
+                    and p.in_features % p.group == 0 and p.group % 32 == 0 for p in linears)
+                and all(type(n) in (RMSNorm, NativeRowNorm) and n.weight.dtype == torch.float32
+                        and n.weight.is_contiguous() for n in norms)
+                and block.attn_norm.weight.shape[0] % 32 == 0)
+
+    def hooked(self) -> bool:
+        """A forward hook on any module the calls stand in for (a prefetcher's on the FFN norm)."""
+        return bool(nn.modules.module._global_forward_hooks or nn.modules.module._global_forward_pre_hooks) or any(
+            m._forward_hooks or m._forward_pre_hooks for m in self.modules)
+
+
+class NativeDecodeBlock(Block):
+    """A `Block` whose one decode token of one session runs its attention's projections in two C
+    calls around SDPA (compute/native/decode_layer.c: the norm, the three projections of one
+    quantized input, q/k norm and rotation; then the output projection, the residual and the FFN's
+    norm), the same kernels in the same order as the per-module path, so the same bits. The FFN or
+    MoE layer runs as its module. Every other case, and a layer with forward hooks on the modules
+    the calls stand in for, runs `Block.forward`."""
+
+    def forward(self, h: torch.Tensor, positions: torch.Tensor, cache=None,
+                attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        plan = self.__dict__.get("_decode_plan", False)
+        if plan is False:
+            plan = self.__dict__["_decode_plan"] = _BlockPlan(self) if _BlockPlan.covers(self) else None
+        if (plan is None or cache is None or attention_mask is not None or h.shape[0] != 1 or h.shape[1] != 1
+                or h.dtype != torch.float32 or positions.dim() != 1 or plan.hooked()
+                or not isinstance(self.attn, NativeDecodeAttention)):  # (a test may swap the class back)
+            return super().forward(h, positions, cache, attention_mask)
+        attn, d = self.attn, h.shape[-1]
+        row = h.reshape(d).contiguous()
+        q = torch.empty(plan.heads, plan.dim)
+        k = torch.empty(plan.kv_heads, plan.dim)
+        v = torch.empty(plan.kv_heads, plan.dim)
+        cos, sin = attn.rope.at(int(positions[0]), h.device)
+        attention_in(row, self.attn_norm, plan.qkv, attn.q_norm, attn.k_norm, cos, sin, q, k, v)
+        keys, values = cache.update(attn.layer_index, k.view(1, plan.kv_heads, 1, plan.dim),
+                                    v.view(1, plan.kv_heads, 1, plan.dim))
+        out = F.scaled_dot_product_attention(q.view(1, plan.heads, 1, plan.dim), keys, values, enable_gqa=True)
+        h_out, x = torch.empty(1, 1, d), torch.empty(1, 1, d)
+        attention_out(out.reshape(-1), plan.o, row, h_out, self.ffn_norm, x)
+        return h_out + (self.moe if self.is_moe else self.ffn)(x)
+
+
 def install_decode_paths(model: torch.nn.Module, config: ColibriConfig) -> int:
     """Give `model`'s attention layers (where its config has the path), RMSNorms and routers the
     decode paths; returns how many modules took one. Same parameters, same names: only the class
@@ -135,7 +214,10 @@ def install_decode_paths(model: torch.nn.Module, config: ColibriConfig) -> int:
     count = 0
     attention = decode_attention_supported(config)
     for module in model.modules():
-        if attention and type(module) is Attention:
+        if attention and type(module) is Block:
+            module.__class__ = NativeDecodeBlock
+            count += 1
+        elif attention and type(module) is Attention:
             module.__class__ = NativeDecodeAttention
             count += 1
         elif type(module) is RMSNorm:

@@ -32,7 +32,8 @@ import torch
 from ..errors import NativeKernelError
 
 # the q4/q8/bf16 products, and the small per-row pieces of a decode token (one shared object)
-SOURCES = tuple(Path(__file__).with_name("native") / name for name in ("q4_matvec.c", "decode_step.c"))
+SOURCES = tuple(Path(__file__).with_name("native") / name for name in ("q4_matvec.c", "decode_step.c",
+                                                                       "decode_layer.c"))
 # -ffp-contract=off: a product and a sum written apart stay apart (no fused multiply-add the source
 # did not ask for), so the portable paths give the same bits on every CPU and compiler
 FLAGS = ("-O3", "-shared", "-fPIC", "-fopenmp", "-ffp-contract=off")
@@ -100,6 +101,11 @@ def _library() -> ctypes.CDLL:
     library.colibri_route_row.argtypes = [pointer, i64, pointer, pointer, pointer, i64, i64, i32, i32,
                                           ctypes.c_float, pointer, pointer, pointer]
     library.colibri_route_row.restype = i32
+    f32 = ctypes.c_float
+    library.colibri_attention_in.argtypes = [pointer, i64, pointer, f32, pointer, pointer, f32, pointer, f32, pointer,
+                                             pointer, i64, i64, i64, pointer, pointer, pointer, i32, i32]
+    library.colibri_attention_out.argtypes = [pointer, pointer, pointer, pointer, pointer, f32, pointer, i32, i32]
+    library.colibri_attention_in.restype = library.colibri_attention_out.restype = i32
     library.colibri_add_weighted_rows.restype = i32
     return library
 
@@ -452,3 +458,45 @@ def route_row(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, 
     if status != 0:
         raise ValueError(f"route_row: {x.shape[-1]} columns (a multiple of 8) and top-{top_k} of {experts} experts")
     return ids, gates, scores
+
+
+class Projection(ctypes.Structure):
+    """A resident q4 or q8 projection as decode_layer.c takes it (its `colibri_projection`)."""
+
+    _fields_ = [("q8", ctypes.c_int64), ("fp16", ctypes.c_int64), ("rows", ctypes.c_int64), ("cols", ctypes.c_int64),
+                ("group", ctypes.c_int64), ("data", ctypes.c_void_p), ("scales", ctypes.c_void_p),
+                ("zeros", ctypes.c_void_p)]
+
+    @classmethod
+    def of(cls, encoding: str, weights: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None, group: int,
+           fp16_scales: bool, cols: int) -> Projection:
+        """The addresses of a projection's tensors (which must outlive it)."""
+        if encoding not in ("q4", "q8") or cols % group or group % BLOCK:
+            raise ValueError(f"a {encoding} projection of {cols} columns in groups of {group} is not the kernel's")
+        return cls(int(encoding == "q8"), int(fp16_scales), weights.shape[0], cols, group, weights.data_ptr(),
+                   scales.data_ptr(), None if zeros is None else zeros.data_ptr())
+
+
+def attention_in(h: torch.Tensor, norm, qkv, q_norm, k_norm, cos: torch.Tensor, sin: torch.Tensor,
+                 q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """One decode row h [D] (f32, contiguous): q, k, v (preallocated [heads, head_dim] f32) =
+    the projections (`qkv`: an array of three `Projection`s) of rmsnorm(h) by `norm`, q and k normed
+    per head by `q_norm` / `k_norm` (RMSNorm modules or None) and rotated by (cos, sin)."""
+    status = _library().colibri_attention_in(
+        h.data_ptr(), h.shape[0], norm.weight.data_ptr(), norm.eps, qkv,
+        None if q_norm is None else q_norm.weight.data_ptr(), 0.0 if q_norm is None else q_norm.eps,
+        None if k_norm is None else k_norm.weight.data_ptr(), 0.0 if k_norm is None else k_norm.eps,
+        cos.data_ptr(), sin.data_ptr(), q.shape[0], k.shape[0], q.shape[1], q.data_ptr(), k.data_ptr(), v.data_ptr(),
+        torch.get_num_threads(), cpu_level())
+    if status != 0:
+        raise ValueError(f"attention_in refused a row of {h.shape[0]} (a multiple of 32) or heads of {q.shape[1]}")
+
+
+def attention_out(attn: torch.Tensor, o: Projection, h: torch.Tensor, h_out: torch.Tensor, norm,
+                  x_out: torch.Tensor) -> None:
+    """h_out = h + o(attn), x_out = rmsnorm(h_out) by `norm`: every row [D] f32 and contiguous."""
+    status = _library().colibri_attention_out(attn.data_ptr(), ctypes.byref(o), h.data_ptr(), h_out.data_ptr(),
+                                              norm.weight.data_ptr(), norm.eps, x_out.data_ptr(),
+                                              torch.get_num_threads(), cpu_level())
+    if status != 0:
+        raise ValueError(f"attention_out refused an attention row of {o.cols} columns (a multiple of 32)")

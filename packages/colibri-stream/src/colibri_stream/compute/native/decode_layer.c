@@ -1,0 +1,101 @@
+/* A decode token's attention projections of one session in two calls, around the attention
+ * itself (SDPA, which the caller runs over the session's cache):
+ *
+ *   colibri_attention_in:  x = rmsnorm(h); q, k, v = x Wq, x Wk, x Wv; q, k normed per head and rotated
+ *   colibri_attention_out: h' = h + attn Wo; x' = rmsnorm(h') (the MoE or FFN's input)
+ *
+ * Each step is the kernel the per-module path calls for it (colibri_rms_norm, colibri_q8_quantize
+ * once for the three projections that share their input, colibri_q4_matmul or colibri_q8w_matmul,
+ * colibri_norm_rope), in the same order, so the results are the same bits; what goes is a dozen
+ * Python module calls and torch dispatches per layer. */
+
+#include <stdint.h>
+#include <stdlib.h>
+
+int colibri_q8_quantize(const float *x, int64_t M, int64_t K, int8_t *xq, float *dx, int32_t *xs, float *xf,
+                        int8_t *pairs, float *pair_scales);
+int colibri_q4_matmul(const int8_t *xq, const float *dx, const int32_t *xs, const float *xf, const int8_t *pairs,
+                      const float *pair_scales, int64_t M, int64_t K, const uint8_t *packed, const uint16_t *scales,
+                      const uint16_t *zeros, int fp16, int64_t N, int64_t G, float *y, int threads, int level);
+int colibri_q8w_matmul(const int8_t *xq, const float *dx, int64_t M, int64_t K, const int8_t *weights,
+                       const uint16_t *scales, int fp16, int64_t N, int64_t G, float *y, int threads, int level);
+int colibri_rms_norm(const float *x, int64_t D, const float *weight, float eps, float *out);
+int colibri_norm_rope(float *x, int64_t heads, int64_t D, const float *weight, float eps, const float *cos,
+                      const float *sin);
+
+/* A resident projection as stored (colibri-int4 FORMAT.md): q4 nibbles or q8 bytes [rows, cols],
+ * 16-bit scales [rows, cols / group], zeros like the scales or NULL. */
+typedef struct {
+    int64_t q8, fp16, rows, cols, group;
+    const void *data;
+    const uint16_t *scales, *zeros;
+} colibri_projection;
+
+/* One row x [K] quantized as QuantizedActivations does it */
+typedef struct {
+    int8_t *q, *pairs;
+    float *dx, *xf, *pair_scales;
+    int32_t *xs;
+    void *buffer;
+} quantized_row;
+
+static int quantize_row(const float *x, int64_t K, quantized_row *a) {
+    int64_t blocks = K / 32;
+    int paired = K % 64 == 0;
+    a->buffer = malloc((size_t)(2 * K) + sizeof(float) * (size_t)(7 * blocks));
+    if (!a->buffer) return -2;
+    a->q = (int8_t *)a->buffer;
+    a->pairs = paired ? a->q + K : 0;
+    a->dx = (float *)(a->q + 2 * K);
+    a->xf = a->dx + blocks;
+    a->xs = (int32_t *)(a->dx + 2 * blocks);
+    a->pair_scales = paired ? a->dx + 3 * blocks : 0;
+    return colibri_q8_quantize(x, 1, K, a->q, a->dx, a->xs, a->xf, a->pairs, a->pair_scales);
+}
+
+static int project(const quantized_row *a, const colibri_projection *p, float *y, int threads, int level) {
+    if (p->q8)
+        return colibri_q8w_matmul(a->q, a->dx, 1, p->cols, (const int8_t *)p->data, p->scales, (int)p->fp16, p->rows,
+                                  p->group, y, threads, level);
+    return colibri_q4_matmul(a->q, a->dx, a->xs, a->xf, a->pairs, a->pair_scales, 1, p->cols,
+                             (const uint8_t *)p->data, p->scales, p->zeros, (int)p->fp16, p->rows, p->group, y,
+                             threads, level);
+}
+
+/* h [D] -> q [heads, head_dim], k and v [kv_heads, head_dim]; projections qkv[0..2] (cols D);
+ * q_norm / k_norm: per-head RMSNorm weights [head_dim] or NULL; cos, sin: the position's rows. */
+int colibri_attention_in(const float *h, int64_t D, const float *norm, float eps, const colibri_projection *qkv,
+                         const float *q_norm, float q_eps, const float *k_norm, float k_eps, const float *cos,
+                         const float *sin, int64_t heads, int64_t kv_heads, int64_t head_dim, float *q, float *k,
+                         float *v, int threads, int level) {
+    if (D % 32) return -1;
+    float *x = (float *)malloc(sizeof(float) * (size_t)D);
+    if (!x) return -2;
+    quantized_row a = {0};
+    int status = colibri_rms_norm(h, D, norm, eps, x);
+    if (status == 0) status = quantize_row(x, D, &a);
+    if (status == 0) status = project(&a, &qkv[0], q, threads, level);
+    if (status == 0) status = project(&a, &qkv[1], k, threads, level);
+    if (status == 0) status = project(&a, &qkv[2], v, threads, level);
+    if (status == 0) status = colibri_norm_rope(q, heads, head_dim, q_norm, q_eps, cos, sin);
+    if (status == 0) status = colibri_norm_rope(k, kv_heads, head_dim, k_norm, k_eps, cos, sin);
+    free(a.buffer);
+    free(x);
+    return status;
+}
+
+/* attn [o.cols] -> h_out [D] = h + attn Wo (each sum rounded to f32, as torch's add), x_out [D] =
+ * rmsnorm(h_out) with `norm`. */
+int colibri_attention_out(const float *attn, const colibri_projection *o, const float *h, float *h_out,
+                          const float *norm, float eps, float *x_out, int threads, int level) {
+    if (o->cols % 32) return -1;
+    quantized_row a = {0};
+    int status = quantize_row(attn, o->cols, &a);
+    if (status == 0) status = project(&a, o, h_out, threads, level);
+    if (status == 0) {
+        for (int64_t i = 0; i < o->rows; i++) h_out[i] = h[i] + h_out[i];
+        status = colibri_rms_norm(h_out, o->rows, norm, eps, x_out);
+    }
+    free(a.buffer);
+    return status;
+}
