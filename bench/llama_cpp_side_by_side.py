@@ -15,7 +15,9 @@ What it does, in order (each step reuses its output when it is already there):
    "smollm"). The embeddings are redrawn with std 1.0 (transformers' init is 0.02): with the narrow
    init every token's hidden state is nearly the same and routing collapses onto a few experts.
 3. convert_hf_to_gguf.py -> bf16 GGUF; llama-quantize -> Q4_0 and Q4_K_M;
-   `colibri-int4 import-hf --quant int4` (int4 experts in groups of 64, resident int8, embeddings bf16).
+   `colibri-int4 import-hf --quant int4` twice: its default (int4 experts in groups of 64, resident int8,
+   embeddings and head bf16), and "int4 r4/e8" (`--resident-dtype int4 --embed-dtype int8`: the bytes
+   of llama.cpp's Q4_0, which keeps attention in Q4_0 and the head in Q6_K).
 4. Measured, interleaved (engine by engine inside each repeat), medians of `--repeats`:
    - full RAM, per thread count: llama-bench pp512 / tg (`-p 512 -n N -r 1`: one warm-up run, one
      measured) against colibri's Python API in a fresh process (budget = every expert cached; one
@@ -45,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import itertools
 import json
 import os
 import shutil
@@ -201,10 +204,16 @@ def quantize(binaries: Path, source_gguf: Path, out: Path, kind: str) -> None:
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def import_colibri(hf_dir: Path, out: Path) -> None:
+# colibri's containers: import-hf's default (int4 experts, int8 attention, bf16 embeddings and head),
+# and the same experts with Q4_0's bytes elsewhere (int4 attention, int8 embeddings and head; llama.cpp's
+# Q4_0 keeps attention in Q4_0 and the head in Q6_K), so both engines read about as many bytes a token
+COLIBRI_QUANTS = {"int4": [], "int4 r4/e8": ["--resident-dtype", "int4", "--embed-dtype", "int8"]}
+
+
+def import_colibri(hf_dir: Path, out: Path, extra: list[str]) -> None:
     log(f"colibri-int4 import-hf -> {out.name}")
-    subprocess.run(nice([Path(sys.executable).with_name("colibri-int4"), "import-hf", hf_dir, out, "--quant", "int4"]),
-                   check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(nice([Path(sys.executable).with_name("colibri-int4"), "import-hf", hf_dir, out, "--quant", "int4",
+                         *extra]), check=True, stdout=subprocess.DEVNULL)
 
 
 # ---------------------------------------------------------------- running under a memory cgroup
@@ -413,7 +422,7 @@ def median(values):
     return statistics.median(values) if values else None
 
 
-def measure(args, binaries: Path, ggufs: dict[str, Path], container: Path) -> dict:
+def measure(args, binaries: Path, ggufs: dict[str, Path], containers: dict[str, Path]) -> dict:
     rows: list[dict] = []
     # full RAM: llama-bench pp + tg against colibri, interleaved, per thread count
     for threads in args.thread_list:
@@ -423,14 +432,15 @@ def measure(args, binaries: Path, ggufs: dict[str, Path], container: Path) -> di
                 result = llama_bench(binaries, gguf, threads, args.prompt_tokens, args.decode_tokens)
                 samples.setdefault(f"llama.cpp {quant}", []).append(result)
                 log(f"full RAM, {threads} thread(s), llama.cpp {quant} #{repeat}: {brief(result)}")
-            result = colibri_run(container, threads, "full", args.prompt_tokens, args.decode_tokens)
-            samples.setdefault("colibri int4", []).append(result)
-            log(f"full RAM, {threads} thread(s), colibri #{repeat}: {brief(result)}")
+            for quant, container in containers.items():
+                result = colibri_run(container, threads, "full", args.prompt_tokens, args.decode_tokens)
+                samples.setdefault(f"colibri {quant}", []).append(result)
+                log(f"full RAM, {threads} thread(s), colibri {quant} #{repeat}: {brief(result)}")
         for name, runs in samples.items():
             engine, quant = name.split(" ", 1)
             rows.append(summary(engine, quant, "full RAM", threads, runs, None))
     # capped: decode and bytes per token
-    size = container.stat().st_size
+    size = containers["int4"].stat().st_size  # the same cap in bytes for every engine
     for share in args.cap_list:
         cap = int(share * size)
         for threads in args.cap_threads_list:
@@ -453,8 +463,9 @@ def measure(args, binaries: Path, ggufs: dict[str, Path], container: Path) -> di
                         samples.setdefault(key, []).append(long)
                         log(f"cap {share:.0%} ({cap / 1e9:.2f} GB), {threads} thread(s), {key} #{repeat}: {brief(long)}")
                 # the engine's own fit under the cap ("auto"), and an explicit budget of 3/4 of the cap
-                for label, budget in (("auto", "auto"), ("budget 0.75 cap", str(int(0.75 * cap)))):
-                    key = f"colibri int4 {label}"
+                for (label, budget), (quant, container) in itertools.product(
+                        (("auto", "auto"), ("budget 0.75 cap", str(int(0.75 * cap)))), containers.items()):
+                    key = f"colibri {quant} {label}"
                     if samples.get(key) and samples[key][-1].get("returncode"):
                         continue  # refused or killed once under this cap
                     drop_from_page_cache(container)
@@ -597,7 +608,7 @@ def main() -> None:
     shape = f"L{args.layers}-E{args.experts}-k{args.top_k}-H{args.hidden}-I{args.moe_intermediate}"
     hf_dir, bf16 = work / f"hf-{shape}", work / f"{shape}-bf16.gguf"
     ggufs = {"Q4_0": work / f"{shape}-Q4_0.gguf", "Q4_K_M": work / f"{shape}-Q4_K_M.gguf"}
-    container = work / f"{shape}-int4.coli"
+    containers = {quant: work / f"{shape}-{quant.replace(' ', '-').replace('/', '')}.coli" for quant in COLIBRI_QUANTS}
     try:
         if not (hf_dir / "config.json").exists():
             log(f"random Qwen3MoeForCausalLM {shape} -> {hf_dir}")
@@ -610,13 +621,15 @@ def main() -> None:
             for kind, path in ggufs.items():
                 if not path.exists():
                     quantize(binaries, bf16, path, kind)
-        if not container.exists():
-            import_colibri(hf_dir, container)
+        for quant, container in containers.items():
+            if not container.exists():
+                import_colibri(hf_dir, container, COLIBRI_QUANTS[quant])
         if not args.keep:  # the bf16 files are no longer needed
             bf16.unlink(missing_ok=True)
         report["sizes_gb"] = {"Q4_0 gguf": ggufs["Q4_0"].stat().st_size / 1e9,
                               "Q4_K_M gguf": ggufs["Q4_K_M"].stat().st_size / 1e9,
-                              "colibri int4 container": container.stat().st_size / 1e9}
+                              **{f"colibri {quant} container": container.stat().st_size / 1e9
+                                 for quant, container in containers.items()}}
         log(f"sizes (GB): {report['sizes_gb']}")
 
         ok, what = probe(binaries, ggufs["Q4_0"])
@@ -631,15 +644,15 @@ def main() -> None:
                 raise SystemExit(f"llama.cpp without AMX still fails: {what}")
         log(f"llama.cpp build: {report['llama_build']}")
 
-        report.update(measure(args, binaries, ggufs, container))
+        report.update(measure(args, binaries, ggufs, containers))
         report["ratios"] = ratios(report["rows"])
         if args.profile:
             log("profiling colibri's decode steps (cProfile, full RAM, 1 thread)")
-            report["profile"] = colibri_run(container, 1, "profile", args.prompt_tokens, args.decode_tokens)
+            report["profile"] = colibri_run(containers["int4"], 1, "profile", args.prompt_tokens, args.decode_tokens)
     finally:
         if not args.keep:
             shutil.rmtree(hf_dir, ignore_errors=True)
-            for path in (bf16, *ggufs.values(), container):
+            for path in (bf16, *ggufs.values(), *containers.values()):
                 path.unlink(missing_ok=True)
     report["minutes"] = round((time.monotonic() - started) / 60, 1)
     print(table(report["rows"]))
