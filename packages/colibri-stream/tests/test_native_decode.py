@@ -6,9 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 from colibri_int4 import QuantScheme
-from colibri_model import Attention, ColibriConfig, KVCache, RMSNorm, Router
+from colibri_model import Attention, Block, ColibriConfig, KVCache, RMSNorm, Router
 from colibri_model.layers import RotaryEmbedding
-from colibri_model.model import Block
 from colibri_stream import Engine
 from colibri_stream.compute.native_decode import (
     NativeDecodeAttention,

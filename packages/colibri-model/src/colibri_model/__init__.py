@@ -30,7 +30,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "errors": ("ColibriModelError",),
     "experts": ("ExpertBackend", "ExpertGlu", "GroupedExperts"),
     "layers": ("Attention", "KVCache", "RMSNorm"),
-    "model": ("CausalLMOutput", "ColibriForCausalLM"),
+    "model": ("Block", "CausalLMOutput", "ColibriForCausalLM"),
     "moe": ("MoELayer",),
     "param_count": ("count_params",),
     "presets": ("PRESETS", "get_preset"),
@@ -56,7 +56,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and IDEs (tests hold the 
     from .errors import ColibriModelError
     from .experts import ExpertBackend, ExpertGlu, GroupedExperts
     from .layers import Attention, KVCache, RMSNorm
-    from .model import CausalLMOutput, ColibriForCausalLM
+    from .model import Block, CausalLMOutput, ColibriForCausalLM
     from .moe import MoELayer
     from .param_count import count_params
     from .presets import PRESETS, get_preset
@@ -66,6 +66,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and IDEs (tests hold the 
 
 __all__ = [
     "Attention",
+    "Block",
     "EOS_TOKEN",
     "FORMAT_VERSION",
     "IM_END",

@@ -1,28 +1,31 @@
-"""One decode token of one session with less torch glue: colibri-model's grouped-query attention
-(`NativeDecodeAttention`) and RMSNorm (`NativeRowNorm`) with a fast path for that case; and
-routing row by row (`RowwiseRouter`), so a decode row of a step that serves several sessions
-gets the bits it gets alone.
+"""One decode token of one session with less torch glue: colibri-model's block
+(`NativeDecodeBlock`), grouped-query attention (`NativeDecodeAttention`) and RMSNorm
+(`NativeRowNorm`) with a fast path for that case; and routing row by row (`RowwiseRouter`), so a
+decode row of a step that serves several sessions gets the bits it gets alone.
 
-A decode step of a 24-layer MoE spent about as long in the torch calls around attention (view,
-transpose, two RMSNorms and two rotations of one row, the cache write, a [1, S] mask, SDPA: a
-dozen dispatches and allocations per layer) as in the attention's four projections themselves.
-For one query row of one session, q and k are normed and rotated by one C call each
-(compute/native/decode_step.c), and the newest position sees every cached column, so SDPA runs
-unmasked; the projections stay the native kernel's. A layer's input norms of one row (about ten
-torch dispatches each) are one C call, and so is each row of a [B, 1] decode step.
+A decode step of a 24-layer MoE spent about as long in the torch calls and Python module calls
+around attention and routing (norms, views, rotations of one row, the cache write, a [1, S] mask,
+SDPA, the router's dozen ops: each a dispatch and an allocation) as in the projections themselves.
+For one query row of one session, a layer runs as: one C call for the input norm, the q/k/v
+projections of one quantized input and q/k's per-head norm and rotation
+(compute/native/decode_layer.c); SDPA over the session cache, unmasked, since the newest position
+sees every cached column; one C call for the output projection, the residual and the FFN's norm;
+then the FFN or MoE module, whose router routes the row in one C call (decode_step.c) and whose
+experts run in two (streamed_experts.py). Each C call runs the kernels the per-module path runs,
+in its order, so the two give the same bits (tested); a layer whose modules carry forward hooks
+(a prefetcher's) takes the per-module path, which keeps the q/k and norm calls of its own.
 
 Every other case runs colibri-model's own forward, unchanged: batches, prefill chunks, masks,
 sliding windows, sinks, an OLMoE-style norm over the whole projection, interleaved rotary, a
-non-f32 engine. The C paths equal that forward to float rounding (sums in another order), tested
-against it (tests/test_native_decode.py).
+non-f32 engine, projections with biases. The C paths equal that forward to float rounding (sums in
+another order), tested against it (tests/test_native_decode.py).
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from colibri_model import Attention, ColibriConfig, RMSNorm, Router
-from colibri_model.model import Block
+from colibri_model import Attention, Block, ColibriConfig, RMSNorm, Router
 from torch import nn
 
 from .native_kernel import (
