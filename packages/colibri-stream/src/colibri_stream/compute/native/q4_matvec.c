@@ -299,6 +299,19 @@ static void row_scales_avx2(const uint16_t *s, int64_t groups, int fp16, float *
 #define PAIR_DOT_VNNI(even, odd, x0, x1) \
     _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), even, x0), odd, x1)
 
+/* One step of one weight row against one activation row (blocks b, b + 1: 32 bytes packed, split
+ * into even and odd nibbles by SPLIT_NIBBLES): the int32 sums, scaled by d and added to the row's
+ * accumulator for this half of the group. Every q4 path that pairs blocks runs exactly this, so
+ * they give the same bits. */
+#define SPLIT_NIBBLES(raw, even, odd)                                                                          \
+    __m256i even = _mm256_and_si256(raw, low), odd = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low)
+#define PAIR_STEP(PAIR_DOT, even, odd, x0, x1, d, b, acc0, acc1)                                              \
+    do {                                                                                                        \
+        __m256 v_ = _mm256_cvtepi32_ps(PAIR_DOT(even, odd, x0, x1));                                            \
+        if ((b) & 2) acc1 = _mm256_fmadd_ps(v_, d, acc1);                                                       \
+        else acc0 = _mm256_fmadd_ps(v_, d, acc0);                                                               \
+    } while (0)
+
 /* rows_pairs_<level>(p, scales, zeros, blocks, per_group, R, pairs, pair_scales, offset, xgroup, out) */
 #define ROWS_PAIRS(NAME, TARGET, PAIR_DOT)                                                                     \
     __attribute__((target(TARGET), always_inline)) static inline void NAME(                                    \
@@ -315,16 +328,12 @@ static void row_scales_avx2(const uint16_t *s, int64_t groups, int fp16, float *
             __m256 scale = _mm256_set1_ps(scales[g]);                                                           \
             for (int64_t b = g * per_group; b < (g + 1) * per_group; b += 2) {                                  \
                 __m256i raw = _mm256_loadu_si256((const __m256i *)(p + b * 16));                                \
-                __m256i even = _mm256_and_si256(raw, low);                                                      \
-                __m256i odd = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);                                 \
+                SPLIT_NIBBLES(raw, even, odd);                                                                  \
                 for (int r = 0; r < R; r++) {                                                                   \
                     const int8_t *x = pairs[r] + b * BLOCK;                                                     \
-                    __m256i sums = PAIR_DOT(even, odd, _mm256_loadu_si256((const __m256i *)x),                  \
-                                            _mm256_loadu_si256((const __m256i *)(x + 32)));                     \
                     __m256 d = _mm256_mul_ps(_mm256_loadu_ps(pair_scales[r] + (b / 2) * 8), scale);             \
-                    __m256 v = _mm256_cvtepi32_ps(sums);                                                        \
-                    if (b & 2) acc1[r] = _mm256_fmadd_ps(v, d, acc1[r]);                                        \
-                    else acc0[r] = _mm256_fmadd_ps(v, d, acc0[r]);                                              \
+                    PAIR_STEP(PAIR_DOT, even, odd, _mm256_loadu_si256((const __m256i *)x),                      \
+                              _mm256_loadu_si256((const __m256i *)(x + 32)), d, b, acc0[r], acc1[r]);           \
                 }                                                                                               \
             }                                                                                                   \
         }                                                                                                       \
@@ -405,13 +414,9 @@ TILE_PAIRS(tile_pairs_vnni, VNNI_TARGET, rows_pairs_vnni)
                         _mm_prefetch((const char *)(p + (r + PREFETCH_ROWS) * row_bytes + b * 16), _MM_HINT_T0);  \
                 for (int r = 0; r < WROWS; r++) {                                                               \
                     __m256i raw = _mm256_loadu_si256((const __m256i *)(p + r * row_bytes + b * 16));            \
-                    __m256i even = _mm256_and_si256(raw, low);                                                  \
-                    __m256i odd = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);                             \
-                    __m256i sums = PAIR_DOT(even, odd, x0, x1);                                                 \
+                    SPLIT_NIBBLES(raw, even, odd);                                                              \
                     __m256 d = _mm256_mul_ps(ps, _mm256_set1_ps(scales[r * groups + g]));                       \
-                    __m256 v = _mm256_cvtepi32_ps(sums);                                                        \
-                    if (b & 2) acc1[r] = _mm256_fmadd_ps(v, d, acc1[r]);                                        \
-                    else acc0[r] = _mm256_fmadd_ps(v, d, acc0[r]);                                              \
+                    PAIR_STEP(PAIR_DOT, even, odd, x0, x1, d, b, acc0[r], acc1[r]);                             \
                 }                                                                                               \
             }                                                                                                   \
         }                                                                                                       \
