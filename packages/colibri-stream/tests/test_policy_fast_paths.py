@@ -312,3 +312,35 @@ def test_next_use_chooses_a_least_dense_expert_as_a_full_scan_does(seed):
 
     evictions = drive(fast, slow, seed, pick=least_dense)
     assert same[0] > 0.5 * evictions
+
+
+def test_next_use_holds_a_bounded_heap_where_nothing_is_evicted_and_picks_the_same_victims(monkeypatch):
+    """Every expert cached (full RAM): each visit adds the last visit's experts to their layer's heap
+    and no eviction ever pops the outdated entries, so the heap is rebuilt from its live ones; the
+    rebuilt heap picks the victims the unbounded one picks."""
+    import random
+
+    from colibri_stream.cache import next_use_policy
+    from colibri_stream.cache.policies import NextUsePolicy
+
+    def run(policy: NextUsePolicy) -> tuple[int, list]:
+        rng = random.Random(0)
+        for step in range(600):
+            policy.begin_step(step)
+            for layer in range(6):
+                for expert in rng.sample(range(32), 4):
+                    key = (layer, expert)
+                    policy.on_hit(key) if key in policy._last_use else policy.on_insert(key)
+        entries = sum(len(state.stale) for state in policy._layers.values())
+        victims = []
+        for _ in range(40):
+            victim = policy.victim()
+            victims.append(victim)
+            policy.on_remove(victim)
+        return entries, victims
+
+    bounded, victims = run(NextUsePolicy())
+    assert bounded <= 6 * (2 * 32 + next_use_policy.COMPACT_SLACK)  # not 600 visits x 4 a layer
+    monkeypatch.setattr(next_use_policy, "COMPACT_SLACK", 10**9)
+    unbounded, expected = run(NextUsePolicy())
+    assert unbounded > 6 * 500 and victims == expected

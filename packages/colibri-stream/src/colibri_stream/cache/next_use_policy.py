@@ -20,7 +20,9 @@ decaying at every visit), so between two visits of a layer its experts' order is
 layer keeps the experts not used at its last visit in a heap on (aged count, last use) and the
 few used at it (top-k) in a set; its least-dense expert is the better of the heap's top and that
 set's minimum, cached until the layer changes. An eviction compares one candidate per layer:
-O(layers + top-k) per eviction, O(log n) per other event, independent of the cache's size.
+O(layers + top-k) per eviction, O(log n) per other event, independent of the cache's size; a
+layer's heap is rebuilt from its live entries when outdated ones outnumber them, so it holds at
+most about twice its experts.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from .policy import CachePolicy, ExpertKey, nothing_to_evict
 USED_LAST_VISIT, SHARE, FLOOR = 0.4, 0.5, 0.1  # p's weights
 HALF_LIFE_VISITS = 32.0
 RESCALE_AT = 2.0**200
+COMPACT_SLACK = 64  # heap entries a layer may hold beyond twice its experts before it is rebuilt
 
 
 class _Layer:
@@ -95,6 +98,16 @@ class NextUsePolicy(CachePolicy):
         state.best = None
         if state.weight > RESCALE_AT:
             self._rescale(state)
+        elif len(state.stale) > 2 * len(state.counts) + COMPACT_SLACK:
+            self._compact(state)
+
+    def _compact(self, state: _Layer) -> None:
+        # The heap drops its outdated entries only as evictions reach them, so where nothing is
+        # evicted (every expert cached) it grew by top-k entries a visit: 143 MB after 2000 tokens
+        # of a 48-layer top-8 model. Rebuilt from the live entries, one per cached expert, when
+        # outdated ones outnumber them: O(experts of one layer) per that many visits, the same victims.
+        state.stale = [(c, self._last_use[k], k) for k, c in state.counts.items() if k in self._last_use]
+        heapq.heapify(state.stale)
 
     def _rescale(self, state: _Layer) -> None:
         # O(experts of one layer), once per ~6400 visits of it
