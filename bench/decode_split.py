@@ -30,10 +30,10 @@ class _Timed:
     def __init__(self, name: str, call, totals: dict):
         self.name, self.call, self.totals = name, call, totals
 
-    def __call__(self, *args):
+    def __call__(self, *args, **kwargs):
         started = time.perf_counter()
         try:
-            return self.call(*args)
+            return self.call(*args, **kwargs)
         finally:
             self.totals[self.name] = self.totals.get(self.name, 0.0) + time.perf_counter() - started
 
