@@ -133,6 +133,8 @@ def test_bad_shapes_are_refused_with_the_shapes():
         add_weighted_rows(torch.zeros(4), torch.zeros(2, 4), [1.0, 2.0, 3.0])
     with pytest.raises(ValueError, match=r"route_row: 12 columns \(a multiple of 8\) and top-3 of 4 experts"):
         route_row(torch.zeros(12), torch.zeros(4, 12), None, None, 3, False, True, 1.0)
+    with pytest.raises(ValueError, match=r"route_row: a row \(16,\) does not fit a router \(4, 8\)"):
+        route_row(torch.zeros(16), torch.zeros(4, 8), None, None, 2, False, True, 1.0)
     with pytest.raises(ValueError, match=r"top-5 of 4 experts"):
         route_row(torch.zeros(16), torch.zeros(4, 16), None, None, 5, False, True, 1.0)
 

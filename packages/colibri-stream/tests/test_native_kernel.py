@@ -253,6 +253,8 @@ def test_one_token_decode_path_is_bitwise_the_batched_path(group, symmetric, sca
     matrices = native_kernel.TokenExperts([experts[0].addresses[1]], 64, 64, group, scale_dtype == "fp16")
     with pytest.raises(ValueError, match=r"hidden \(2, 64\), out \(64,\) and 1 weights do not fit 1 matrices"):
         native_kernel.token_experts_out(torch.zeros(2, 64), matrices, [1.0], torch.zeros(64))
+    with pytest.raises(ValueError, match=r"token_experts_in: a row torch.float32 \(32,\) does not fit 1 matrices"):
+        native_kernel.token_experts_in(torch.zeros(32), matrices)
 
 
 def assert_near_reference(got: torch.Tensor, expected: torch.Tensor) -> None:

@@ -145,7 +145,7 @@ class _BlockPlan:
     """What `NativeDecodeBlock` hands the C calls for one layer, built once: the four projections'
     addresses, and the modules they belong to (which keep those tensors alive)."""
 
-    __slots__ = ("qkv", "o", "heads", "kv_heads", "dim", "modules")
+    __slots__ = ("qkv", "o", "heads", "kv_heads", "dim", "modules", "tensors")
 
     def __init__(self, block: Block):
         attn = block.attn
@@ -156,6 +156,7 @@ class _BlockPlan:
         self.o = Projection.of(o.encoding, o.data, o.scales, o.zeros, o.group, o.fp16_scales, o.in_features)
         self.heads, self.kv_heads, self.dim = attn.n_heads, attn.n_kv_heads, attn.head_dim
         self.modules = [block.attn_norm, attn, block.ffn_norm, *linears]
+        self.tensors = [(p.data, p.scales, p.zeros) for p in linears]  # what the addresses point into
 
     @staticmethod
     def covers(block: Block) -> bool:
@@ -174,8 +175,10 @@ class _BlockPlan:
 
     def hooked(self) -> bool:
         """A forward hook on any module the calls stand in for (a prefetcher's on the FFN norm)."""
-        return bool(nn.modules.module._global_forward_hooks or nn.modules.module._global_forward_pre_hooks) or any(
-            m._forward_hooks or m._forward_pre_hooks for m in self.modules)
+        registry = nn.modules.module  # torch keeps the global hooks there (register_module_forward_hook)
+        if getattr(registry, "_global_forward_hooks", None) or getattr(registry, "_global_forward_pre_hooks", None):
+            return True
+        return any(m._forward_hooks or m._forward_pre_hooks for m in self.modules)
 
 
 class NativeDecodeBlock(Block):

@@ -417,6 +417,9 @@ class TokenExperts:
 def token_experts_in(x: torch.Tensor, experts: TokenExperts) -> torch.Tensor:
     """One row x [cols] f32 (contiguous) quantized once and through every matrix -> [count, rows]
     f32: bitwise `q4_experts(QuantizedActivations(x[None]), ..., row_each=False)`."""
+    if x.shape != (experts.cols,) or not x.is_contiguous() or x.dtype != torch.float32:
+        raise ValueError(f"token_experts_in: a row {x.dtype} {tuple(x.shape)} does not fit {experts.count} matrices "
+                         f"of {experts.rows} x {experts.cols} (a contiguous f32 row of {experts.cols})")
     out = torch.empty(experts.count, experts.rows, dtype=torch.float32)
     status = _library().colibri_token_experts_in(
         x.data_ptr(), experts.cols, experts.count, experts.packed, experts.scales, experts.zeros, experts.fp16,
@@ -448,6 +451,10 @@ def route_row(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, 
     """One row x [D] f32 routed as colibri-model's Router routes it (decode_step.c says how) ->
     (ids [1, k] int64, gates [1, k] f32, scores [1, E] f32). Every tensor f32 and contiguous."""
     experts = weight.shape[0]
+    if weight.shape[1:] != x.shape[-1:] or x.dim() != 1 or any(
+            t is not None and t.shape != (experts,) for t in (bias, expert_bias)):
+        raise ValueError(f"route_row: a row {tuple(x.shape)} does not fit a router {tuple(weight.shape)} "
+                         f"(biases of {experts})")
     scores = torch.empty(1, experts, dtype=torch.float32)
     ids = torch.empty(1, top_k, dtype=torch.int64)
     gates = torch.empty(1, top_k, dtype=torch.float32)
