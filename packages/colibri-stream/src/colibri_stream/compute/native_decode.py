@@ -145,7 +145,8 @@ class _BlockPlan:
     """What `NativeDecodeBlock` hands the C calls for one layer, built once: the four projections'
     addresses, and the modules they belong to (which keep those tensors alive)."""
 
-    __slots__ = ("qkv", "o", "heads", "kv_heads", "dim", "modules", "tensors")
+    __slots__ = ("qkv", "o", "heads", "kv_heads", "dim", "modules", "tensors", "attn", "attn_norm", "ffn_norm",
+                 "ffn", "rope", "q_norm", "k_norm", "layer_index")
 
     def __init__(self, block: Block):
         attn = block.attn
@@ -157,6 +158,10 @@ class _BlockPlan:
         self.heads, self.kv_heads, self.dim = attn.n_heads, attn.n_kv_heads, attn.head_dim
         self.modules = [block.attn_norm, attn, block.ffn_norm, *linears]
         self.tensors = [(p.data, p.scales, p.zeros) for p in linears]  # what the addresses point into
+        # the modules a step reads, held here: each attribute of an nn.Module is a lookup in its dicts
+        self.attn, self.attn_norm, self.ffn_norm = attn, block.attn_norm, block.ffn_norm
+        self.ffn = block.moe if block.is_moe else block.ffn
+        self.rope, self.q_norm, self.k_norm, self.layer_index = attn.rope, attn.q_norm, attn.k_norm, attn.layer_index
 
     @staticmethod
     def covers(block: Block) -> bool:
@@ -196,21 +201,21 @@ class NativeDecodeBlock(Block):
             plan = self.__dict__["_decode_plan"] = _BlockPlan(self) if _BlockPlan.covers(self) else None
         if (plan is None or cache is None or attention_mask is not None or h.shape[0] != 1 or h.shape[1] != 1
                 or h.dtype != torch.float32 or positions.dim() != 1 or plan.hooked()
-                or not isinstance(self.attn, NativeDecodeAttention)):  # (a test may swap the class back)
+                or not isinstance(plan.attn, NativeDecodeAttention)):  # (a test may swap the class back)
             return super().forward(h, positions, cache, attention_mask)
-        attn, d = self.attn, h.shape[-1]
+        d = h.shape[-1]
         row = h.reshape(d).contiguous()
         q = torch.empty(plan.heads, plan.dim)
         k = torch.empty(plan.kv_heads, plan.dim)
         v = torch.empty(plan.kv_heads, plan.dim)
-        cos, sin = attn.rope.at(int(positions[0]), h.device)
-        attention_in(row, self.attn_norm, plan.qkv, attn.q_norm, attn.k_norm, cos, sin, q, k, v)
-        keys, values = cache.update(attn.layer_index, k.view(1, plan.kv_heads, 1, plan.dim),
+        cos, sin = plan.rope.at(int(positions[0]), h.device)
+        attention_in(row, plan.attn_norm, plan.qkv, plan.q_norm, plan.k_norm, cos, sin, q, k, v)
+        keys, values = cache.update(plan.layer_index, k.view(1, plan.kv_heads, 1, plan.dim),
                                     v.view(1, plan.kv_heads, 1, plan.dim))
         out = F.scaled_dot_product_attention(q.view(1, plan.heads, 1, plan.dim), keys, values, enable_gqa=True)
         h_out, x = torch.empty(1, 1, d), torch.empty(1, 1, d)
-        attention_out(out.reshape(-1), plan.o, row, h_out, self.ffn_norm, x)
-        return h_out + (self.moe if self.is_moe else self.ffn)(x)
+        attention_out(out.reshape(-1), plan.o, row, h_out, plan.ffn_norm, x)
+        return h_out + plan.ffn(x)
 
 
 def install_decode_paths(model: torch.nn.Module, config: ColibriConfig) -> int:
