@@ -257,6 +257,47 @@ def test_one_token_decode_path_is_bitwise_the_batched_path(group, symmetric, sca
         native_kernel.token_experts_in(torch.zeros(32), matrices)
 
 
+def test_swiglu_is_torchs_to_rounding_and_each_row_what_it_gets_alone():
+    gate = torch.cat([torch.randn(9, 96) * 6, torch.tensor([[-200.0, 120.0, 0.0, -0.0] * 24])])
+    gate_up = torch.cat([gate, torch.randn(10, 96)], 1)  # [10, 2F]: gate | up, with the extremes
+    got = native_kernel.swiglu_rows(gate_up)
+    gate, up = gate_up.split(96, dim=-1)
+    expected = torch.nn.functional.silu(gate.double()) * up.double()
+    assert torch.isfinite(got).all()
+    assert torch.allclose(got.double(), expected, rtol=4e-7, atol=1e-30)  # a few ulp: exp's polynomial
+    for row in range(10):
+        assert torch.equal(native_kernel.swiglu_rows(gate_up[row : row + 1]), got[row : row + 1])
+    for level in range(native_kernel.cpu_level() + 1):  # the portable loop and the vector lanes alike
+        at_level = torch.empty_like(got)
+        native_kernel._library().colibri_swiglu_rows(gate_up.data_ptr(), 10, 96, at_level.data_ptr(), level)
+        assert torch.equal(at_level, got), level
+    with pytest.raises(ValueError, match=r"f32 rows of gate \| up \[M, 2F\], got torch.float32 \(3,\)"):
+        native_kernel.swiglu_rows(torch.zeros(3))
+
+
+@pytest.mark.parametrize(("group", "symmetric"), [(32, True), (64, False)])
+def test_a_tokens_experts_in_one_call_are_bitwise_the_two_calls_around_the_activation(group, symmetric):
+    scheme = QuantScheme(group_size=group, symmetric=symmetric, scale_dtype="bf16")
+    experts = []
+    for e in range(3):
+        blob, _ = make_blob(128, 64, scheme, seed=10 + e)
+        experts.append(NativeQ4Expert(blob, DequantExpert(blob, torch.float32).glu))
+    x, weights = torch.randn(128), [0.5, 0.3, 0.2]
+    whole = torch.randn(128)
+    apart = whole.clone()
+    assert NativeQ4Expert.forward_token(experts, x, weights, whole)
+    gate_up = native_kernel.token_experts_in(x, native_kernel.TokenExperts(
+        [e.addresses[0] for e in experts], 128, 128, group, False))
+    native_kernel.token_experts_out(native_kernel.swiglu_rows(gate_up), native_kernel.TokenExperts(
+        [e.addresses[1] for e in experts], 128, 64, group, False), weights, apart)
+    assert torch.equal(whole, apart)
+    addresses = [a for e in experts for a in e.token_addresses]
+    with pytest.raises(ValueError, match=r"token_experts: a row \(128,\) into out \(64,\) does not fit 3 experts"):
+        native_kernel.token_experts(x, addresses, 64, group, group, False, weights, torch.zeros(64))
+    with pytest.raises(ValueError, match=r"\(12 addresses"):
+        native_kernel.token_experts(x, addresses[:12], 64, group, group, False, weights, whole)
+
+
 def assert_near_reference(got: torch.Tensor, expected: torch.Tensor) -> None:
     """Typical logits within 3% of the logit scale, and the same best token almost everywhere: a
     near-tie of a router can flip an expert under any rounding (torch's bf16 kernel too), which

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from colibri_model import Attention, Block, ColibriConfig, RMSNorm, Router
+from colibri_model import Attention, Block, ColibriConfig, MoELayer, RMSNorm, Router
 from torch import nn
 
 from .native_kernel import (
@@ -141,6 +141,29 @@ class RowwiseRouter(Router):
                          self.score == "softmax", self.route_norm, float(self.route_scale))
 
 
+class NativeDecodeMoE(MoELayer):
+    """A `MoELayer` whose one decode row (x [1, 1, d] f32, in eval mode) is routed in one C call
+    (`RowwiseRouter`'s) and handed to the expert backend as lists (`forward_row`, which
+    `StreamedExperts` has): the same router and experts, the same bits, without the tensors of
+    ids and gates built and taken apart again. Every other input runs `MoELayer.forward`."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        router, forward_row = self.router, getattr(self.experts, "forward_row", None)
+        if (forward_row is None or x.shape[0] != 1 or x.shape[1] != 1 or self.training or self.record_routing
+                or type(router) is not RowwiseRouter or not router._native_routing(x)):
+            return super().forward(x)
+        flat = x.view(1, x.shape[-1])
+        ids, gates, _ = router._route_row(flat, self.top_k)
+        shared_out = self.shared(flat) if self.shared is not None else None  # first, as MoELayer (its hooks)
+        if self.shared_gate is not None:
+            shared_out = torch.sigmoid(self.shared_gate(flat)) * shared_out
+        out = forward_row(flat, ids[0].tolist(), gates[0].tolist())
+        if shared_out is not None:
+            out = out + shared_out
+        self.aux_loss = None
+        return out.view(x.shape)
+
+
 class _BlockPlan:
     """What `NativeDecodeBlock` hands the C calls for one layer, built once: the four projections'
     addresses, and the modules they belong to (which keep those tensors alive)."""
@@ -236,5 +259,8 @@ def install_decode_paths(model: torch.nn.Module, config: ColibriConfig) -> int:
             count += 1
         elif type(module) is Router:
             module.__class__ = RowwiseRouter
+            count += 1
+        elif type(module) is MoELayer:
+            module.__class__ = NativeDecodeMoE
             count += 1
     return count

@@ -28,6 +28,8 @@ from .native_kernel import (
     kernel_unavailable,
     matmul,
     q4_grouped,
+    swiglu_rows,
+    token_experts,
     token_experts_in,
     token_experts_out,
 )
@@ -57,7 +59,8 @@ def _bits(array: np.ndarray) -> torch.Tensor:
 class NativeQ4Expert:
     """Gate|up stacked and down, as q4 nibbles + 16-bit scales (+ zeros, + f32 biases)."""
 
-    __slots__ = _PARTS + ("group_gate_up", "group_down", "expert_dim", "fp16_scales", "glu", "nbytes", "addresses")
+    __slots__ = _PARTS + ("group_gate_up", "group_down", "expert_dim", "fp16_scales", "glu", "nbytes", "addresses",
+                          "token_addresses")
 
     def __init__(self, blob: ExpertBlob, glu: ExpertGlu):
         self.expert_dim = blob.packed["gate"].shape[0]
@@ -83,6 +86,7 @@ class NativeQ4Expert:
         """(gate|up, down) as the kernel's (packed, scales, zeros or 0) addresses, for `forward_token`."""
         self.addresses = tuple((p.data_ptr(), s.data_ptr(), 0 if z is None else z.data_ptr()) for p, s, z in (
             (self.gate_up, self.gate_up_scales, self.gate_up_zeros), (self.down, self.down_scales, self.down_zeros)))
+        self.token_addresses = self.addresses[0] + self.addresses[1]  # as native_kernel.token_experts takes them
 
     def _parts(self) -> dict[str, torch.Tensor]:
         return {name: getattr(self, name) for name in _PARTS if getattr(self, name) is not None}
@@ -99,10 +103,17 @@ class NativeQ4Expert:
                          self.fp16_scales)
         if self.gate_up_bias is not None:
             gate_up += self.gate_up_bias
-        gate, up = gate_up.split(self.expert_dim, dim=-1)
-        hidden = self.glu(gate, up)
+        hidden = self.activate(gate_up)
         out = matmul(hidden, self.down, self.down_scales, self.down_zeros, self.group_down, "q4", self.fp16_scales)
         return out if self.down_bias is None else out.add_(self.down_bias)
+
+    def activate(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """The gated activation of gate|up rows [M, 2F] -> [M, F]: swiglu in one C call, each value
+        alone (native_kernel.swiglu_rows), so every path of these experts (a prefill chunk, a decode
+        step of several sessions, one token) gives a row the same bits; other kinds by torch."""
+        if self.glu.kind == "swiglu" and gate_up.dtype == torch.float32:
+            return swiglu_rows(gate_up)
+        return self.glu(*gate_up.split(self.expert_dim, dim=-1))
 
     @staticmethod
     def forward_each(experts: list[NativeQ4Expert], x: QuantizedActivations) -> torch.Tensor:
@@ -113,15 +124,20 @@ class NativeQ4Expert:
     @staticmethod
     def forward_token(experts: list[NativeQ4Expert], x: torch.Tensor, weights: list[float], out: torch.Tensor) -> bool:
         """out [d] += experts[e].forward(x) * weights[e] for e in order, for one f32 row x [d]: bitwise
-        `forward_each` then `add_weighted_rows`, in two kernel calls around the activation (a decode
-        token's experts). False, with nothing done, for experts with biases (`forward_each` adds them)."""
+        `forward_each` then `add_weighted_rows`, in one kernel call for swiglu experts (two around the
+        activation for other kinds): a decode token's experts. False, with nothing done, for experts
+        with biases (`forward_each` adds them)."""
         first = experts[0]
         if first.gate_up_bias is not None or first.down_bias is not None:
             return False
         d, fp16 = first.gate_up.shape[1] * 2, first.fp16_scales
+        if first.glu.kind == "swiglu":  # the whole token in one call
+            token_experts(x, [a for e in experts for a in e.token_addresses], first.expert_dim, first.group_gate_up,
+                          first.group_down, fp16, weights, out)
+            return True
         gate_up = token_experts_in(x, TokenExperts([e.addresses[0] for e in experts], 2 * first.expert_dim, d,
                                                    first.group_gate_up, fp16))
-        hidden = first.glu(*gate_up.split(first.expert_dim, dim=-1)).contiguous()
+        hidden = first.activate(gate_up).contiguous()
         token_experts_out(hidden, TokenExperts([e.addresses[1] for e in experts], d, first.expert_dim,
                                                first.group_down, fp16), weights, out)
         return True
@@ -137,8 +153,7 @@ class NativeQ4Expert:
         counts = [len(r) for r in rows]
         if first.gate_up_bias is not None:
             gate_up += _per_row([e.gate_up_bias for e in experts], counts)
-        gate, up = gate_up.split(first.expert_dim, dim=-1)
-        hidden = QuantizedActivations(first.glu(gate, up))
+        hidden = QuantizedActivations(first.activate(gate_up))
         starts = [sum(counts[:e]) for e in range(len(counts))]
         out = q4_grouped(hidden, [(e.down, e.down_scales, e.down_zeros) for e in experts],
                          [list(range(s, s + n)) for s, n in zip(starts, counts)], first.group_down,

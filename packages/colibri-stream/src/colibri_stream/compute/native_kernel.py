@@ -107,6 +107,10 @@ def _library() -> ctypes.CDLL:
     library.colibri_attention_out.argtypes = [pointer, pointer, pointer, pointer, pointer, f32, pointer, i32, i32]
     library.colibri_attention_in.restype = library.colibri_attention_out.restype = i32
     library.colibri_add_weighted_rows.restype = i32
+    library.colibri_swiglu_rows.argtypes = [pointer, i64, i64, pointer, i32]
+    library.colibri_token_experts.argtypes = [pointer, i64, i64, pointer, i32, i64, i64, i64, pointer, pointer, i32,
+                                              i32]
+    library.colibri_swiglu_rows.restype = library.colibri_token_experts.restype = i32
     return library
 
 
@@ -443,6 +447,45 @@ def token_experts_out(hidden: torch.Tensor, experts: TokenExperts, weights: list
         torch.get_num_threads(), cpu_level())
     if status != 0:
         raise ValueError(f"the native kernel refused {experts.cols} columns in groups of {experts.group}")
+
+
+def swiglu_rows(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up for gate_up [M, 2F] f32 (each row gate | up) -> [M, F] f32, each value alone
+    (q4_matvec.c's colibri_swiglu_rows: the same bits at every level and for every row count)."""
+    if gate_up.dim() != 2 or gate_up.shape[1] % 2 or gate_up.dtype != torch.float32:
+        raise ValueError(f"swiglu_rows needs f32 rows of gate | up [M, 2F], got {gate_up.dtype} "
+                         f"{tuple(gate_up.shape)}")
+    gate_up = gate_up.contiguous()
+    hidden = torch.empty(gate_up.shape[0], gate_up.shape[1] // 2, dtype=torch.float32)
+    _library().colibri_swiglu_rows(gate_up.data_ptr(), gate_up.shape[0], hidden.shape[1], hidden.data_ptr(),
+                                   cpu_level())
+    return hidden
+
+
+TOKEN_EXPERT_ADDRESSES = 6
+"""What `token_experts` takes of each expert: gate|up's packed, scales, zeros (or 0), then down's."""
+
+
+def token_experts(x: torch.Tensor, addresses: list[int], expert_dim: int, group_gate_up: int, group_down: int,
+                  fp16_scales: bool, weights: list[float], out: torch.Tensor) -> None:
+    """A decode token's swiglu experts whole: out [d] += down_e(silu(gate_e x) * up_e x) * weights[e]
+    for e in order, for one f32 row x [d] (contiguous; out likewise), in one kernel call; bitwise
+    `token_experts_in`, `swiglu_rows` and `token_experts_out`. `addresses`: each expert's six
+    (`TOKEN_EXPERT_ADDRESSES`), which must stay valid through the call."""
+    count = len(weights)
+    d = x.shape[0] if x.dim() == 1 else -1
+    if (len(addresses) != TOKEN_EXPERT_ADDRESSES * count or count < 1 or x.dtype != torch.float32
+            or not x.is_contiguous() or out.shape != (d,) or not out.is_contiguous() or out.dtype != torch.float32
+            or d % group_gate_up or expert_dim % group_down or group_gate_up % BLOCK or group_down % BLOCK):
+        raise ValueError(f"token_experts: a row {tuple(x.shape)} into out {tuple(out.shape)} does not fit {count} "
+                         f"experts of width {expert_dim} ({len(addresses)} addresses, groups {group_gate_up} and "
+                         f"{group_down})")
+    status = _library().colibri_token_experts(
+        x.data_ptr(), d, count, (ctypes.c_void_p * len(addresses))(*addresses), int(fp16_scales), expert_dim,
+        group_gate_up, group_down, (ctypes.c_float * count)(*weights), out.data_ptr(), torch.get_num_threads(),
+        cpu_level())
+    if status != 0:
+        raise ValueError(f"the native kernel refused {count} experts of {d} x {expert_dim}")
 
 
 def route_row(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, expert_bias: torch.Tensor | None,

@@ -54,27 +54,34 @@ class StreamedExperts(ExpertBackend):
         self.predictor = None  # prefetch.RoutingPredictor, set by the engine when prefetch is on
 
     def forward(self, x: torch.Tensor, expert_ids: torch.Tensor, gates: torch.Tensor) -> torch.Tensor:
-        one = expert_ids[0].tolist() if x.shape[0] == 1 else None  # a decode token: no torch.unique
-        distinct = sorted(set(one)) if one is not None else torch.unique(expert_ids).tolist()  # ascending
-        if self.stats.record_trace:
-            self.stats.trace.append(TraceEvent(self.stats.steps, self.layer_index, tuple(distinct)))
-        pinned = {(self.layer_index, e) for e in distinct}
-        keys = [(self.layer_index, e) for e in distinct]
-        prefetcher = self.cache.prefetcher if len(distinct) > 1 else None
-        if prefetcher is not None:  # the workers start on this layer's misses (prefetch.py)
-            prefetcher.issue_needed(keys)
-        # then guess the next layer's experts; those reads take whatever workers are left
-        if self.predictor is not None:
-            self.predictor.before_layer(self.layer_index, x, distinct)
+        if x.shape[0] == 1:  # a decode token: no torch.unique
+            return self.forward_row(x, expert_ids[0].tolist(), gates[0].float().tolist())
+        distinct = torch.unique(expert_ids).tolist()  # ascending
+        pinned, keys, prefetcher = self._begin(x, distinct)
         out = torch.zeros(x.shape[0], self.d_model, dtype=torch.float32, device=x.device)
-        if one is not None and len(distinct) == len(one):
-            self._one_token(x, one, gates[0].float(), out[0], pinned, keys, prefetcher)
-            return out.to(x.dtype)
         if self.quantize is not None and x.shape[0] <= GROUPED_ROWS:
             rows = expert_ids.tolist()
             if all(len(set(r)) == len(r) for r in rows) and self._few_tokens(x, rows, gates, out, pinned, keys,
                                                                             prefetcher):
                 return out.to(x.dtype)
+        self._each_expert(x, expert_ids, gates, distinct, out, pinned, keys, prefetcher)
+        return out.to(x.dtype)
+
+    def forward_row(self, x: torch.Tensor, ids: list[int], weights: list[float]) -> torch.Tensor:
+        """`forward` of one token x [1, d] whose experts and gates come as lists (a decode row routed
+        in one C call: no tensors to build and take apart), with the same bits."""
+        distinct = sorted(set(ids))
+        pinned, keys, prefetcher = self._begin(x, distinct)
+        out = torch.zeros(1, self.d_model, dtype=torch.float32, device=x.device)
+        if len(distinct) == len(ids):
+            self._one_token(x, ids, weights, out[0], pinned, keys, prefetcher)
+        else:  # an expert picked twice: each pick added, as for many tokens
+            self._each_expert(x, torch.tensor([ids]), torch.tensor([weights]), distinct, out, pinned, keys, prefetcher)
+        return out.to(x.dtype)
+
+    def _each_expert(self, x: torch.Tensor, expert_ids: torch.Tensor, gates: torch.Tensor, distinct: list[int],
+                     out: torch.Tensor, pinned, keys, prefetcher) -> None:
+        """Each distinct expert on the rows routed to it, in ascending order (a prefill chunk)."""
         for i, expert in enumerate(distinct):
             prepared = self.cache.get(self.layer_index, expert, pinned)
             if prefetcher is not None:  # keep the workers busy with the misses still to come
@@ -84,7 +91,22 @@ class StreamedExperts(ExpertBackend):
             y = prepared.forward(x[tokens])
             out.index_add_(0, tokens, y.float() * gates[tokens, slots].unsqueeze(-1).float())
             self.stats.compute_seconds += time.perf_counter() - started
-        return out.to(x.dtype)
+
+    def _begin(self, x: torch.Tensor, distinct: list[int]):
+        """What every path does first for a layer's distinct experts (ascending): the trace event,
+        the pinned keys, the prefetch of its misses and the guess of the next layer's experts."""
+        if self.stats.record_trace:
+            self.stats.trace.append(TraceEvent(self.stats.steps, self.layer_index, tuple(distinct)))
+        layer = self.layer_index
+        keys = [(layer, e) for e in distinct]
+        pinned = set(keys)
+        prefetcher = self.cache.prefetcher if len(distinct) > 1 else None
+        if prefetcher is not None:  # the workers start on this layer's misses (prefetch.py)
+            prefetcher.issue_needed(keys)
+        # then guess the next layer's experts; those reads take whatever workers are left
+        if self.predictor is not None:
+            self.predictor.before_layer(layer, x, distinct)
+        return pinned, keys, prefetcher
 
     def _few_tokens(self, x: torch.Tensor, rows: list[list[int]], gates: torch.Tensor, out: torch.Tensor, pinned,
                     keys, prefetcher) -> bool:
@@ -129,7 +151,7 @@ class StreamedExperts(ExpertBackend):
             self.stats.compute_seconds += time.perf_counter() - started
         return True
 
-    def _one_token(self, x: torch.Tensor, ids: list[int], gates: torch.Tensor, row: torch.Tensor, pinned, keys,
+    def _one_token(self, x: torch.Tensor, ids: list[int], weights: list[float], row: torch.Tensor, pinned, keys,
                    prefetcher) -> None:
         slot_of = {expert: slot for slot, expert in enumerate(ids)}
         prepared = []
@@ -140,7 +162,6 @@ class StreamedExperts(ExpertBackend):
         started = time.perf_counter()
         kind = type(prepared[0])
         same_kind = all(type(p) is kind for p in prepared)
-        weights = gates.tolist()
         ordered = [weights[slot_of[expert]] for _, expert in keys]  # accumulated in ascending order
         forward_token = getattr(kind, "forward_token", None)
         if same_kind and forward_token is not None and x.dtype == torch.float32 \
@@ -155,7 +176,7 @@ class StreamedExperts(ExpertBackend):
             inputs = x if self.quantize is None else self.quantize(x)
             outputs = [p.forward(inputs)[0] for p in prepared]
             for (_, expert), y in zip(keys, outputs):  # accumulated in ascending order, as the batched path
-                row += y.float() * gates[slot_of[expert]]
+                row += y.float() * weights[slot_of[expert]]
         self.stats.compute_seconds += time.perf_counter() - started
 
     def reference_forward(

@@ -112,3 +112,4 @@ int colibri_route_row(const float *x, int64_t D, const float *weight, const floa
     }
     return 0;
 }
+

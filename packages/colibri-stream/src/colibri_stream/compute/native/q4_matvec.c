@@ -648,6 +648,110 @@ int colibri_token_experts_out(const float *hidden, int64_t K, int64_t E, const u
     return status;
 }
 
+/* e^x in f32 for the gated activation, a polynomial in plain operations (Cephes' expf: x = n ln2 + r
+ * with |r| <= ln2 / 2, e^r by a degree-7 polynomial, 2^n from the exponent bits; about 1 ulp). The
+ * AVX2 lanes run exactly the scalar sequence (no fused multiply-add), so every level gives the same
+ * bits (libm's expf is one call a value; torch's own differs by instruction set). x is clamped to
+ * [-87, 88], where e^x stays a normal f32. */
+#define EXP_LO -87.f
+#define EXP_HI 88.f
+#define EXP_SHIFTER 12582912.f /* 1.5 * 2^23: adding and subtracting it rounds to an integer */
+#define EXP_LOG2E 1.44269504088896341f
+#define EXP_LN2_HI 0.693359375f
+#define EXP_LN2_LO -2.12194440e-4f
+static const float EXP_POLY[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f,
+                                  1.6666665459e-1f, 5.0000001201e-1f};
+
+static inline float exp_f32(float x) {
+    x = x < EXP_LO ? EXP_LO : x;
+    x = x > EXP_HI ? EXP_HI : x;
+    float n = (x * EXP_LOG2E + EXP_SHIFTER) - EXP_SHIFTER;
+    float r = x - n * EXP_LN2_HI;
+    r = r - n * EXP_LN2_LO;
+    float p = EXP_POLY[0];
+    for (int i = 1; i < 6; i++) p = p * r + EXP_POLY[i];
+    p = p * (r * r) + r + 1.f;
+    union { int32_t i; float f; } scale = {.i = ((int32_t)n + 127) << 23};
+    return p * scale.f;
+}
+
+static inline float swiglu1(float g, float u) { return (g / (1.f + exp_f32(-g))) * u; }
+
+#ifdef COLIBRI_X86
+__attribute__((target("avx2"))) static void swiglu_avx2(const float *gate, const float *up, int64_t F, float *out) {
+    const __m256 lo = _mm256_set1_ps(EXP_LO), hi = _mm256_set1_ps(EXP_HI), shifter = _mm256_set1_ps(EXP_SHIFTER);
+    const __m256 one = _mm256_set1_ps(1.f), sign = _mm256_set1_ps(-0.f);
+    int64_t i = 0;
+    for (; i + 8 <= F; i += 8) {
+        __m256 g = _mm256_loadu_ps(gate + i);
+        __m256 x = _mm256_xor_ps(g, sign);                     /* -g */
+        x = _mm256_max_ps(lo, x);                              /* lo > x ? lo : x, as the scalar */
+        x = _mm256_min_ps(hi, x);                              /* hi < x ? hi : x */
+        __m256 n = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(x, _mm256_set1_ps(EXP_LOG2E)), shifter), shifter);
+        __m256 r = _mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(EXP_LN2_HI)));
+        r = _mm256_sub_ps(r, _mm256_mul_ps(n, _mm256_set1_ps(EXP_LN2_LO)));
+        __m256 p = _mm256_set1_ps(EXP_POLY[0]);
+        for (int k = 1; k < 6; k++) p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(EXP_POLY[k]));
+        p = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(p, _mm256_mul_ps(r, r)), r), one);
+        __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23);
+        __m256 e = _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+        __m256 y = _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)), _mm256_loadu_ps(up + i));
+        _mm256_storeu_ps(out + i, y);
+    }
+    for (; i < F; i++) out[i] = swiglu1(gate[i], up[i]);
+}
+#endif
+
+/* hidden [M, F] = silu(gate) * up for gate_up [M, 2F] (each row gate | up, as a routed expert's
+ * stacked projection gives it): gate / (1 + e^-gate) * up, each value alone, so a row's result never
+ * depends on the rows beside it, on the level or on which path computed it. */
+int colibri_swiglu_rows(const float *gate_up, int64_t M, int64_t F, float *hidden, int level) {
+#ifndef COLIBRI_X86
+    level = 0;
+#endif
+    for (int64_t m = 0; m < M; m++) {
+        const float *gate = gate_up + m * 2 * F, *up = gate + F;
+        float *out = hidden + m * F;
+#ifdef COLIBRI_X86
+        if (level >= 1) { swiglu_avx2(gate, up, F, out); continue; }
+#endif
+        for (int64_t i = 0; i < F; i++) out[i] = swiglu1(gate[i], up[i]);
+    }
+    return 0;
+}
+
+/* colibri_token_experts: a decode token's swiglu experts whole, out [K] += down_e(silu(gate_e x) *
+ * up_e x) * weights[e] for e = 0, 1, ... in that order: colibri_token_experts_in, the activation
+ * (colibri_swiglu_rows) and colibri_token_experts_out in one call. experts [E * 6]: expert e's
+ * gate|up packed, scales, zeros (or 0) then its down packed, scales, zeros (or 0); gate|up is
+ * [2F, K] in groups of G_gate_up, down [K, F] in groups of G_down. */
+int colibri_token_experts(const float *x, int64_t K, int64_t E, const void *const *experts, int fp16, int64_t F,
+                          int64_t G_gate_up, int64_t G_down, const float *weights, float *out, int threads,
+                          int level) {
+    if (E < 1) return -1;
+    const void **roles = (const void **)malloc(sizeof(void *) * (size_t)(6 * E));
+    float *gate_up = (float *)malloc(sizeof(float) * (size_t)(2 * E * F));
+    float *hidden = (float *)malloc(sizeof(float) * (size_t)(E * F));
+    int status = -2;
+    if (roles && gate_up && hidden) {
+        for (int64_t e = 0; e < E; e++)  /* [role][expert], the pointer arrays the two calls take */
+            for (int j = 0; j < 6; j++) roles[j * E + e] = experts[6 * e + j];
+        const uint8_t *const *packed = (const uint8_t *const *)roles;
+        const uint16_t *const *scales = (const uint16_t *const *)(roles + E);
+        const uint16_t *const *zeros = (const uint16_t *const *)(roles + 2 * E);
+        status = colibri_token_experts_in(x, K, E, packed, scales, zeros, fp16, 2 * F, G_gate_up, gate_up, threads,
+                                          level);
+        if (status == 0) status = colibri_swiglu_rows(gate_up, E, F, hidden, level);
+        if (status == 0)
+            status = colibri_token_experts_out(hidden, F, E, (const uint8_t *const *)(roles + 3 * E),
+                                               (const uint16_t *const *)(roles + 4 * E),
+                                               (const uint16_t *const *)(roles + 5 * E), fp16, K, G_down, weights,
+                                               out, threads, level);
+    }
+    free(roles); free(gate_up); free(hidden);
+    return status;
+}
+
 /* y [M, N] f32 = x [M, K] f32 @ w[N, K].T for bf16 weights (u16 bits), a vocab projection kept as
  * stored: half the bytes of f32 weights, the same products (a bf16 is an f32 with a shorter
  * mantissa, so each product is exact). The sums run in f32 over two 8-lane accumulators per row
