@@ -191,3 +191,30 @@ def test_prefetch_counts_used_and_wasted(tiny):
         assert used == len(layer1) and eng.stats.layers[1].misses == 0
         eng.cache.clear()
         assert eng.stats.prefetch_wasted == 16 - used
+
+
+class CountingLRU(LRUPolicy):
+    def __init__(self):
+        super().__init__()
+        self.hits_seen = 0
+
+    def on_hit(self, key):
+        self.hits_seen += 1
+        super().on_hit(key)
+
+
+def test_hits_reach_the_policy_only_where_it_may_have_to_evict(tiny, minimum_budget):
+    """A cache that holds every expert never asks for a victim, so its hits skip the policy; a
+    smaller one tells the policy of every hit. Same logits either way."""
+    six_slots = minimum_budget(tiny[0], prefill_chunk=1) + 5 * Engine.plan(tiny[0], prefill_chunk=1).slot_bytes
+    ids = torch.arange(100, 140)
+    logits = []
+    for budget, told in (("200MB", False), (six_slots, True)):
+        policy = CountingLRU()
+        with Engine.open(tiny[0], ram_budget=budget, cache_policy=policy, prefill_chunk=1) as eng:
+            assert (eng.budget.slots >= len(eng.cache.entries)) is not told
+            logits.append(eng.logits(ids))
+            assert eng.stats.hits > 0
+            assert policy.hits_seen == (eng.stats.hits if told else 0)
+            assert sum(layer.hits for layer in eng.stats.layers.values()) == eng.stats.hits
+    assert torch.equal(*logits)

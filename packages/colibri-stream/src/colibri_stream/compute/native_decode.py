@@ -31,11 +31,13 @@ from torch import nn
 from .native_kernel import (
     MAX_HEAD_DIM,
     Projection,
+    RowRoute,
     attention_in,
     attention_out,
     norm_rope,
     rms_norm,
     route_row,
+    route_row_lists,
 )
 from .native_linear import NativeLinear
 
@@ -140,6 +142,14 @@ class RowwiseRouter(Router):
         return route_row(row.reshape(-1).contiguous(), self.weight, self.bias, self.expert_bias, top_k,
                          self.score == "softmax", self.route_norm, float(self.route_scale))
 
+    def route_lists(self, row: torch.Tensor, top_k: int) -> tuple[list[int], list[float]]:
+        """`_route_row` of one row [D] (f32, contiguous) as (ids, gates) lists: the same choice."""
+        into = self.__dict__.get("_row_route")
+        if into is None or len(into.ids) != self.weight.shape[0]:
+            into = self.__dict__["_row_route"] = RowRoute(self.weight.shape[0])
+        return route_row_lists(row, self.weight, self.bias, self.expert_bias, top_k, self.score == "softmax",
+                               self.route_norm, float(self.route_scale), into)
+
 
 class NativeDecodeMoE(MoELayer):
     """A `MoELayer` whose one decode row (x [1, 1, d] f32, in eval mode) is routed in one C call
@@ -152,12 +162,12 @@ class NativeDecodeMoE(MoELayer):
         if (forward_row is None or x.shape[0] != 1 or x.shape[1] != 1 or self.training or self.record_routing
                 or type(router) is not RowwiseRouter or not router._native_routing(x)):
             return super().forward(x)
-        flat = x.view(1, x.shape[-1])
-        ids, gates, _ = router._route_row(flat, self.top_k)
+        flat = x.reshape(1, x.shape[-1]).contiguous()
+        ids, gates = router.route_lists(flat.view(-1), self.top_k)
         shared_out = self.shared(flat) if self.shared is not None else None  # first, as MoELayer (its hooks)
         if self.shared_gate is not None:
             shared_out = torch.sigmoid(self.shared_gate(flat)) * shared_out
-        out = forward_row(flat, ids[0].tolist(), gates[0].tolist())
+        out = forward_row(flat, ids, gates)
         if shared_out is not None:
             out = out + shared_out
         self.aux_loss = None
@@ -169,7 +179,7 @@ class _BlockPlan:
     addresses, and the modules they belong to (which keep those tensors alive)."""
 
     __slots__ = ("qkv", "o", "heads", "kv_heads", "dim", "modules", "tensors", "attn", "attn_norm", "ffn_norm",
-                 "ffn", "rope", "q_norm", "k_norm", "layer_index")
+                 "ffn", "rope", "q_norm", "k_norm", "layer_index", "q", "k", "v")
 
     def __init__(self, block: Block):
         attn = block.attn
@@ -185,6 +195,8 @@ class _BlockPlan:
         self.attn, self.attn_norm, self.ffn_norm = attn, block.attn_norm, block.ffn_norm
         self.ffn = block.moe if block.is_moe else block.ffn
         self.rope, self.q_norm, self.k_norm, self.layer_index = attn.rope, attn.q_norm, attn.k_norm, attn.layer_index
+        # q, k, v of a step: read by SDPA and copied into the session's cache within the step
+        self.q, self.k, self.v = (torch.empty(n, self.dim) for n in (self.heads, self.kv_heads, self.kv_heads))
 
     @staticmethod
     def covers(block: Block) -> bool:
@@ -228,9 +240,7 @@ class NativeDecodeBlock(Block):
             return super().forward(h, positions, cache, attention_mask)
         d = h.shape[-1]
         row = h.reshape(d).contiguous()
-        q = torch.empty(plan.heads, plan.dim)
-        k = torch.empty(plan.kv_heads, plan.dim)
-        v = torch.empty(plan.kv_heads, plan.dim)
+        q, k, v = plan.q, plan.k, plan.v
         cos, sin = plan.rope.at(int(positions[0]), h.device)
         attention_in(row, plan.attn_norm, plan.qkv, plan.q_norm, plan.k_norm, cos, sin, q, k, v)
         keys, values = cache.update(plan.layer_index, k.view(1, plan.kv_heads, 1, plan.dim),

@@ -494,20 +494,48 @@ def route_row(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, 
     """One row x [D] f32 routed as colibri-model's Router routes it (decode_step.c says how) ->
     (ids [1, k] int64, gates [1, k] f32, scores [1, E] f32). Every tensor f32 and contiguous."""
     experts = weight.shape[0]
+    scores = torch.empty(1, experts, dtype=torch.float32)
+    ids = torch.empty(1, top_k, dtype=torch.int64)
+    gates = torch.empty(1, top_k, dtype=torch.float32)
+    _route_row(x, weight, bias, expert_bias, top_k, softmax, route_norm, route_scale, scores.data_ptr(),
+               ids.data_ptr(), gates.data_ptr())
+    return ids, gates, scores
+
+
+class RowRoute:
+    """Where `route_row_lists` routes one row of a router of `experts` experts: buffers made once,
+    read back as Python lists (a decode step's router builds no tensors)."""
+
+    def __init__(self, experts: int):
+        self.scores = (ctypes.c_float * experts)()
+        self.ids = (ctypes.c_int64 * experts)()
+        self.gates = (ctypes.c_float * experts)()
+        self.addresses = tuple(ctypes.addressof(b) for b in (self.scores, self.ids, self.gates))
+
+
+def route_row_lists(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                    expert_bias: torch.Tensor | None, top_k: int, softmax: bool, route_norm: bool,
+                    route_scale: float, into: RowRoute) -> tuple[list[int], list[float]]:
+    """`route_row` as (ids, gates) lists of the k chosen experts, through `into`'s buffers: the
+    same experts and the same f32 gates."""
+    _route_row(x, weight, bias, expert_bias, top_k, softmax, route_norm, route_scale, *into.addresses)
+    return into.ids[:top_k], into.gates[:top_k]
+
+
+def _route_row(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, expert_bias: torch.Tensor | None,
+               top_k: int, softmax: bool, route_norm: bool, route_scale: float, scores: int, ids: int,
+               gates: int) -> None:
+    experts = weight.shape[0]
     if weight.shape[1:] != x.shape[-1:] or x.dim() != 1 or any(
             t is not None and t.shape != (experts,) for t in (bias, expert_bias)):
         raise ValueError(f"route_row: a row {tuple(x.shape)} does not fit a router {tuple(weight.shape)} "
                          f"(biases of {experts})")
-    scores = torch.empty(1, experts, dtype=torch.float32)
-    ids = torch.empty(1, top_k, dtype=torch.int64)
-    gates = torch.empty(1, top_k, dtype=torch.float32)
     status = _library().colibri_route_row(
         x.data_ptr(), x.shape[-1], weight.data_ptr(), None if bias is None else bias.data_ptr(),
         None if expert_bias is None else expert_bias.data_ptr(), experts, top_k, int(softmax), int(route_norm),
-        route_scale, scores.data_ptr(), ids.data_ptr(), gates.data_ptr())
+        route_scale, scores, ids, gates)
     if status != 0:
         raise ValueError(f"route_row: {x.shape[-1]} columns (a multiple of 8) and top-{top_k} of {experts} experts")
-    return ids, gates, scores
 
 
 class Projection(ctypes.Structure):

@@ -154,11 +154,15 @@ class StreamedExperts(ExpertBackend):
     def _one_token(self, x: torch.Tensor, ids: list[int], weights: list[float], row: torch.Tensor, pinned, keys,
                    prefetcher) -> None:
         slot_of = {expert: slot for slot, expert in enumerate(ids)}
-        prepared = []
-        for i, (_, expert) in enumerate(keys):  # ascending, as the batched path
-            prepared.append(self.cache.get(self.layer_index, expert, pinned))  # pinned: all stay while used
-            if prefetcher is not None:
-                prefetcher.issue_needed(keys[i + 1 :])
+        get_layer = getattr(self.cache, "get_layer", None)  # (a stand-in cache may have only `get`)
+        if prefetcher is None and get_layer is not None:  # ascending, as the batched path; pinned: all stay
+            prepared = get_layer(self.layer_index, [expert for _, expert in keys], pinned)
+        else:
+            prepared = []
+            for i, (_, expert) in enumerate(keys):
+                prepared.append(self.cache.get(self.layer_index, expert, pinned))
+                if prefetcher is not None:
+                    prefetcher.issue_needed(keys[i + 1 :])
         started = time.perf_counter()
         kind = type(prepared[0])
         same_kind = all(type(p) is kind for p in prepared)
