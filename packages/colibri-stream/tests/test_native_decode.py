@@ -18,6 +18,7 @@ from colibri_stream.compute.native_decode import (
 )
 from colibri_stream.compute.native_kernel import (
     add_weighted_rows,
+    attend_row,
     kernel_unavailable,
     norm_rope,
     rms_norm,
@@ -111,6 +112,40 @@ def test_a_row_routed_in_c_picks_colibri_models_experts_with_its_gates(changes):
     one = [router(x[i : i + 1], 4) for i in range(5)]
     few = router(x[:5], 4)
     assert all(torch.equal(torch.cat([o[j] for o in one]), few[j]) for j in range(3))
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(16, 4, 64), (8, 8, 128), (6, 2, 40), (4, 1, 8)])
+@pytest.mark.parametrize("columns", [1, 7, 72, 300])
+def test_one_rows_attention_is_sdpas_over_a_caches_first_columns(heads, kv_heads, dim, columns):
+    """attention.c against torch's SDPA with grouped heads, over the first columns of a larger
+    cache (strided views, as a session's cache hands them), keys scaled up so that the softmax is
+    far from uniform; each row of several is what it is alone."""
+    torch.manual_seed(columns + dim)
+    keys = (torch.randn(1, kv_heads, columns + 9, dim) * 3)[:, :, :columns]
+    values = torch.randn(1, kv_heads, columns + 9, dim)[:, :, :columns]
+    q = torch.randn(heads, dim)
+    out = torch.empty(heads, dim)
+    attend_row(q, keys, values, out)
+    expected = torch.nn.functional.scaled_dot_product_attention(q.view(1, heads, 1, dim), keys, values,
+                                                                enable_gqa=True)
+    torch.testing.assert_close(out, expected.view(heads, dim), rtol=2e-6, atol=2e-6)
+    rows = torch.empty(3, heads * dim)
+    for row in range(3):
+        attend_row(q, keys, values, rows[row].view(heads, dim))
+    assert all(torch.equal(rows[row].view(heads, dim), out) for row in range(3))
+
+
+def test_attend_row_refuses_what_does_not_fit_with_the_shapes():
+    q, cache = torch.zeros(8, 32), torch.zeros(1, 2, 5, 32)
+    with pytest.raises(ValueError, match=r"query torch.float32 \(8, 32\) does not fit keys torch.float32 "
+                                         r"\(1, 2, 5, 32\), values \(1, 2, 5, 16\)"):
+        attend_row(q, cache, torch.zeros(1, 2, 5, 16), torch.zeros(8, 32))
+    with pytest.raises(ValueError, match=r"does not fit keys torch.float32 \(1, 3, 5, 32\)"):
+        attend_row(q, torch.zeros(1, 3, 5, 32), torch.zeros(1, 3, 5, 32), torch.zeros(8, 32))  # 8 heads over 3
+    with pytest.raises(ValueError, match=r"refused heads of 12 \(a multiple of 8 up to 1024\) over 5 columns"):
+        attend_row(torch.zeros(8, 12), torch.zeros(1, 2, 5, 12), torch.zeros(1, 2, 5, 12), torch.zeros(8, 12))
+    with pytest.raises(ValueError, match=r"over 0 columns"):
+        attend_row(q, torch.zeros(1, 2, 0, 32), torch.zeros(1, 2, 0, 32), torch.zeros(8, 32))
 
 
 def test_a_router_the_c_call_does_not_cover_routes_as_colibri_models():

@@ -8,10 +8,11 @@ around attention and routing (norms, views, rotations of one row, the cache writ
 SDPA, the router's dozen ops: each a dispatch and an allocation) as in the projections themselves.
 For one query row of one session, a layer runs as: one C call for the input norm, the q/k/v
 projections of one quantized input and q/k's per-head norm and rotation
-(compute/native/decode_layer.c); SDPA over the session cache, unmasked, since the newest position
-sees every cached column; one C call for the output projection, the residual and the FFN's norm;
-then the FFN or MoE module, whose router routes the row in one C call (decode_step.c) and whose
-experts run in two (streamed_experts.py). Each C call runs the kernels the per-module path runs,
+(compute/native/decode_layer.c); one C call for the attention over the session cache, unmasked,
+since the newest position sees every cached column (compute/native/attention.c: torch's SDPA cost
+more in dispatch than in arithmetic at the short contexts of most steps); one C call for the
+output projection, the residual and the FFN's norm; then the FFN or MoE module, whose router
+routes the row in one C call (decode_step.c) and whose experts run in one (streamed_experts.py). Each C call runs the kernels the per-module path runs,
 in its order, so the two give the same bits (tested); a layer whose modules carry forward hooks
 (a prefetcher's) takes the per-module path, which keeps the q/k and norm calls of its own.
 
@@ -24,7 +25,6 @@ another order), tested against it (tests/test_native_decode.py).
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from colibri_model import Attention, Block, ColibriConfig, MoELayer, RMSNorm, Router
 from torch import nn
 
@@ -32,6 +32,7 @@ from .native_kernel import (
     MAX_HEAD_DIM,
     Projection,
     RowRoute,
+    attend_row,
     attention_in,
     attention_out,
     norm_rope,
@@ -69,9 +70,9 @@ class NativeDecodeAttention(Attention):
         norm_rope(q, self.q_norm, cos, sin)
         norm_rope(k, self.k_norm, cos, sin)
         keys, values = cache.update(self.layer_index, k.view(1, kv_heads, 1, dim), v)
-        # one query row at the newest position sees every cached column: no mask to build, and
-        # SDPA's unmasked kernel (faster here than a C loop of ours, measured)
-        out = F.scaled_dot_product_attention(q.view(1, heads, 1, dim), keys, values, enable_gqa=True)
+        # one query row at the newest position sees every cached column: no mask to build
+        out = torch.empty(heads, dim)
+        attend_row(q, keys, values, out)
         return self.o_proj(out.view(1, 1, heads * dim))
 
 
@@ -95,7 +96,7 @@ class NativeDecodeAttention(Attention):
             norm_rope(qi, self.q_norm, cos, sin)
             norm_rope(ki, self.k_norm, cos, sin)
             keys, values = cache.update(self.layer_index, ki.view(1, kv_heads, 1, dim), v[i])
-            out[i] = F.scaled_dot_product_attention(qi.view(1, heads, 1, dim), keys, values, enable_gqa=True).view(-1)
+            attend_row(qi, keys, values, out[i].view(heads, dim))
         return self.o_proj(out.view(rows, 1, heads * dim))
 
 
@@ -179,7 +180,7 @@ class _BlockPlan:
     addresses, and the modules they belong to (which keep those tensors alive)."""
 
     __slots__ = ("qkv", "o", "heads", "kv_heads", "dim", "modules", "tensors", "attn", "attn_norm", "ffn_norm",
-                 "ffn", "rope", "q_norm", "k_norm", "layer_index", "q", "k", "v")
+                 "ffn", "rope", "q_norm", "k_norm", "layer_index", "q", "k", "v", "attended")
 
     def __init__(self, block: Block):
         attn = block.attn
@@ -195,8 +196,9 @@ class _BlockPlan:
         self.attn, self.attn_norm, self.ffn_norm = attn, block.attn_norm, block.ffn_norm
         self.ffn = block.moe if block.is_moe else block.ffn
         self.rope, self.q_norm, self.k_norm, self.layer_index = attn.rope, attn.q_norm, attn.k_norm, attn.layer_index
-        # q, k, v of a step: read by SDPA and copied into the session's cache within the step
+        # q, k, v of a step: read by the attention and copied into the session's cache within the step
         self.q, self.k, self.v = (torch.empty(n, self.dim) for n in (self.heads, self.kv_heads, self.kv_heads))
+        self.attended = torch.empty(self.heads, self.dim)  # the attention's output, read by attention_out
 
     @staticmethod
     def covers(block: Block) -> bool:
@@ -223,7 +225,7 @@ class _BlockPlan:
 
 class NativeDecodeBlock(Block):
     """A `Block` whose one decode token of one session runs its attention's projections in two C
-    calls around SDPA (compute/native/decode_layer.c: the norm, the three projections of one
+    calls around the attention (compute/native/decode_layer.c: the norm, the three projections of one
     quantized input, q/k norm and rotation; then the output projection, the residual and the FFN's
     norm), the same kernels in the same order as the per-module path, so the same bits. The FFN or
     MoE layer runs as its module. Every other case, and a layer with forward hooks on the modules
@@ -245,9 +247,10 @@ class NativeDecodeBlock(Block):
         attention_in(row, plan.attn_norm, plan.qkv, plan.q_norm, plan.k_norm, cos, sin, q, k, v)
         keys, values = cache.update(plan.layer_index, k.view(1, plan.kv_heads, 1, plan.dim),
                                     v.view(1, plan.kv_heads, 1, plan.dim))
-        out = F.scaled_dot_product_attention(q.view(1, plan.heads, 1, plan.dim), keys, values, enable_gqa=True)
+        out = plan.attended
+        attend_row(q, keys, values, out)
         h_out, x = torch.empty(1, 1, d), torch.empty(1, 1, d)
-        attention_out(out.reshape(-1), plan.o, row, h_out, plan.ffn_norm, x)
+        attention_out(out.view(-1), plan.o, row, h_out, plan.ffn_norm, x)
         return h_out + plan.ffn(x)
 
 

@@ -33,10 +33,14 @@ from ..errors import NativeKernelError
 
 # the q4/q8/bf16 products, and the small per-row pieces of a decode token (one shared object)
 SOURCES = tuple(Path(__file__).with_name("native") / name for name in ("q4_matvec.c", "decode_step.c",
-                                                                       "decode_layer.c"))
+                                                                       "decode_layer.c", "attention.c"))
+HEADERS = tuple(Path(__file__).with_name("native") / name for name in ("exp_f32.h",))  # in the digest too
 # -ffp-contract=off: a product and a sum written apart stay apart (no fused multiply-add the source
-# did not ask for), so the portable paths give the same bits on every CPU and compiler
-FLAGS = ("-O3", "-shared", "-fPIC", "-fopenmp", "-ffp-contract=off")
+# did not ask for), so the portable paths give the same bits on every CPU and compiler.
+# -fno-trapping-math: a float compare-and-select may run in vector lanes (the clamps of exp_f32.h;
+# without it gcc keeps those loops scalar); values are unchanged, only floating-point exception
+# flags, which nothing here reads, may differ.
+FLAGS = ("-O3", "-shared", "-fPIC", "-fopenmp", "-ffp-contract=off", "-fno-trapping-math")
 BLOCK = 32  # activation columns per int8 scale (the kernel's BLOCK)
 SCALAR, AVX2, AVX512_VNNI = 0, 1, 2  # the kernel's levels (AVX512_VNNI: the same bits as AVX2, faster)
 
@@ -58,7 +62,7 @@ def _library() -> ctypes.CDLL:
     compiler = _compiler()
     if compiler is None:
         raise NativeKernelError("no C compiler found (set CC, or install gcc)")
-    source = b"".join(path.read_bytes() for path in SOURCES)
+    source = b"".join(path.read_bytes() for path in SOURCES + HEADERS)
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
     digest = hashlib.sha256(source + version.encode() + " ".join(FLAGS).encode()).hexdigest()[:16]
     target = _cache_dir() / f"q4_matvec-{digest}.so"
@@ -111,6 +115,9 @@ def _library() -> ctypes.CDLL:
     library.colibri_token_experts.argtypes = [pointer, i64, i64, pointer, i32, i64, i64, i64, pointer, pointer, i32,
                                               i32]
     library.colibri_swiglu_rows.restype = library.colibri_token_experts.restype = i32
+    library.colibri_attend_row.argtypes = [pointer, i64, i64, i64, pointer, i64, i64, pointer, i64, i64, i64,
+                                           ctypes.c_float, pointer]
+    library.colibri_attend_row.restype = i32
     return library
 
 
@@ -500,6 +507,27 @@ def route_row(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, 
     _route_row(x, weight, bias, expert_bias, top_k, softmax, route_norm, route_scale, scores.data_ptr(),
                ids.data_ptr(), gates.data_ptr())
     return ids, gates, scores
+
+
+def attend_row(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, out: torch.Tensor) -> None:
+    """One query row's attention over a session's cache (attention.c): q [heads, D] f32 contiguous,
+    keys and values [1, kv_heads, S, D] f32 with unit stride along D (a cache's first S columns),
+    out [heads, D] f32 contiguous = softmax(q K^T / sqrt(D)) V per head, query head h on key/value
+    head h // (heads / kv_heads): torch's SDPA with enable_gqa, to float rounding."""
+    heads, dim = q.shape if q.dim() == 2 else (0, 0)
+    kv_heads, columns = keys.shape[1], keys.shape[2]
+    if (q.dim() != 2 or keys.dim() != 4 or values.shape != keys.shape or keys.shape[0] != 1
+            or keys.shape[3] != dim or not q.is_contiguous() or out.shape != q.shape or not out.is_contiguous()
+            or any(t.dtype != torch.float32 for t in (q, keys, values, out))
+            or keys.stride(3) != 1 or values.stride(3) != 1 or heads % kv_heads):
+        raise ValueError(f"attend_row: a query {q.dtype} {tuple(q.shape)} does not fit keys {keys.dtype} "
+                         f"{tuple(keys.shape)}, values {tuple(values.shape)} and out {tuple(out.shape)}")
+    status = _library().colibri_attend_row(
+        q.data_ptr(), heads, kv_heads, dim, keys.data_ptr(), keys.stride(1), keys.stride(2), values.data_ptr(),
+        values.stride(1), values.stride(2), columns, dim ** -0.5, out.data_ptr())
+    if status != 0:
+        raise ValueError(f"attend_row refused heads of {dim} (a multiple of 8 up to {MAX_HEAD_DIM}) over {columns} "
+                         f"columns")
 
 
 class RowRoute:

@@ -1,0 +1,86 @@
+/* One query row's attention over a session's cached keys and values: the decode step of one
+ * sequence, out = softmax(q K^T * scale) V per query head, with grouped-query heads (query head h
+ * reads key/value head h / (heads / kv_heads), as torch's SDPA with enable_gqa).
+ *
+ * Why not torch's SDPA: at the short contexts of most decode steps its dispatch costs more than
+ * the arithmetic (about 40 us a call at 72 cached columns, 16 heads of 64, where this takes a few).
+ *
+ * Plain loops in a fixed order (8-lane dot products added in a fixed order, sums over positions
+ * one after another, no multiply-add contraction), compiled once for the baseline and once for
+ * AVX2 (target_clones): the vector lanes run the scalar sequence, so both give the same bits, and
+ * a row's result never depends on the rows or sessions beside it. It equals SDPA to float rounding
+ * (another order of sums, this file's exp): tests/test_native_decode.py holds the two together. */
+#include <stdint.h>
+#include <stdlib.h>
+#include "exp_f32.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define VECTOR_CLONES
+#endif
+
+#define MAX_HEAD 1024
+
+static inline float dot_lanes(const float *a, const float *b, int64_t D) {
+    float lane[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    for (int64_t i = 0; i < D; i += 8)
+        for (int l = 0; l < 8; l++) lane[l] += a[i + l] * b[i + l];
+    return ((lane[0] + lane[4]) + (lane[1] + lane[5])) + ((lane[2] + lane[6]) + (lane[3] + lane[7]));
+}
+
+/* The heads of one key/value head j (`group` query heads from qj), into out. */
+static inline void attend_group(const float *qj, int64_t group, int64_t D, const float *K, int64_t key_col_stride,
+                                const float *V, int64_t value_col_stride, int64_t S, float scale, float *scores,
+                                float *out) {
+    for (int64_t s = 0; s < S; s++)  /* each cached key read once for the group's query heads */
+        for (int64_t g = 0; g < group; g++)
+            scores[g * S + s] = dot_lanes(qj + g * D, K + s * key_col_stride, D) * scale;
+    for (int64_t g = 0; g < group; g++) {
+        float *p = scores + g * S;
+        float top = p[0];
+        for (int64_t s = 1; s < S; s++) top = p[s] > top ? p[s] : top;
+        for (int64_t s = 0; s < S; s++) p[s] = exp_f32(p[s] - top);
+        float lane[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};  /* the sum in 8 lanes, then a fixed order */
+        int64_t s = 0;
+        for (; s + 8 <= S; s += 8)
+            for (int l = 0; l < 8; l++) lane[l] += p[s + l];
+        for (; s < S; s++) lane[s % 8] += p[s];
+        float total = ((lane[0] + lane[4]) + (lane[1] + lane[5])) + ((lane[2] + lane[6]) + (lane[3] + lane[7]));
+        float acc[MAX_HEAD];
+        for (int64_t d = 0; d < D; d++) acc[d] = 0.f;
+        for (int64_t s = 0; s < S; s++) {
+            const float *v = V + s * value_col_stride;
+            float weight = p[s];
+            for (int64_t d = 0; d < D; d++) acc[d] += weight * v[d];
+        }
+        float *o = out + g * D;
+        for (int64_t d = 0; d < D; d++) o[d] = acc[d] / total;
+    }
+}
+
+/* q [heads, D] f32; keys / values: position s of kv head j at base + j * head_stride + s *
+ * col_stride (D consecutive floats: a [1, kv_heads, capacity, D] cache read through its first S
+ * columns); out [heads, D]. D a multiple of 8 up to MAX_HEAD, heads a multiple of kv_heads, S >= 1.
+ * Returns 0, -1 on bad shapes, -2 when out of memory. The common head sizes are compiled apart
+ * (a constant D keeps a head's accumulators in registers); each runs the same operations. */
+VECTOR_CLONES
+int colibri_attend_row(const float *q, int64_t heads, int64_t kv_heads, int64_t D, const float *keys,
+                       int64_t key_head_stride, int64_t key_col_stride, const float *values,
+                       int64_t value_head_stride, int64_t value_col_stride, int64_t S, float scale, float *out) {
+    if (D % 8 || D < 8 || D > MAX_HEAD || kv_heads < 1 || heads % kv_heads || S < 1) return -1;
+    int64_t group = heads / kv_heads;
+    float *scores = (float *)malloc(sizeof(float) * (size_t)(group * S));
+    if (!scores) return -2;
+    for (int64_t j = 0; j < kv_heads; j++) {
+        const float *qj = q + j * group * D, *K = keys + j * key_head_stride, *V = values + j * value_head_stride;
+        float *o = out + j * group * D;
+        switch (D) {
+        case 64: attend_group(qj, group, 64, K, key_col_stride, V, value_col_stride, S, scale, scores, o); break;
+        case 128: attend_group(qj, group, 128, K, key_col_stride, V, value_col_stride, S, scale, scores, o); break;
+        default: attend_group(qj, group, D, K, key_col_stride, V, value_col_stride, S, scale, scores, o); break;
+        }
+    }
+    free(scores);
+    return 0;
+}
