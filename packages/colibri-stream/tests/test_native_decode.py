@@ -19,6 +19,7 @@ from colibri_stream.compute.native_decode import (
 from colibri_stream.compute.native_kernel import (
     add_weighted_rows,
     attend_row,
+    decode_layer_front,
     kernel_unavailable,
     norm_rope,
     rms_norm,
@@ -292,3 +293,25 @@ def test_a_decode_token_through_the_block_calls_is_bitwise_the_per_module_path(t
         finally:
             handle.remove()
         assert seen == [torch.Size([1, 1, eng.config.d_model])] and torch.equal(again, runs[0][:1])
+
+
+def test_a_layer_up_to_its_experts_is_one_call_and_refuses_a_cache_that_does_not_fit(tiny):
+    """A session's decode row takes each MoE layer's front (attention, cache write, routing) in one
+    C call; a sliding layer's cache has no slot for it; a cache of another shape is refused by name."""
+    with Engine.open(tiny[0], ram_budget="200MB", compute="native") as eng:
+        session = eng.session()
+        session.append([5, 6, 7])
+        session.append([8])
+        plans = [b.__dict__.get("_decode_plan") for b in eng.model.layers]
+        moe_plans = [p for p, b in zip(plans, eng.model.layers) if p is not None and b.is_moe]
+        assert moe_plans and all(p.routes for p in moe_plans)
+        plan = moe_plans[0]
+        d = eng.config.d_model
+        cos, sin = plan.rope.at(0, "cpu")
+        wrong = torch.zeros(1, plan.kv_heads + 1, 8, plan.dim)
+        with pytest.raises(ValueError, match=rf"a cache torch.float32 \(1, {plan.kv_heads + 1}, 8, {plan.dim}\) "
+                                             rf"does not take column 0 of {plan.kv_heads} heads"):
+            decode_layer_front(plan.front, torch.zeros(d), cos, sin, wrong, wrong, 0, torch.empty(d),
+                               torch.empty(d), 2, plan.route)
+    kv = SessionKV.for_model(_config(sliding_window=4, sliding_layers=(0,)), 64, "cpu", torch.float32)
+    assert [kv.decode_slot(layer) is None for layer in range(2)] == [True, False]

@@ -116,6 +116,15 @@ class SessionKV:
                 self._allocate(layer, columns, self.length - self.first[layer] if self.keys[layer] is not None else 0)
         self.capacity = new
 
+    def decode_slot(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, int] | None:
+        """(keys, values, column): where one new position of `layer` goes, for a caller that writes
+        it there itself and then reads columns 0..column (a decode step's C path); `update`'s
+        effect, without its copies. None for a sliding layer (`update` drops its old columns)."""
+        if self.windows[layer] is not None:
+            return None
+        self.reserve(self.length + 1)
+        return self.keys[layer], self.values[layer], self.length - self.first[layer]
+
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         new = k.shape[2]
         self.reserve(self.length + new)  # a no-op when the session reserved before the pass (it does)

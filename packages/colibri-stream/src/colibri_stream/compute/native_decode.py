@@ -30,11 +30,13 @@ from torch import nn
 
 from .native_kernel import (
     MAX_HEAD_DIM,
+    LayerFront,
     Projection,
     RowRoute,
     attend_row,
     attention_in,
     attention_out,
+    decode_layer_front,
     norm_rope,
     rms_norm,
     route_row,
@@ -165,14 +167,20 @@ class NativeDecodeMoE(MoELayer):
             return super().forward(x)
         flat = x.reshape(1, x.shape[-1]).contiguous()
         ids, gates = router.route_lists(flat.view(-1), self.top_k)
+        return self.routed_row(flat, ids, gates).view(x.shape)
+
+    def routed_row(self, flat: torch.Tensor, ids: list[int], gates: list[float]) -> torch.Tensor:
+        """The layer's output for one routed row flat [1, d]: the shared expert (gated) and the
+        chosen experts, summed as `MoELayer.forward` sums them."""
         shared_out = self.shared(flat) if self.shared is not None else None  # first, as MoELayer (its hooks)
         if self.shared_gate is not None:
             shared_out = torch.sigmoid(self.shared_gate(flat)) * shared_out
-        out = forward_row(flat, ids, gates)
+        out = self.experts.forward_row(flat, ids, gates)
         if shared_out is not None:
             out = out + shared_out
-        self.aux_loss = None
-        return out.view(x.shape)
+        if self.aux_loss is not None:
+            self.aux_loss = None  # as MoELayer's forward leaves it outside training
+        return out
 
 
 class _BlockPlan:
@@ -180,7 +188,7 @@ class _BlockPlan:
     addresses, and the modules they belong to (which keep those tensors alive)."""
 
     __slots__ = ("qkv", "o", "heads", "kv_heads", "dim", "modules", "tensors", "attn", "attn_norm", "ffn_norm",
-                 "ffn", "rope", "q_norm", "k_norm", "layer_index", "q", "k", "v", "attended")
+                 "ffn", "rope", "q_norm", "k_norm", "layer_index", "q", "k", "v", "attended", "front", "route", "routes")
 
     def __init__(self, block: Block):
         attn = block.attn
@@ -199,6 +207,38 @@ class _BlockPlan:
         # q, k, v of a step: read by the attention and copied into the session's cache within the step
         self.q, self.k, self.v = (torch.empty(n, self.dim) for n in (self.heads, self.kv_heads, self.kv_heads))
         self.attended = torch.empty(self.heads, self.dim)  # the attention's output, read by attention_out
+        self.front, self.route, self.routes = self._front(block)
+
+    def _front(self, block: Block) -> tuple[LayerFront, RowRoute, bool]:
+        """The layer up to its FFN as one C call's constants, with the router where the FFN is a
+        routed MoE layer whose row the call may route (`NativeDecodeMoE` whose experts take a row
+        as lists); `routes` says which."""
+        ffn, d = self.ffn, block.attn_norm.weight.shape[0]
+        router = getattr(ffn, "router", None)
+        routes = (type(ffn) is NativeDecodeMoE and getattr(ffn.experts, "forward_row", None) is not None
+                  and type(router) is RowwiseRouter and router._native_routing(torch.empty(1, d)))
+        experts = router.weight.shape[0] if routes else 1
+        route = RowRoute(experts)
+        norms = (block.attn_norm, self.q_norm, self.k_norm, block.ffn_norm)
+        front = LayerFront(
+            qkv=self.qkv, o=self.o,
+            attn_norm=norms[0].weight.data_ptr(), q_norm=None if norms[1] is None else norms[1].weight.data_ptr(),
+            k_norm=None if norms[2] is None else norms[2].weight.data_ptr(), ffn_norm=norms[3].weight.data_ptr(),
+            attn_eps=norms[0].eps, q_eps=0.0 if norms[1] is None else norms[1].eps,
+            k_eps=0.0 if norms[2] is None else norms[2].eps, ffn_eps=norms[3].eps, attention_scale=self.dim ** -0.5,
+            route_scale=float(router.route_scale) if routes else 1.0, D=d, heads=self.heads,
+            kv_heads=self.kv_heads, head_dim=self.dim,
+            router_weight=router.weight.data_ptr() if routes else None,
+            router_bias=router.bias.data_ptr() if routes and router.bias is not None else None,
+            expert_bias=router.expert_bias.data_ptr() if routes and router.expert_bias is not None else None,
+            experts=experts, softmax=int(routes and router.score == "softmax"),
+            route_norm=int(routes and router.route_norm),
+            q=self.q.data_ptr(), k=self.k.data_ptr(), v=self.v.data_ptr(), attended=self.attended.data_ptr(),
+            scores=route.addresses[0])
+        if routes:  # the call stands in for the MoE layer's routing too: its hooks send a row the long way
+            self.modules += [ffn, router]
+            self.tensors.append(tuple(t for t in (router.weight, router.bias, router.expert_bias) if t is not None))
+        return front, route, routes
 
     @staticmethod
     def covers(block: Block) -> bool:
@@ -242,8 +282,19 @@ class NativeDecodeBlock(Block):
             return super().forward(h, positions, cache, attention_mask)
         d = h.shape[-1]
         row = h.reshape(d).contiguous()
-        q, k, v = plan.q, plan.k, plan.v
         cos, sin = plan.rope.at(int(positions[0]), h.device)
+        decode_slot = getattr(cache, "decode_slot", None)  # a session's cache: the layer in one call
+        slot = decode_slot(plan.layer_index) if decode_slot is not None else None
+        if slot is not None:
+            h_out, x = torch.empty(1, 1, d), torch.empty(1, 1, d)
+            moe = plan.ffn
+            routed = plan.routes and not moe.training and not moe.record_routing
+            chosen = decode_layer_front(plan.front, row, cos, sin, *slot, h_out, x, moe.top_k if routed else 0,
+                                        plan.route)
+            if chosen is None:
+                return h_out + plan.ffn(x)
+            return h_out + moe.routed_row(x.view(1, d), *chosen).view(1, 1, d)
+        q, k, v = plan.q, plan.k, plan.v
         attention_in(row, plan.attn_norm, plan.qkv, plan.q_norm, plan.k_norm, cos, sin, q, k, v)
         keys, values = cache.update(plan.layer_index, k.view(1, plan.kv_heads, 1, plan.dim),
                                     v.view(1, plan.kv_heads, 1, plan.dim))

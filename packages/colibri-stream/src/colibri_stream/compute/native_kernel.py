@@ -118,6 +118,9 @@ def _library() -> ctypes.CDLL:
     library.colibri_attend_row.argtypes = [pointer, i64, i64, i64, pointer, i64, i64, pointer, i64, i64, i64,
                                            ctypes.c_float, pointer]
     library.colibri_attend_row.restype = i32
+    library.colibri_decode_layer_front.argtypes = [pointer, pointer, pointer, pointer, pointer, pointer, i64, i64, i64,
+                                                   i64, i64, pointer, pointer, i64, pointer, pointer, i32, i32]
+    library.colibri_decode_layer_front.restype = i32
     return library
 
 
@@ -581,6 +584,45 @@ class Projection(ctypes.Structure):
             raise ValueError(f"a {encoding} projection of {cols} columns in groups of {group} is not the kernel's")
         return cls(int(encoding == "q8"), int(fp16_scales), weights.shape[0], cols, group, weights.data_ptr(),
                    scales.data_ptr(), None if zeros is None else zeros.data_ptr())
+
+
+class LayerFront(ctypes.Structure):
+    """One layer's decode row up to its FFN as decode_layer.c takes it (its `colibri_layer_front`):
+    what does not change from token to token, built once; every address must outlive it."""
+
+    _fields_ = [("qkv", Projection * 3), ("o", Projection)] + [
+        (name, ctypes.c_void_p) for name in ("attn_norm", "q_norm", "k_norm", "ffn_norm")] + [
+        (name, ctypes.c_double) for name in ("attn_eps", "q_eps", "k_eps", "ffn_eps", "attention_scale",
+                                             "route_scale")] + [
+        (name, ctypes.c_int64) for name in ("D", "heads", "kv_heads", "head_dim")] + [
+        (name, ctypes.c_void_p) for name in ("router_weight", "router_bias", "expert_bias")] + [
+        (name, ctypes.c_int64) for name in ("experts", "softmax", "route_norm")] + [
+        (name, ctypes.c_void_p) for name in ("q", "k", "v", "attended", "scores")]
+
+
+def decode_layer_front(front: LayerFront, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                       keys: torch.Tensor, values: torch.Tensor, column: int, h_out: torch.Tensor,
+                       x_out: torch.Tensor, top_k: int, into: RowRoute) -> tuple[list[int], list[float]] | None:
+    """One decode row h [D] (f32, contiguous) of one session through a layer up to its FFN in one
+    call (decode_layer.c): `attention_in`, the new key and value written at `column` of the cache
+    keys / values ([1, kv_heads, capacity, head_dim] f32, unit stride along head_dim), `attend_row`
+    over columns 0..column, `attention_out` into h_out and x_out; then, when the front has a router
+    and top_k > 0, the row's (ids, gates) as `route_row_lists` gives them (else None)."""
+    if (keys.dtype != torch.float32 or values.dtype != torch.float32 or keys.stride(3) != 1
+            or values.stride(3) != 1 or not 0 <= column < keys.shape[2] or keys.shape[1] != front.kv_heads
+            or keys.shape[3] != front.head_dim or values.shape != keys.shape):
+        raise ValueError(f"decode_layer_front: a cache {keys.dtype} {tuple(keys.shape)} does not take column "
+                         f"{column} of {front.kv_heads} heads of {front.head_dim}")
+    routed = top_k > 0 and front.router_weight is not None
+    status = _library().colibri_decode_layer_front(
+        ctypes.byref(front), h.data_ptr(), cos.data_ptr(), sin.data_ptr(), keys.data_ptr(), values.data_ptr(),
+        keys.stride(1), keys.stride(2), values.stride(1), values.stride(2), column, h_out.data_ptr(),
+        x_out.data_ptr(), top_k if routed else 0, into.addresses[1], into.addresses[2], torch.get_num_threads(),
+        cpu_level())
+    if status != 0:
+        raise ValueError(f"decode_layer_front refused a row of {front.D} (heads of {front.head_dim}, top-{top_k} of "
+                         f"{front.experts})")
+    return (into.ids[:top_k], into.gates[:top_k]) if routed else None
 
 
 def attention_in(h: torch.Tensor, norm, qkv, q_norm, k_norm, cos: torch.Tensor, sin: torch.Tensor,

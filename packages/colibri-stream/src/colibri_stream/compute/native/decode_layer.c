@@ -99,3 +99,55 @@ int colibri_attention_out(const float *attn, const colibri_projection *o, const 
     free(a.buffer);
     return status;
 }
+
+int colibri_attend_row(const float *q, int64_t heads, int64_t kv_heads, int64_t D, const float *keys,
+                       int64_t key_head_stride, int64_t key_col_stride, const float *values,
+                       int64_t value_head_stride, int64_t value_col_stride, int64_t S, float scale, float *out);
+int colibri_route_row(const float *x, int64_t D, const float *weight, const float *bias, const float *expert_bias,
+                      int64_t E, int64_t k, int softmax, int route_norm, float route_scale, float *scores,
+                      int64_t *ids, float *gates);
+
+/* What one layer's decode row needs that does not change from token to token (built once by the
+ * caller): its projections and norms, its shape, its buffers, and its router (router_weight NULL:
+ * the layer's FFN routes itself, or has no router). Every field 8 bytes wide, as ctypes lays it out. */
+typedef struct {
+    colibri_projection qkv[3], o;
+    const float *attn_norm, *q_norm, *k_norm, *ffn_norm;
+    double attn_eps, q_eps, k_eps, ffn_eps, attention_scale, route_scale;
+    int64_t D, heads, kv_heads, head_dim;
+    const float *router_weight, *router_bias, *expert_bias;
+    int64_t experts, softmax, route_norm;
+    float *q, *k, *v, *attended, *scores;
+} colibri_layer_front;
+
+/* One decode row of one session through a layer up to its FFN, in one call: colibri_attention_in,
+ * the new key and value written at `column` of the session's cache (position s of kv head j at
+ * base + j * head_stride + s * col_stride), colibri_attend_row over columns 0..column,
+ * colibri_attention_out (h_out, x_out), then colibri_route_row of x_out into ids / gates (top_k)
+ * when the layer's router is given and top_k > 0. The calls the separate path makes, in its order: the same bits. */
+int colibri_decode_layer_front(const colibri_layer_front *L, const float *h, const float *cos, const float *sin,
+                               float *keys, float *values, int64_t key_head_stride, int64_t key_col_stride,
+                               int64_t value_head_stride, int64_t value_col_stride, int64_t column, float *h_out,
+                               float *x_out, int64_t top_k, int64_t *ids, float *gates, int threads, int level) {
+    int64_t dim = L->head_dim;
+    int status = colibri_attention_in(h, L->D, L->attn_norm, (float)L->attn_eps, L->qkv, L->q_norm, (float)L->q_eps,
+                                      L->k_norm, (float)L->k_eps, cos, sin, L->heads, L->kv_heads, dim, L->q, L->k,
+                                      L->v, threads, level);
+    if (status != 0) return status;
+    for (int64_t j = 0; j < L->kv_heads; j++)
+        for (int64_t d = 0; d < dim; d++) {
+            keys[j * key_head_stride + column * key_col_stride + d] = L->k[j * dim + d];
+            values[j * value_head_stride + column * value_col_stride + d] = L->v[j * dim + d];
+        }
+    status = colibri_attend_row(L->q, L->heads, L->kv_heads, dim, keys, key_head_stride, key_col_stride, values,
+                                value_head_stride, value_col_stride, column + 1, (float)L->attention_scale,
+                                L->attended);
+    if (status == 0)
+        status = colibri_attention_out(L->attended, &L->o, h, h_out, L->ffn_norm, (float)L->ffn_eps, x_out, threads,
+                                       level);
+    if (status == 0 && L->router_weight && top_k > 0)
+        status = colibri_route_row(x_out, L->D, L->router_weight, L->router_bias, L->expert_bias, L->experts, top_k,
+                                   (int)L->softmax, (int)L->route_norm, (float)L->route_scale, L->scores, ids,
+                                   gates);
+    return status;
+}
