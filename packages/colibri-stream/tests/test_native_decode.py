@@ -315,3 +315,30 @@ def test_a_layer_up_to_its_experts_is_one_call_and_refuses_a_cache_that_does_not
                                torch.empty(d), 2, plan.route)
     kv = SessionKV.for_model(_config(sliding_window=4, sliding_layers=(0,)), 64, "cpu", torch.float32)
     assert [kv.decode_slot(layer) is None for layer in range(2)] == [True, False]
+
+
+def test_cached_experts_run_inside_the_layers_call_and_every_use_is_still_counted(tiny):
+    """At full RAM a decode row's experts run inside the layer's C call once their addresses are
+    known: hits and misses still add up to every expert use, the expert time is still counted, and
+    a cleared cache (its slots reused) sends rows back to the experts' own path with the same logits."""
+    ids = list(range(40, 72))
+    with Engine.open(tiny[0], ram_budget="200MB", compute="native") as eng:
+        moe_layers = [b for b in eng.model.layers if b.is_moe]
+        calls = []
+        for block in moe_layers:
+            experts = block.moe.experts
+            experts.forward_row = (lambda original: lambda *a: calls.append(1) or original(*a))(experts.forward_row)
+        session = eng.session()
+        first = torch.stack([session.append([t]).reshape(-1) for t in ids])
+        top_k = moe_layers[0].moe.top_k
+        uses = len(moe_layers) * top_k * (len(ids) - 1)  # the first token is a prefill
+        decode = eng.stats.hits + eng.stats.misses - len(moe_layers) * top_k
+        assert decode == uses and eng.stats.compute_seconds > 0
+        assert 0 < len(calls) < len(moe_layers) * (len(ids) - 1)  # most rows never reached forward_row
+        assert all(b.moe.experts.token_table() is not None for b in moe_layers)
+        eng.cache.clear()
+        assert all(not any(b.moe.experts.token_table().slots) for b in moe_layers)
+        again = torch.stack([eng.session().append([t]).reshape(-1) for t in ids[:1]])
+        session = eng.session()
+        second = torch.stack([session.append([t]).reshape(-1) for t in ids])
+    assert torch.equal(first, second) and torch.equal(again, first[:1])

@@ -95,6 +95,7 @@ class ExpertCache:
         # a 24-layer top-8 model at full RAM). Inserts and removals still do.
         self._hits_reach_policy = not (capacity >= len(entries)
                                        and type(policy).needs_room is CachePolicy.needs_room)
+        self.generation = 0  # removals so far: whoever keeps a cached expert's addresses checks it
 
     # --- queries ---------------------------------------------------------------------------
     def __contains__(self, key: ExpertKey) -> bool:
@@ -109,6 +110,19 @@ class ExpertCache:
     @property
     def staging_bytes(self) -> int:
         return self._staging.size
+
+    @property
+    def hits_are_plain(self) -> bool:
+        """Whether a hit is only a count: every expert stays once read (no victim is ever asked
+        for) and no prefetch is at work or unused. A caller that finds cached experts by itself
+        (the one-call decode path, which keeps their addresses until `generation` changes) may
+        then count its hits with `count_hits` instead of calling `get`."""
+        return not self._hits_reach_policy and self.prefetcher is None and not self._unused_prefetch
+
+    def count_hits(self, layer: int, hits: int) -> None:
+        """`hits` cached experts of `layer` used without `get` (see `hits_are_plain`)."""
+        self.stats.hits += hits
+        self.stats.layer(layer).hits += hits
 
     # --- use -------------------------------------------------------------------------------
     def get(self, layer: int, expert: int, pinned: Collection[ExpertKey] = ()) -> object:
@@ -151,8 +165,7 @@ class ExpertCache:
             slots = self._slots
             found = [slots.get((layer, expert)) for expert in experts]
             if all(prepared is not None for prepared in found):
-                self.stats.hits += len(found)
-                self.stats.layer(layer).hits += len(found)
+                self.count_hits(layer, len(found))
                 if self._hits_reach_policy:
                     for expert in experts:
                         self.policy.on_hit((layer, expert))
@@ -183,6 +196,7 @@ class ExpertCache:
 
     # --- internals -------------------------------------------------------------------------
     def _remove(self, key: ExpertKey) -> None:
+        self.generation += 1
         prepared = self._slots.pop(key)
         self.bytes_held -= prepared.nbytes
         if key in self._slab_index:

@@ -169,13 +169,15 @@ class NativeDecodeMoE(MoELayer):
         ids, gates = router.route_lists(flat.view(-1), self.top_k)
         return self.routed_row(flat, ids, gates).view(x.shape)
 
-    def routed_row(self, flat: torch.Tensor, ids: list[int], gates: list[float]) -> torch.Tensor:
+    def routed_row(self, flat: torch.Tensor, ids: list[int], gates: list[float],
+                   experts_out: torch.Tensor | None = None) -> torch.Tensor:
         """The layer's output for one routed row flat [1, d]: the shared expert (gated) and the
-        chosen experts, summed as `MoELayer.forward` sums them."""
+        chosen experts (`experts_out` [1, d] where a C call already ran them), summed as
+        `MoELayer.forward` sums them."""
         shared_out = self.shared(flat) if self.shared is not None else None  # first, as MoELayer (its hooks)
         if self.shared_gate is not None:
             shared_out = torch.sigmoid(self.shared_gate(flat)) * shared_out
-        out = self.experts.forward_row(flat, ids, gates)
+        out = self.experts.forward_row(flat, ids, gates) if experts_out is None else experts_out
         if shared_out is not None:
             out = out + shared_out
         if self.aux_loss is not None:
@@ -188,7 +190,7 @@ class _BlockPlan:
     addresses, and the modules they belong to (which keep those tensors alive)."""
 
     __slots__ = ("qkv", "o", "heads", "kv_heads", "dim", "modules", "tensors", "attn", "attn_norm", "ffn_norm",
-                 "ffn", "rope", "q_norm", "k_norm", "layer_index", "q", "k", "v", "attended", "front", "route", "routes")
+                 "ffn", "rope", "q_norm", "k_norm", "layer_index", "q", "k", "v", "attended", "front", "route", "routes", "hook_dicts")
 
     def __init__(self, block: Block):
         attn = block.attn
@@ -208,6 +210,8 @@ class _BlockPlan:
         self.q, self.k, self.v = (torch.empty(n, self.dim) for n in (self.heads, self.kv_heads, self.kv_heads))
         self.attended = torch.empty(self.heads, self.dim)  # the attention's output, read by attention_out
         self.front, self.route, self.routes = self._front(block)
+        # where forward hooks on those modules live (torch adds to and removes from these dicts in place)
+        self.hook_dicts = [hooks for m in self.modules for hooks in (m._forward_hooks, m._forward_pre_hooks)]
 
     def _front(self, block: Block) -> tuple[LayerFront, RowRoute, bool]:
         """The layer up to its FFN as one C call's constants, with the router where the FFN is a
@@ -260,7 +264,7 @@ class _BlockPlan:
         registry = nn.modules.module  # torch keeps the global hooks there (register_module_forward_hook)
         if getattr(registry, "_global_forward_hooks", None) or getattr(registry, "_global_forward_pre_hooks", None):
             return True
-        return any(m._forward_hooks or m._forward_pre_hooks for m in self.modules)
+        return any(self.hook_dicts)
 
 
 class NativeDecodeBlock(Block):
@@ -289,11 +293,16 @@ class NativeDecodeBlock(Block):
             h_out, x = torch.empty(1, 1, d), torch.empty(1, 1, d)
             moe = plan.ffn
             routed = plan.routes and not moe.training and not moe.record_routing
-            chosen = decode_layer_front(plan.front, row, cos, sin, *slot, h_out, x, moe.top_k if routed else 0,
-                                        plan.route)
-            if chosen is None:
+            token_table = getattr(moe.experts, "token_table", None) if routed else None
+            table = token_table() if token_table is not None else None
+            outcome = decode_layer_front(plan.front, row, cos, sin, *slot, h_out, x, moe.top_k if routed else 0,
+                                         plan.route, table, None if table is None else torch.empty(1, d))
+            if outcome is None:
                 return h_out + plan.ffn(x)
-            return h_out + moe.routed_row(x.view(1, d), *chosen).view(1, 1, d)
+            if outcome.experts_out is not None:  # every chosen expert was cached: the call ran them too
+                moe.experts.count_row(len(outcome.ids), outcome.expert_seconds)
+            out = moe.routed_row(x.view(1, d), outcome.ids, outcome.gates, outcome.experts_out)
+            return h_out.add_(out.view(1, 1, d))  # h_out is this call's own
         q, k, v = plan.q, plan.k, plan.v
         attention_in(row, plan.attn_norm, plan.qkv, plan.q_norm, plan.k_norm, cos, sin, q, k, v)
         keys, values = cache.update(plan.layer_index, k.view(1, plan.kv_heads, 1, plan.dim),

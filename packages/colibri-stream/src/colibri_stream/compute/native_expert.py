@@ -88,6 +88,14 @@ class NativeQ4Expert:
             (self.gate_up, self.gate_up_scales, self.gate_up_zeros), (self.down, self.down_scales, self.down_zeros)))
         self.token_addresses = self.addresses[0] + self.addresses[1]  # as native_kernel.token_experts takes them
 
+    @property
+    def one_call(self) -> tuple[int, int, int, bool] | None:
+        """(expert_dim, group_gate_up, group_down, fp16_scales) where a token's experts like this one
+        run in one kernel call from `token_addresses` (swiglu, no biases), else None."""
+        if self.glu.kind != "swiglu" or self.gate_up_bias is not None or self.down_bias is not None:
+            return None
+        return self.expert_dim, self.group_gate_up, self.group_down, self.fp16_scales
+
     def _parts(self) -> dict[str, torch.Tensor]:
         return {name: getattr(self, name) for name in _PARTS if getattr(self, name) is not None}
 

@@ -119,7 +119,8 @@ def _library() -> ctypes.CDLL:
                                            ctypes.c_float, pointer]
     library.colibri_attend_row.restype = i32
     library.colibri_decode_layer_front.argtypes = [pointer, pointer, pointer, pointer, pointer, pointer, i64, i64, i64,
-                                                   i64, i64, pointer, pointer, i64, pointer, pointer, i32, i32]
+                                                   i64, i64, pointer, pointer, i64, pointer, pointer, pointer, pointer,
+                                                   pointer, pointer, i32, i32]
     library.colibri_decode_layer_front.restype = i32
     return library
 
@@ -541,7 +542,9 @@ class RowRoute:
         self.scores = (ctypes.c_float * experts)()
         self.ids = (ctypes.c_int64 * experts)()
         self.gates = (ctypes.c_float * experts)()
-        self.addresses = tuple(ctypes.addressof(b) for b in (self.scores, self.ids, self.gates))
+        self.expert_seconds, self.experts_done = ctypes.c_double(), ctypes.c_int()  # (decode_layer_front's)
+        self.addresses = tuple(ctypes.addressof(b) for b in (self.scores, self.ids, self.gates, self.expert_seconds,
+                                                             self.experts_done))
 
 
 def route_row_lists(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -549,7 +552,7 @@ def route_row_lists(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
                     route_scale: float, into: RowRoute) -> tuple[list[int], list[float]]:
     """`route_row` as (ids, gates) lists of the k chosen experts, through `into`'s buffers: the
     same experts and the same f32 gates."""
-    _route_row(x, weight, bias, expert_bias, top_k, softmax, route_norm, route_scale, *into.addresses)
+    _route_row(x, weight, bias, expert_bias, top_k, softmax, route_norm, route_scale, *into.addresses[:3])
     return into.ids[:top_k], into.gates[:top_k]
 
 
@@ -600,29 +603,71 @@ class LayerFront(ctypes.Structure):
         (name, ctypes.c_void_p) for name in ("q", "k", "v", "attended", "scores")]
 
 
+class TokenTable(ctypes.Structure):
+    """A layer's cached swiglu experts as decode_layer.c looks them up (its `colibri_token_table`):
+    expert e's `TOKEN_EXPERT_ADDRESSES` at entries[6 e:6 e + 6], zeros where e is not cached."""
+
+    _fields_ = [("entries", ctypes.c_void_p), ("expert_dim", ctypes.c_int64), ("group_gate_up", ctypes.c_int64),
+                ("group_down", ctypes.c_int64), ("fp16", ctypes.c_int64)]
+
+    def __init__(self, experts: int, expert_dim: int, group_gate_up: int, group_down: int, fp16: bool):
+        self.slots = (ctypes.c_void_p * (TOKEN_EXPERT_ADDRESSES * experts))()
+        super().__init__(ctypes.addressof(self.slots), expert_dim, group_gate_up, group_down, int(fp16))
+
+    def matches(self, expert_dim: int, group_gate_up: int, group_down: int, fp16: bool) -> bool:
+        return (self.expert_dim, self.group_gate_up, self.group_down, self.fp16) == (
+            expert_dim, group_gate_up, group_down, int(fp16))
+
+    def set(self, expert: int, addresses: tuple[int, ...]) -> None:
+        self.slots[TOKEN_EXPERT_ADDRESSES * expert : TOKEN_EXPERT_ADDRESSES * (expert + 1)] = addresses
+
+    def clear(self) -> None:
+        ctypes.memset(self.slots, 0, ctypes.sizeof(self.slots))
+
+
+class LayerOutcome:
+    """What `decode_layer_front` returns: the row's routing and, when the table held every chosen
+    expert, their sum (`experts_out`) and its time."""
+
+    __slots__ = ("ids", "gates", "experts_out", "expert_seconds")
+
+    def __init__(self, ids: list[int], gates: list[float], experts_out: torch.Tensor | None, expert_seconds: float):
+        self.ids, self.gates, self.experts_out, self.expert_seconds = ids, gates, experts_out, expert_seconds
+
+
 def decode_layer_front(front: LayerFront, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                        keys: torch.Tensor, values: torch.Tensor, column: int, h_out: torch.Tensor,
-                       x_out: torch.Tensor, top_k: int, into: RowRoute) -> tuple[list[int], list[float]] | None:
+                       x_out: torch.Tensor, top_k: int, into: RowRoute, table: TokenTable | None = None,
+                       experts_out: torch.Tensor | None = None) -> LayerOutcome | None:
     """One decode row h [D] (f32, contiguous) of one session through a layer up to its FFN in one
     call (decode_layer.c): `attention_in`, the new key and value written at `column` of the cache
     keys / values ([1, kv_heads, capacity, head_dim] f32, unit stride along head_dim), `attend_row`
     over columns 0..column, `attention_out` into h_out and x_out; then, when the front has a router
-    and top_k > 0, the row's (ids, gates) as `route_row_lists` gives them (else None)."""
+    and top_k > 0, the row's routing as `route_row_lists` gives it (else None), and given a `table`
+    that holds every chosen expert, `token_experts` of x_out into experts_out [D] (f32)."""
     if (keys.dtype != torch.float32 or values.dtype != torch.float32 or keys.stride(3) != 1
             or values.stride(3) != 1 or not 0 <= column < keys.shape[2] or keys.shape[1] != front.kv_heads
             or keys.shape[3] != front.head_dim or values.shape != keys.shape):
         raise ValueError(f"decode_layer_front: a cache {keys.dtype} {tuple(keys.shape)} does not take column "
                          f"{column} of {front.kv_heads} heads of {front.head_dim}")
     routed = top_k > 0 and front.router_weight is not None
+    if table is not None and (experts_out is None or experts_out.dtype != torch.float32
+                              or not experts_out.is_contiguous() or experts_out.numel() != front.D):
+        raise ValueError(f"decode_layer_front: experts_out must be {front.D} contiguous f32 values")
     status = _library().colibri_decode_layer_front(
         ctypes.byref(front), h.data_ptr(), cos.data_ptr(), sin.data_ptr(), keys.data_ptr(), values.data_ptr(),
         keys.stride(1), keys.stride(2), values.stride(1), values.stride(2), column, h_out.data_ptr(),
-        x_out.data_ptr(), top_k if routed else 0, into.addresses[1], into.addresses[2], torch.get_num_threads(),
-        cpu_level())
+        x_out.data_ptr(), top_k if routed else 0, into.addresses[1], into.addresses[2],
+        None if table is None else ctypes.addressof(table), None if table is None else experts_out.data_ptr(),
+        into.addresses[3], into.addresses[4], torch.get_num_threads(), cpu_level())
     if status != 0:
         raise ValueError(f"decode_layer_front refused a row of {front.D} (heads of {front.head_dim}, top-{top_k} of "
                          f"{front.experts})")
-    return (into.ids[:top_k], into.gates[:top_k]) if routed else None
+    if not routed:
+        return None
+    done = into.experts_done.value == 1
+    return LayerOutcome(into.ids[:top_k], into.gates[:top_k], experts_out if done else None,
+                        into.expert_seconds.value if done else 0.0)
 
 
 def attention_in(h: torch.Tensor, norm, qkv, q_norm, k_norm, cos: torch.Tensor, sin: torch.Tensor,

@@ -32,7 +32,7 @@ from colibri_model import ExpertBackend
 from ..cache.expert_cache import ExpertCache
 from ..stats import StreamStats
 from ..traces.events import TraceEvent
-from .native_kernel import add_weighted_rows
+from .native_kernel import TokenTable, add_weighted_rows
 
 GROUPED_ROWS = 16
 """Up to this many tokens (a decode step of several sessions) take `_few_tokens`; more (a prefill
@@ -52,6 +52,8 @@ class StreamedExperts(ExpertBackend):
         self.cache, self.stats = cache, stats
         self.quantize = quantize
         self.predictor = None  # prefetch.RoutingPredictor, set by the engine when prefetch is on
+        self._table: TokenTable | None = None  # the cached experts' addresses, for the one-call decode path
+        self._table_generation = -1
 
     def forward(self, x: torch.Tensor, expert_ids: torch.Tensor, gates: torch.Tensor) -> torch.Tensor:
         if x.shape[0] == 1:  # a decode token: no torch.unique
@@ -77,13 +79,47 @@ class StreamedExperts(ExpertBackend):
             self._one_token(x, ids, weights, out[0], pinned, keys, prefetcher)
         else:  # an expert picked twice: each pick added, as for many tokens
             self._each_expert(x, torch.tensor([ids]), torch.tensor([weights]), distinct, out, pinned, keys, prefetcher)
-        return out.to(x.dtype)
+        return out if x.dtype == torch.float32 else out.to(x.dtype)
+
+    def token_table(self) -> TokenTable | None:
+        """This layer's cached experts as a decode step's one C call looks them up
+        (native_kernel.decode_layer_front), where that call may stand in for `forward_row`: the
+        cache's hits are plain counts (`ExpertCache.hits_are_plain`), no trace is recorded and no
+        routing predicted. Filled by `forward_row` as experts are used; None until then or where
+        the call may not stand in."""
+        cache = self.cache
+        if (self._table is None or self.predictor is not None or self.stats.record_trace
+                or not getattr(cache, "hits_are_plain", False)):
+            return None
+        if self._table_generation != cache.generation:  # an expert left the cache: its slot is reused
+            self._table.clear()
+            self._table_generation = cache.generation
+        return self._table
+
+    def count_row(self, experts: int, seconds: float) -> None:
+        """What `forward_row` counts for a row whose `experts` the one C call found and ran."""
+        self.cache.count_hits(self.layer_index, experts)
+        self.stats.compute_seconds += seconds
+
+    def _remember(self, ids: list[int], prepared: list) -> None:
+        """Keep the addresses of experts that run in one kernel call, for `token_table`."""
+        shape = getattr(prepared[0], "one_call", None)
+        if shape is None or not getattr(self.cache, "hits_are_plain", False):
+            return
+        generation = self.cache.generation
+        if self._table is None or not self._table.matches(*shape) or self._table_generation != generation:
+            self._table = TokenTable(self.n_experts, *shape)
+            self._table_generation = generation
+        for expert, p in zip(ids, prepared):
+            if getattr(p, "one_call", None) == shape:
+                self._table.set(expert, p.token_addresses)
 
     def _each_expert(self, x: torch.Tensor, expert_ids: torch.Tensor, gates: torch.Tensor, distinct: list[int],
                      out: torch.Tensor, pinned, keys, prefetcher) -> None:
         """Each distinct expert on the rows routed to it, in ascending order (a prefill chunk)."""
         for i, expert in enumerate(distinct):
             prepared = self.cache.get(self.layer_index, expert, pinned)
+            self._remember([expert], [prepared])
             if prefetcher is not None:  # keep the workers busy with the misses still to come
                 prefetcher.issue_needed(keys[i + 1 :])
             started = time.perf_counter()
@@ -156,7 +192,9 @@ class StreamedExperts(ExpertBackend):
         slot_of = {expert: slot for slot, expert in enumerate(ids)}
         get_layer = getattr(self.cache, "get_layer", None)  # (a stand-in cache may have only `get`)
         if prefetcher is None and get_layer is not None:  # ascending, as the batched path; pinned: all stay
-            prepared = get_layer(self.layer_index, [expert for _, expert in keys], pinned)
+            ascending = [expert for _, expert in keys]
+            prepared = get_layer(self.layer_index, ascending, pinned)
+            self._remember(ascending, prepared)
         else:
             prepared = []
             for i, (_, expert) in enumerate(keys):

@@ -1,8 +1,9 @@
-/* A decode token's attention projections of one session in two calls, around the attention
- * itself (SDPA, which the caller runs over the session's cache):
+/* A decode token's layer of one session, up to and through its routed experts:
  *
  *   colibri_attention_in:  x = rmsnorm(h); q, k, v = x Wq, x Wk, x Wv; q, k normed per head and rotated
  *   colibri_attention_out: h' = h + attn Wo; x' = rmsnorm(h') (the MoE or FFN's input)
+ *   colibri_decode_layer_front: both, with the cache write and the attention between them
+ *     (attention.c), the row's routing after them, and its experts where all are cached
  *
  * Each step is the kernel the per-module path calls for it (colibri_rms_norm, colibri_q8_quantize
  * once for the three projections that share their input, colibri_q4_matmul or colibri_q8w_matmul,
@@ -11,6 +12,7 @@
 
 #include <stdint.h>
 #include <stdlib.h>
+#include <time.h>
 
 int colibri_q8_quantize(const float *x, int64_t M, int64_t K, int8_t *xq, float *dx, int32_t *xs, float *xf,
                         int8_t *pairs, float *pair_scales);
@@ -120,15 +122,32 @@ typedef struct {
     float *q, *k, *v, *attended, *scores;
 } colibri_layer_front;
 
+int colibri_token_experts(const float *x, int64_t K, int64_t E, const void *const *experts, int fp16, int64_t F,
+                          int64_t G_gate_up, int64_t G_down, const float *weights, float *out, int threads, int level);
+
+/* A layer's cached swiglu experts, as colibri_token_experts takes them: entry e's six addresses
+ * (gate|up packed, scales, zeros or NULL; down's the same) at entries[6 e .. 6 e + 6), entries[6 e]
+ * NULL where expert e is not cached; the shape every one of them has. */
+typedef struct {
+    const void *const *entries;
+    int64_t expert_dim, group_gate_up, group_down, fp16;
+} colibri_token_table;
+
 /* One decode row of one session through a layer up to its FFN, in one call: colibri_attention_in,
  * the new key and value written at `column` of the session's cache (position s of kv head j at
  * base + j * head_stride + s * col_stride), colibri_attend_row over columns 0..column,
  * colibri_attention_out (h_out, x_out), then colibri_route_row of x_out into ids / gates (top_k)
- * when the layer's router is given and top_k > 0. The calls the separate path makes, in its order: the same bits. */
+ * when the layer's router is given and top_k > 0; then, given a table that holds every chosen
+ * expert, colibri_token_experts of x_out into experts_out (zeroed first; the chosen experts in
+ * ascending order), its time in expert_seconds, and experts_done = 1. The calls the separate path
+ * makes, in its order: the same bits. */
 int colibri_decode_layer_front(const colibri_layer_front *L, const float *h, const float *cos, const float *sin,
                                float *keys, float *values, int64_t key_head_stride, int64_t key_col_stride,
                                int64_t value_head_stride, int64_t value_col_stride, int64_t column, float *h_out,
-                               float *x_out, int64_t top_k, int64_t *ids, float *gates, int threads, int level) {
+                               float *x_out, int64_t top_k, int64_t *ids, float *gates,
+                               const colibri_token_table *table, float *experts_out, double *expert_seconds,
+                               int *experts_done, int threads, int level) {
+    *experts_done = 0;
     int64_t dim = L->head_dim;
     int status = colibri_attention_in(h, L->D, L->attn_norm, (float)L->attn_eps, L->qkv, L->q_norm, (float)L->q_eps,
                                       L->k_norm, (float)L->k_eps, cos, sin, L->heads, L->kv_heads, dim, L->q, L->k,
@@ -145,9 +164,32 @@ int colibri_decode_layer_front(const colibri_layer_front *L, const float *h, con
     if (status == 0)
         status = colibri_attention_out(L->attended, &L->o, h, h_out, L->ffn_norm, (float)L->ffn_eps, x_out, threads,
                                        level);
-    if (status == 0 && L->router_weight && top_k > 0)
-        status = colibri_route_row(x_out, L->D, L->router_weight, L->router_bias, L->expert_bias, L->experts, top_k,
-                                   (int)L->softmax, (int)L->route_norm, (float)L->route_scale, L->scores, ids,
-                                   gates);
+    if (status != 0 || !L->router_weight || top_k < 1) return status;
+    status = colibri_route_row(x_out, L->D, L->router_weight, L->router_bias, L->expert_bias, L->experts, top_k,
+                               (int)L->softmax, (int)L->route_norm, (float)L->route_scale, L->scores, ids, gates);
+    if (status != 0 || !table) return status;
+    /* the chosen experts in ascending order, as the separate path sums them */
+    int64_t order[top_k];
+    for (int64_t i = 0; i < top_k; i++) {
+        int64_t j = i;
+        for (; j > 0 && ids[order[j - 1]] > ids[i]; j--) order[j] = order[j - 1];
+        order[j] = i;
+    }
+    const void *addresses[6 * top_k];
+    float weights[top_k];
+    for (int64_t i = 0; i < top_k; i++) {
+        const void *const *entry = table->entries + 6 * ids[order[i]];
+        if (!entry[0]) return 0; /* not cached: the caller fetches it and runs the experts itself */
+        for (int r = 0; r < 6; r++) addresses[6 * i + r] = entry[r];
+        weights[i] = gates[order[i]];
+    }
+    for (int64_t d = 0; d < L->D; d++) experts_out[d] = 0.f;
+    struct timespec started, stopped;
+    clock_gettime(CLOCK_MONOTONIC, &started);
+    status = colibri_token_experts(x_out, L->D, top_k, addresses, (int)table->fp16, table->expert_dim,
+                                   table->group_gate_up, table->group_down, weights, experts_out, threads, level);
+    clock_gettime(CLOCK_MONOTONIC, &stopped);
+    *expert_seconds = (double)(stopped.tv_sec - started.tv_sec) + 1e-9 * (double)(stopped.tv_nsec - started.tv_nsec);
+    *experts_done = status == 0;
     return status;
 }
