@@ -38,9 +38,8 @@ def _measure(capability: str, repeats: int, directory: str, threads: int) -> dic
     import numpy as np
     import torch
     from colibri_int4 import ExpertBlob, ExpertBlobLayout, ModelShape, QuantScheme, encode_expert_blob
-    from colibri_model import checkpoint_config_dict, get_preset
+    from colibri_model import ExpertGlu, checkpoint_config_dict, get_preset
     from colibri_stream.compute import int4_repack
-    from colibri_model import ExpertGlu
     from colibri_stream.compute.expert_compute import Int4Expert
     from colibri_stream.compute.native_expert import NativeQ4Expert
     from colibri_stream.io.direct_io import AlignedBuffer, BlobReader
