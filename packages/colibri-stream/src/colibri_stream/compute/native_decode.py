@@ -6,15 +6,16 @@ decode row of a step that serves several sessions gets the bits it gets alone.
 A decode step of a 24-layer MoE spent about as long in the torch calls and Python module calls
 around attention and routing (norms, views, rotations of one row, the cache write, a [1, S] mask,
 SDPA, the router's dozen ops: each a dispatch and an allocation) as in the projections themselves.
-For one query row of one session, a layer runs as: one C call for the input norm, the q/k/v
-projections of one quantized input and q/k's per-head norm and rotation
-(compute/native/decode_layer.c); one C call for the attention over the session cache, unmasked,
-since the newest position sees every cached column (compute/native/attention.c: torch's SDPA cost
-more in dispatch than in arithmetic at the short contexts of most steps); one C call for the
-output projection, the residual and the FFN's norm; then the FFN or MoE module, whose router
-routes the row in one C call (decode_step.c) and whose experts run in one (streamed_experts.py). Each C call runs the kernels the per-module path runs,
-in its order, so the two give the same bits (tested); a layer whose modules carry forward hooks
-(a prefetcher's) takes the per-module path, which keeps the q/k and norm calls of its own.
+For one query row of one session, a layer runs as one C call (compute/native/decode_layer.c): the
+input norm, the q/k/v projections of one quantized input and q/k's per-head norm and rotation; the
+key and value written into the session's cache; the attention over it, unmasked, since the newest
+position sees every cached column (compute/native/attention.c: torch's SDPA cost more in dispatch
+than in arithmetic at the short contexts of most steps); the output projection, the residual and
+the FFN's norm; the row's routing; and, where every chosen expert is cached and stays cached (full
+RAM), the experts themselves. Otherwise the experts run in one more call once the cache has them
+(streamed_experts.py). Each step is the kernel the per-module path runs, in its order, so the two
+give the same bits (tested); a layer whose modules carry forward hooks (a prefetcher's) takes the
+per-module path, which keeps the q/k and norm calls of its own.
 
 Every other case runs colibri-model's own forward, unchanged: batches, prefill chunks, masks,
 sliding windows, sinks, an OLMoE-style norm over the whole projection, interleaved rotary, a
@@ -190,7 +191,8 @@ class _BlockPlan:
     addresses, and the modules they belong to (which keep those tensors alive)."""
 
     __slots__ = ("qkv", "o", "heads", "kv_heads", "dim", "modules", "tensors", "attn", "attn_norm", "ffn_norm",
-                 "ffn", "rope", "q_norm", "k_norm", "layer_index", "q", "k", "v", "attended", "front", "route", "routes", "hook_dicts")
+                 "ffn", "rope", "q_norm", "k_norm", "layer_index", "q", "k", "v", "attended", "front", "route",
+                 "routes", "hook_dicts", "token_table", "count_row", "experts_out")
 
     def __init__(self, block: Block):
         attn = block.attn
@@ -210,6 +212,10 @@ class _BlockPlan:
         self.q, self.k, self.v = (torch.empty(n, self.dim) for n in (self.heads, self.kv_heads, self.kv_heads))
         self.attended = torch.empty(self.heads, self.dim)  # the attention's output, read by attention_out
         self.front, self.route, self.routes = self._front(block)
+        experts = getattr(self.ffn, "experts", None) if self.routes else None
+        self.token_table = getattr(experts, "token_table", None)  # the backend's, where it has one
+        self.count_row = getattr(experts, "count_row", None)
+        self.experts_out = torch.empty(1, block.attn_norm.weight.shape[0])  # the call's sum of the experts
         # where forward hooks on those modules live (torch adds to and removes from these dicts in place)
         self.hook_dicts = [hooks for m in self.modules for hooks in (m._forward_hooks, m._forward_pre_hooks)]
 
@@ -285,7 +291,7 @@ class NativeDecodeBlock(Block):
                 or not isinstance(plan.attn, NativeDecodeAttention)):  # (a test may swap the class back)
             return super().forward(h, positions, cache, attention_mask)
         d = h.shape[-1]
-        row = h.reshape(d).contiguous()
+        row = h.view(d) if h.is_contiguous() else h.reshape(d).contiguous()
         cos, sin = plan.rope.at(int(positions[0]), h.device)
         decode_slot = getattr(cache, "decode_slot", None)  # a session's cache: the layer in one call
         slot = decode_slot(plan.layer_index) if decode_slot is not None else None
@@ -293,16 +299,15 @@ class NativeDecodeBlock(Block):
             h_out, x = torch.empty(1, 1, d), torch.empty(1, 1, d)
             moe = plan.ffn
             routed = plan.routes and not moe.training and not moe.record_routing
-            token_table = getattr(moe.experts, "token_table", None) if routed else None
-            table = token_table() if token_table is not None else None
+            table = plan.token_table() if routed and plan.token_table is not None else None
             outcome = decode_layer_front(plan.front, row, cos, sin, *slot, h_out, x, moe.top_k if routed else 0,
-                                         plan.route, table, None if table is None else torch.empty(1, d))
+                                         plan.route, table, plan.experts_out)
             if outcome is None:
                 return h_out + plan.ffn(x)
             if outcome.experts_out is not None:  # every chosen expert was cached: the call ran them too
-                moe.experts.count_row(len(outcome.ids), outcome.expert_seconds)
+                plan.count_row(len(outcome.ids), outcome.expert_seconds)
             out = moe.routed_row(x.view(1, d), outcome.ids, outcome.gates, outcome.experts_out)
-            return h_out.add_(out.view(1, 1, d))  # h_out is this call's own
+            return h_out.add_(out.view(1, 1, d))  # h_out is this call's own; experts_out is read here
         q, k, v = plan.q, plan.k, plan.v
         attention_in(row, plan.attn_norm, plan.qkv, plan.q_norm, plan.k_norm, cos, sin, q, k, v)
         keys, values = cache.update(plan.layer_index, k.view(1, plan.kv_heads, 1, plan.dim),

@@ -268,7 +268,8 @@ __attribute__((target(ZMM_TARGET))) static void q8_row_pairs_zmm(const int8_t *w
                 _mm_prefetch((const char *)(w0 + Q8_PREFETCH_PAIRS * 2 * (w1 - w0) + b * BLOCK), _MM_HINT_T1);
                 _mm_prefetch((const char *)(w1 + Q8_PREFETCH_PAIRS * 2 * (w1 - w0) + b * BLOCK), _MM_HINT_T1);
             }
-            __m512i wv = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(w0 + b * BLOCK))),
+            __m256i low_row = _mm256_loadu_si256((const __m256i *)(w0 + b * BLOCK));
+            __m512i wv = _mm512_inserti64x4(_mm512_castsi256_si512(low_row),
                                             _mm256_loadu_si256((const __m256i *)(w1 + b * BLOCK)), 1);
             __m512i x = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(xq + b * BLOCK)));
             __m512i signed_x = _mm512_mask_sub_epi8(x, _mm512_movepi8_mask(wv), zero, x);
