@@ -245,6 +245,7 @@ class _BlockPlan:
             route_norm=int(routes and router.route_norm),
             q=self.q.data_ptr(), k=self.k.data_ptr(), v=self.v.data_ptr(), attended=self.attended.data_ptr(),
             scores=route.addresses[0])
+        self.tensors.append(tuple(n.weight for n in norms if n is not None))  # what the front's addresses name
         if routes:  # the call stands in for the MoE layer's routing too: its hooks send a row the long way
             self.modules += [ffn, router]
             self.tensors.append(tuple(t for t in (router.weight, router.bias, router.expert_bias) if t is not None))
