@@ -9,6 +9,7 @@ from colibri_int4 import QuantScheme
 from colibri_model import Attention, Block, ColibriConfig, KVCache, RMSNorm, Router
 from colibri_model.layers import RotaryEmbedding
 from colibri_stream import Engine
+from colibri_stream.compute import native_kernel
 from colibri_stream.compute.native_decode import (
     NativeDecodeAttention,
     NativeDecodeBlock,
@@ -134,6 +135,10 @@ def test_one_rows_attention_is_sdpas_over_a_caches_first_columns(heads, kv_heads
     for row in range(3):
         attend_row(q, keys, values, rows[row].view(heads, dim))
     assert all(torch.equal(rows[row].view(heads, dim), out) for row in range(3))
+    for level in range(native_kernel.cpu_level() + 1):  # the baseline build and the vector one: the same bits
+        at_level = torch.empty(heads, dim)
+        attend_row(q, keys, values, at_level, level=level)
+        assert torch.equal(at_level, out), level
 
 
 def test_attend_row_refuses_what_does_not_fit_with_the_shapes():

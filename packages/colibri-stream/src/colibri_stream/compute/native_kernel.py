@@ -116,7 +116,7 @@ def _library() -> ctypes.CDLL:
                                               i32]
     library.colibri_swiglu_rows.restype = library.colibri_token_experts.restype = i32
     library.colibri_attend_row.argtypes = [pointer, i64, i64, i64, pointer, i64, i64, pointer, i64, i64, i64,
-                                           ctypes.c_float, pointer]
+                                           ctypes.c_float, pointer, i32]
     library.colibri_attend_row.restype = i32
     library.colibri_decode_layer_front.argtypes = [pointer, pointer, pointer, pointer, pointer, pointer, i64, i64, i64,
                                                    i64, i64, pointer, pointer, i64, pointer, pointer, pointer, pointer,
@@ -513,7 +513,8 @@ def route_row(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, 
     return ids, gates, scores
 
 
-def attend_row(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, out: torch.Tensor) -> None:
+def attend_row(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, out: torch.Tensor,
+               level: int | None = None) -> None:
     """One query row's attention over a session's cache (attention.c): q [heads, D] f32 contiguous,
     keys and values [1, kv_heads, S, D] f32 with unit stride along D (a cache's first S columns),
     out [heads, D] f32 contiguous = softmax(q K^T / sqrt(D)) V per head, query head h on key/value
@@ -528,7 +529,8 @@ def attend_row(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, out: t
                          f"{tuple(keys.shape)}, values {tuple(values.shape)} and out {tuple(out.shape)}")
     status = _library().colibri_attend_row(
         q.data_ptr(), heads, kv_heads, dim, keys.data_ptr(), keys.stride(1), keys.stride(2), values.data_ptr(),
-        values.stride(1), values.stride(2), columns, dim ** -0.5, out.data_ptr())
+        values.stride(1), values.stride(2), columns, dim ** -0.5, out.data_ptr(),
+        cpu_level() if level is None else level)
     if status != 0:
         raise ValueError(f"attend_row refused heads of {dim} (a multiple of 8 up to {MAX_HEAD_DIM}) over {columns} "
                          f"columns")

@@ -7,22 +7,20 @@
  *
  * Plain loops in a fixed order (8-lane dot products added in a fixed order, sums over positions
  * one after another, no multiply-add contraction), compiled once for the baseline and once for
- * AVX2 (target_clones): the vector lanes run the scalar sequence, so both give the same bits, and
+ * AVX2 (level >= 1): the vector lanes run the scalar sequence, so both give the same bits, and
  * a row's result never depends on the rows or sessions beside it. It equals SDPA to float rounding
  * (another order of sums, this file's exp): tests/test_native_decode.py holds the two together. */
 #include <stdint.h>
 #include <stdlib.h>
 #include "exp_f32.h"
 
-#if defined(__x86_64__) && defined(__GNUC__)
-#define VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
-#else
-#define VECTOR_CLONES
+#if defined(__x86_64__) || defined(_M_X64)
+#define COLIBRI_X86 1
 #endif
 
 #define MAX_HEAD 1024
 
-static inline float dot_lanes(const float *a, const float *b, int64_t D) {
+__attribute__((always_inline)) static inline float dot_lanes(const float *a, const float *b, int64_t D) {
     float lane[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
     for (int64_t i = 0; i < D; i += 8)
         for (int l = 0; l < 8; l++) lane[l] += a[i + l] * b[i + l];
@@ -30,9 +28,9 @@ static inline float dot_lanes(const float *a, const float *b, int64_t D) {
 }
 
 /* The heads of one key/value head j (`group` query heads from qj), into out. */
-static inline void attend_group(const float *qj, int64_t group, int64_t D, const float *K, int64_t key_col_stride,
-                                const float *V, int64_t value_col_stride, int64_t S, float scale, float *scores,
-                                float *out) {
+__attribute__((always_inline)) static inline void attend_group(
+    const float *qj, int64_t group, int64_t D, const float *K, int64_t key_col_stride, const float *V,
+    int64_t value_col_stride, int64_t S, float scale, float *scores, float *out) {
     for (int64_t s = 0; s < S; s++)  /* each cached key read once for the group's query heads */
         for (int64_t g = 0; g < group; g++)
             scores[g * S + s] = dot_lanes(qj + g * D, K + s * key_col_stride, D) * scale;
@@ -59,19 +57,13 @@ static inline void attend_group(const float *qj, int64_t group, int64_t D, const
     }
 }
 
-/* q [heads, D] f32; keys / values: position s of kv head j at base + j * head_stride + s *
- * col_stride (D consecutive floats: a [1, kv_heads, capacity, D] cache read through its first S
- * columns); out [heads, D]. D a multiple of 8 up to MAX_HEAD, heads a multiple of kv_heads, S >= 1.
- * Returns 0, -1 on bad shapes, -2 when out of memory. The common head sizes are compiled apart
- * (a constant D keeps a head's accumulators in registers); each runs the same operations. */
-VECTOR_CLONES
-int colibri_attend_row(const float *q, int64_t heads, int64_t kv_heads, int64_t D, const float *keys,
-                       int64_t key_head_stride, int64_t key_col_stride, const float *values,
-                       int64_t value_head_stride, int64_t value_col_stride, int64_t S, float scale, float *out) {
-    if (D % 8 || D < 8 || D > MAX_HEAD || kv_heads < 1 || heads % kv_heads || S < 1) return -1;
+/* The heads of every key/value head; the common head sizes compiled apart (a constant D keeps a
+ * head's accumulators in registers), each running the same operations. */
+__attribute__((always_inline)) static inline void attend_heads(
+    const float *q, int64_t heads, int64_t kv_heads, int64_t D, const float *keys, int64_t key_head_stride,
+    int64_t key_col_stride, const float *values, int64_t value_head_stride, int64_t value_col_stride, int64_t S,
+    float scale, float *scores, float *out) {
     int64_t group = heads / kv_heads;
-    float *scores = (float *)malloc(sizeof(float) * (size_t)(group * S));
-    if (!scores) return -2;
     for (int64_t j = 0; j < kv_heads; j++) {
         const float *qj = q + j * group * D, *K = keys + j * key_head_stride, *V = values + j * value_head_stride;
         float *o = out + j * group * D;
@@ -81,6 +73,39 @@ int colibri_attend_row(const float *q, int64_t heads, int64_t kv_heads, int64_t 
         default: attend_group(qj, group, D, K, key_col_stride, V, value_col_stride, S, scale, scores, o); break;
         }
     }
+}
+
+#ifdef COLIBRI_X86
+__attribute__((target("avx2"))) static void attend_heads_avx2(
+    const float *q, int64_t heads, int64_t kv_heads, int64_t D, const float *keys, int64_t key_head_stride,
+    int64_t key_col_stride, const float *values, int64_t value_head_stride, int64_t value_col_stride, int64_t S,
+    float scale, float *scores, float *out) {
+    attend_heads(q, heads, kv_heads, D, keys, key_head_stride, key_col_stride, values, value_head_stride,
+                 value_col_stride, S, scale, scores, out);
+}
+#endif
+
+/* q [heads, D] f32; keys / values: position s of kv head j at base + j * head_stride + s *
+ * col_stride (D consecutive floats: a [1, kv_heads, capacity, D] cache read through its first S
+ * columns); out [heads, D]. D a multiple of 8 up to MAX_HEAD, heads a multiple of kv_heads, S >= 1.
+ * level: 0 the baseline build, >= 1 the AVX2 one (the same bits). Returns 0, -1 on bad shapes, -2
+ * when out of memory. */
+int colibri_attend_row(const float *q, int64_t heads, int64_t kv_heads, int64_t D, const float *keys,
+                       int64_t key_head_stride, int64_t key_col_stride, const float *values,
+                       int64_t value_head_stride, int64_t value_col_stride, int64_t S, float scale, float *out,
+                       int level) {
+    if (D % 8 || D < 8 || D > MAX_HEAD || kv_heads < 1 || heads % kv_heads || S < 1) return -1;
+    float *scores = (float *)malloc(sizeof(float) * (size_t)(heads / kv_heads * S));
+    if (!scores) return -2;
+#ifdef COLIBRI_X86
+    if (level >= 1)
+        attend_heads_avx2(q, heads, kv_heads, D, keys, key_head_stride, key_col_stride, values, value_head_stride,
+                          value_col_stride, S, scale, scores, out);
+    else
+#endif
+        attend_heads(q, heads, kv_heads, D, keys, key_head_stride, key_col_stride, values, value_head_stride,
+                     value_col_stride, S, scale, scores, out);
+    (void)level;
     free(scores);
     return 0;
 }

@@ -112,4 +112,3 @@ int colibri_route_row(const float *x, int64_t D, const float *weight, const floa
     }
     return 0;
 }
-

@@ -280,14 +280,8 @@ __attribute__((target(ZMM_TARGET))) static void q8_row_pairs_zmm(const int8_t *w
                                           _mm256_set1_ps(half_to_f32(s1[g], fp16)), 1);
         acc = _mm512_fmadd_ps(group, scale, acc);
     }
-    float *out[2] = {out0, out1};
-    for (int half = 0; half < 2; half++) {
-        __m256 row = half ? _mm512_extractf32x8_ps(acc, 1) : _mm512_castps512_ps256(acc);
-        __m128 lo = _mm_add_ps(_mm256_castps256_ps128(row), _mm256_extractf128_ps(row, 1));
-        lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-        lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
-        *out[half] = _mm_cvtss_f32(lo);
-    }
+    *out0 = hsum256(_mm512_castps512_ps256(acc));
+    *out1 = hsum256(_mm512_extractf32x8_ps(acc, 1));
 }
 #endif
 
@@ -546,13 +540,8 @@ __attribute__((target(ZMM_TARGET))) static void weight_rows_zmm(
             scalar[r] -= scales[r * groups + g] * offset[g]; /* the -8 of every nibble */
             if (z) scalar[r] += zeros[r * groups + g] * xgroup[g];
         }
-    for (int r = 0; r < ZROWS; r++) {
-        __m256 both = _mm256_add_ps(_mm512_castps512_ps256(acc[r]), _mm512_extractf32x8_ps(acc[r], 1));
-        __m128 lo = _mm_add_ps(_mm256_castps256_ps128(both), _mm256_extractf128_ps(both, 1));
-        lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-        lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
-        out[r] = _mm_cvtss_f32(lo) + scalar[r];
-    }
+    for (int r = 0; r < ZROWS; r++)
+        out[r] = hsum256(_mm256_add_ps(_mm512_castps512_ps256(acc[r]), _mm512_extractf32x8_ps(acc[r], 1))) + scalar[r];
 }
 #endif
 
