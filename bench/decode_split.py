@@ -24,7 +24,7 @@ KERNELS = ("colibri_q8_quantize", "colibri_q4_matmul", "colibri_q4_experts", "co
            "colibri_bf16w_matmul", "colibri_norm_rope", "colibri_rms_norm", "colibri_add_weighted_rows",
            "colibri_token_experts_in", "colibri_token_experts_out", "colibri_route_row", "colibri_attention_in",
            "colibri_attention_out", "colibri_token_experts", "colibri_swiglu_rows", "colibri_attend_row",
-           "colibri_decode_layer_front")
+           "colibri_decode_layer_front", "colibri_decode_layers")
 
 
 class _Timed:

@@ -26,6 +26,7 @@ from colibri_model import (
 )
 
 from .compute.native_decode import install_decode_paths
+from .compute.native_stack import install_decode_stack
 from .compute.native_linear import SharedInput, install, native_linear_name
 from .errors import ContainerConfigError
 from .io.heap import release_free_heap
@@ -87,6 +88,7 @@ def build_model(
     release_free_heap()
     if native_linears:  # the native kernel builds here: a decode token's attention and norms take C too
         install_decode_paths(model, config)
+        install_decode_stack(model, config)  # and a decode token's layers one C call
     return model.eval()
 
 

@@ -61,6 +61,7 @@ class SessionKV:
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
         self.capacity = 0  # columns allocated per full layer (a sliding layer: up to its limit)
+        self.storage_version = 0  # bumped whenever a layer's storage is replaced (a caller may hold its address)
         if capacity:
             self.reserve(capacity)
 
@@ -98,6 +99,7 @@ class SessionKV:
             keys[:, :, :filled] = self.keys[layer][:, :, :filled]
             values[:, :, :filled] = self.values[layer][:, :, :filled]
         self.keys[layer], self.values[layer] = keys, values
+        self.storage_version += 1
 
     def reserve(self, positions: int) -> None:
         """Make room for `positions` filled positions (raises past `max_len`); a sliding layer

@@ -186,7 +186,7 @@ class NativeDecodeMoE(MoELayer):
         return out
 
 
-class _BlockPlan:
+class BlockPlan:
     """What `NativeDecodeBlock` hands the C calls for one layer, built once: the four projections'
     addresses, and the modules they belong to (which keep those tensors alive)."""
 
@@ -251,6 +251,17 @@ class _BlockPlan:
             self.tensors.append(tuple(t for t in (router.weight, router.bias, router.expert_bias) if t is not None))
         return front, route, routes
 
+    def finish(self, h_out: torch.Tensor, x: torch.Tensor, ids: list[int], gates: list[float],
+               experts_out: torch.Tensor | None, expert_seconds: float) -> torch.Tensor:
+        """A routed layer after its C call: h_out [1, 1, d] (the attention's residual, the caller's
+        own: returned with the layer's output added in place) and x (the MoE layer's input), routed
+        to `ids` with `gates`; `experts_out`: the experts' sum where the call ran them (counted here)."""
+        if experts_out is not None:  # every chosen expert was cached: the call ran them too
+            self.count_row(len(ids), expert_seconds)
+        d = h_out.shape[-1]
+        out = self.ffn.routed_row(x.view(1, d), ids, gates, experts_out)
+        return h_out.add_(out.view(1, 1, d))  # experts_out is read here, before the next layer's call
+
     @staticmethod
     def covers(block: Block) -> bool:
         """Whether this layer's decode row can take the two calls: the native decode attention with
@@ -284,9 +295,7 @@ class NativeDecodeBlock(Block):
 
     def forward(self, h: torch.Tensor, positions: torch.Tensor, cache=None,
                 attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        plan = self.__dict__.get("_decode_plan", False)
-        if plan is False:
-            plan = self.__dict__["_decode_plan"] = _BlockPlan(self) if _BlockPlan.covers(self) else None
+        plan = block_plan(self)
         if (plan is None or cache is None or attention_mask is not None or h.shape[0] != 1 or h.shape[1] != 1
                 or h.dtype != torch.float32 or positions.dim() != 1 or plan.hooked()
                 or not isinstance(plan.attn, NativeDecodeAttention)):  # (a test may swap the class back)
@@ -305,10 +314,7 @@ class NativeDecodeBlock(Block):
                                          plan.route, table, plan.experts_out)
             if outcome is None:
                 return h_out + plan.ffn(x)
-            if outcome.experts_out is not None:  # every chosen expert was cached: the call ran them too
-                plan.count_row(len(outcome.ids), outcome.expert_seconds)
-            out = moe.routed_row(x.view(1, d), outcome.ids, outcome.gates, outcome.experts_out)
-            return h_out.add_(out.view(1, 1, d))  # h_out is this call's own; experts_out is read here
+            return plan.finish(h_out, x, outcome.ids, outcome.gates, outcome.experts_out, outcome.expert_seconds)
         q, k, v = plan.q, plan.k, plan.v
         attention_in(row, plan.attn_norm, plan.qkv, plan.q_norm, plan.k_norm, cos, sin, q, k, v)
         keys, values = cache.update(plan.layer_index, k.view(1, plan.kv_heads, 1, plan.dim),
@@ -318,6 +324,14 @@ class NativeDecodeBlock(Block):
         h_out, x = torch.empty(1, 1, d), torch.empty(1, 1, d)
         attention_out(out.view(-1), plan.o, row, h_out, plan.ffn_norm, x)
         return h_out + plan.ffn(x)
+
+
+def block_plan(block: NativeDecodeBlock) -> BlockPlan | None:
+    """The block's decode plan (built on first use), or None where its layer has no C path."""
+    plan = block.__dict__.get("_decode_plan", False)
+    if plan is False:
+        plan = block.__dict__["_decode_plan"] = BlockPlan(block) if BlockPlan.covers(block) else None
+    return plan
 
 
 def install_decode_paths(model: torch.nn.Module, config: ColibriConfig) -> int:

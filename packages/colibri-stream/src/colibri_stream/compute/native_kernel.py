@@ -122,6 +122,8 @@ def _library() -> ctypes.CDLL:
                                                    i64, i64, pointer, pointer, i64, pointer, pointer, pointer, pointer,
                                                    pointer, pointer, i32, i32]
     library.colibri_decode_layer_front.restype = i32
+    library.colibri_decode_layers.argtypes = [pointer, i64, i64, i64, pointer, pointer, pointer, pointer, i32, i32]
+    library.colibri_decode_layers.restype = i32
     return library
 
 
@@ -670,6 +672,39 @@ def decode_layer_front(front: LayerFront, h: torch.Tensor, cos: torch.Tensor, si
     done = into.experts_done.value == 1
     return LayerOutcome(into.ids[:top_k], into.gates[:top_k], experts_out if done else None,
                         into.expert_seconds.value if done else 0.0)
+
+
+class DecodeLayer(ctypes.Structure):
+    """One layer of a decode token as `decode_layers` runs it (decode_layer.c's
+    `colibri_decode_layer`): `front` and `table` (a `TokenTable` or None: the caller runs the
+    experts) by address, where this token's key and value go, this position's rotation rows, the
+    routing's top_k and buffers; `finish` set: the caller completes the layer even when the call
+    ran its experts. The call fills `experts_done` and `expert_seconds`."""
+
+    _fields_ = [(name, ctypes.c_void_p) for name in ("front", "table", "keys", "values")] + [
+        (name, ctypes.c_int64) for name in ("key_head_stride", "key_col_stride", "value_head_stride",
+                                            "value_col_stride")] + [
+        (name, ctypes.c_void_p) for name in ("cos", "sin")] + [
+        (name, ctypes.c_int64) for name in ("top_k", "finish")] + [
+        (name, ctypes.c_void_p) for name in ("ids", "gates", "experts_out")] + [
+        ("expert_seconds", ctypes.c_double), ("experts_done", ctypes.c_int64)]
+
+
+def decode_layers(layers, first: int, end: int, column: int, h: torch.Tensor, h_out: torch.Tensor,
+                  x_out: torch.Tensor, stopped: ctypes.c_int64) -> int:
+    """A decode token through layers[first:end] (an array of `DecodeLayer`, every address filled)
+    at cache column `column`: each layer's `decode_layer_front`, and where that ran the layer's
+    experts and the layer is not the caller's to `finish`, h = h_out + experts_out, the next
+    layer's input. h, h_out, x_out: [D] f32, contiguous (h updated in place). Returns the layer
+    the caller must finish (its front done, h still its input), or `end`."""
+    if not 0 <= first <= end <= len(layers):
+        raise ValueError(f"decode_layers: layers {first}..{end} of {len(layers)}")
+    status = _library().colibri_decode_layers(layers, first, end, column, h.data_ptr(), h_out.data_ptr(),
+                                              x_out.data_ptr(), ctypes.byref(stopped), torch.get_num_threads(),
+                                              cpu_level())
+    if status != 0:
+        raise ValueError(f"decode_layers refused layer {stopped.value} of {len(layers)}")
+    return stopped.value
 
 
 def attention_in(h: torch.Tensor, norm, qkv, q_norm, k_norm, cos: torch.Tensor, sin: torch.Tensor,

@@ -194,3 +194,50 @@ int colibri_decode_layer_front(const colibri_layer_front *L, const float *h, con
     *experts_done = status == 0;
     return status;
 }
+
+/* One layer of a decode token as colibri_decode_layers runs it: its constants (front; table: its
+ * cached experts, NULL where the caller runs them), where this token's key and value go (the
+ * session cache's layer: base, strides), this position's rotation rows, its routing's top_k and
+ * buffers, and what the call reports back (experts_done, expert_seconds). `finish`: the caller
+ * completes the layer even when the call ran its experts (a shared expert to add). Every field
+ * 8 bytes wide, as ctypes lays it out. */
+typedef struct {
+    const colibri_layer_front *front;
+    const colibri_token_table *table;
+    float *keys, *values;
+    int64_t key_head_stride, key_col_stride, value_head_stride, value_col_stride;
+    const float *cos, *sin;
+    int64_t top_k, finish;
+    int64_t *ids;
+    float *gates, *experts_out;
+    double expert_seconds;
+    int64_t experts_done;
+} colibri_decode_layer;
+
+/* A decode token of one session through layers[first..count): each layer's
+ * colibri_decode_layer_front at cache column `column`, and where the call ran the layer's experts
+ * (and the caller need not finish it), the next layer's input h = h_out + experts_out (one f32
+ * add, as torch's). h [D] is the input of layer `first` and is updated in place; h_out and x_out
+ * [D] take each layer's attention residual and FFN input. *stopped: the layer the caller must
+ * finish (its front done: h_out, x_out, ids, gates and experts_done filled; h still its input),
+ * or count when every layer ran. */
+int colibri_decode_layers(colibri_decode_layer *layers, int64_t first, int64_t count, int64_t column, float *h,
+                          float *h_out, float *x_out, int64_t *stopped, int threads, int level) {
+    for (int64_t i = first; i < count; i++) {
+        colibri_decode_layer *L = &layers[i];
+        int done = 0;
+        *stopped = i;
+        L->experts_done = 0;
+        int status = colibri_decode_layer_front(L->front, h, L->cos, L->sin, L->keys, L->values, L->key_head_stride,
+                                                L->key_col_stride, L->value_head_stride, L->value_col_stride, column,
+                                                h_out, x_out, L->top_k, L->ids, L->gates, L->table, L->experts_out,
+                                                &L->expert_seconds, &done, threads, level);
+        if (status != 0) return status;
+        L->experts_done = done;
+        if (!done || L->finish) return 0;
+        int64_t D = L->front->D;
+        for (int64_t d = 0; d < D; d++) h[d] = h_out[d] + L->experts_out[d];
+    }
+    *stopped = count;
+    return 0;
+}
