@@ -26,8 +26,8 @@ from colibri_model import (
 )
 
 from .compute.native_decode import install_decode_paths
-from .compute.native_stack import install_decode_stack
 from .compute.native_linear import SharedInput, install, native_linear_name
+from .compute.native_stack import install_decode_stack
 from .errors import ContainerConfigError
 from .io.heap import release_free_heap
 from .stored_embedding import StoredEmbedding, stored_embedding_name
