@@ -32,6 +32,7 @@ from .compute.native_kernel import QuantizedActivations
 from .compute.streamed_experts import StreamedExperts
 from .errors import BudgetError, SmallCacheWarning
 from .io.direct_io import BlobReader
+from .io.heap import release_free_heap
 from .io.memory_cap import read_memory_cap
 from .options import EngineOptions
 from .plan import Plan, make_plan, plan_dtypes
@@ -73,6 +74,7 @@ def assemble(container: Container, plan: Plan, opts: EngineOptions) -> Assembled
     f, budget = plan.footprint, plan.budget
     layout = container.blob_layout
     tokenizer = load_engine_tokenizer(container, opts.tokenizer)
+    release_free_heap()  # parsing tokenizer.json leaves twice what the tokenizer keeps (footprint.py)
     stats = StreamStats(record_trace=opts.record_trace)
     policy = make_policy(opts.cache_policy)
     reader = BlobReader(container.path, direct=opts.direct_io)

@@ -40,10 +40,13 @@ from .sizes import format_size
 from .stored_embedding import stored_embedding_name
 
 # NOTE: a loaded byte-level BPE tokenizer holds its vocabulary and merges in Rust structures that
-# torch never sees. Measured for SmolLM2's 49152 tokens: 38.7-43 MB of anonymous RSS on a
-# process's first load, about 880 bytes per token. The plan counts the model's vocabulary
-# (config.vocab_size, which the tokenizer must fit in), so it needs no tokenizer loaded.
-TOKENIZER_BYTES_PER_TOKEN = 900
+# torch never sees. Measured for SmolLM2's 49152 tokens (AMD EPYC, tokenizers 0.22): 40-44 MB of
+# anonymous RSS right after a process's first load, about 880 bytes per token, of which all but
+# 13.4 MB (270 bytes per token) is freed heap from parsing tokenizer.json: the engine gives it back
+# (malloc_trim) right after the load, before anything else of it is allocated, so only what stays
+# is counted. The plan counts the model's vocabulary (config.vocab_size, which the tokenizer must
+# fit in), so it needs no tokenizer loaded.
+TOKENIZER_BYTES_PER_TOKEN = 300
 
 
 @dataclass(frozen=True)
@@ -278,7 +281,7 @@ class Sizing:
             dtype, compute, expert_compute_dtype, max_context, min(chunk, max_context), self.top_k, threads, by_dtype,
             kv_cache_bytes(config, max_context, elem, min(chunk, max_context)),
             workspace_bytes(config, min(chunk, max_context), max_context, elem),
-            0, TOKENIZER_BYTES_PER_TOKEN * config.vocab_size, heap_slack_bytes(blob),
+            0, TOKENIZER_BYTES_PER_TOKEN * config.vocab_size, heap_slack_bytes(blob, compute),
             slot, config.n_experts, config.n_moe_layers * config.n_experts, self.mapped_bytes(),
         )
         return replace(f, staging_bytes=self.staging(f, threads))
