@@ -4,12 +4,17 @@ of peak RSS against the budget is bench/ram_budget.py; its figures are in bench/
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+import textwrap
 import tracemalloc
 
 import numpy as np
 import pytest
 from colibri_int4 import Container
 from colibri_stream import Engine, resident
+from colibri_stream.footprint import TOKENIZER_BYTES_PER_TOKEN
 from colibri_stream.io import heap
 
 
@@ -83,3 +88,33 @@ def test_trimmer_asks_only_after_enough_reads(monkeypatch):
     assert len(asked) == 1
     trimmer.maybe_trim(1006)
     assert len(asked) == 2
+
+
+def test_the_plan_counts_what_a_loaded_tokenizer_keeps():
+    """A fresh process loads the bundled tokenizer as the engine does (then gives the parse's freed
+    heap back): what its anonymous RSS keeps fits the plan's count for that vocabulary, while the
+    load itself passes through more (which the engine frees before allocating anything else)."""
+    if heap.free_heap_bytes() is None:
+        pytest.skip("malloc_trim and mallinfo2 need glibc >= 2.33")
+    script = textwrap.dedent("""
+        import json
+        from colibri_model import load_tokenizer
+        from colibri_stream.io.heap import release_free_heap
+        from colibri_stream.io.memory_cap import rss_anon_bytes
+        release_free_heap()
+        before = rss_anon_bytes()
+        tokenizer = load_tokenizer(None)
+        loaded = rss_anon_bytes()
+        release_free_heap()
+        print(json.dumps([tokenizer.get_vocab_size(), loaded - before, rss_anon_bytes() - before]))
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    vocab, loaded, kept = json.loads(done.stdout.strip().splitlines()[-1])
+    assert 0 < kept <= TOKENIZER_BYTES_PER_TOKEN * vocab < loaded, (vocab, loaded, kept)
+
+
+def test_the_native_kernels_heap_slack_is_smaller_than_a_repacking_routes():
+    blob = 1 << 20
+    assert heap.slack_bytes(blob, "native") == heap.NATIVE_SLACK_BLOBS * blob < heap.slack_bytes(blob, "int4")
+    assert heap.slack_bytes(1024, "native") == heap.MIN_SLACK_BYTES  # tiny experts: the floor

@@ -150,10 +150,10 @@ def test_levels_agree_and_threads_do_not_change_a_bit():
 @pytest.mark.parametrize("level", LEVELS)
 @pytest.mark.parametrize(("group", "zeros"), [(32, False), (64, True), (128, False)])
 def test_rows_in_tiles_and_experts_together_are_bitwise_each_alone(level, group, zeros):
-    """Rows share weight loads 4 at a time, one row takes weight rows 4 at a time (8 in 512-bit
-    vectors on AVX-512 cores; 42: a short group at the end of each block of 16), and a token's
-    experts share one call; none may change a bit of any row's result (7 rows: a full tile and a
-    short one)."""
+    """Rows share weight loads 4 at a time (on AVX-512 cores 4 rows take 8 weight rows at a time in
+    512-bit vectors), one row takes weight rows 4 at a time (8 in 512-bit vectors; 42: a short group
+    at the end of each block of 16), and a token's experts share one call; none may change a bit of
+    any row's result (7 rows: a full tile and a short one)."""
     rng = np.random.default_rng(group)
     matrices = [_random_q4(42, 256, group, rng, zeros, False)[:3] for _ in range(3)]
     x = QuantizedActivations(torch.from_numpy(rng.normal(0, 1, (7, 256)).astype(np.float32)))
