@@ -43,11 +43,16 @@ def test_the_vnni_level_gives_the_avx2_bits():
     if AVX512_VNNI not in LEVELS:
         pytest.skip("this CPU has no AVX-512 VNNI (the AVX2 path is tested on its own)")
     rng = np.random.default_rng(3)
+    for cols in (256, 1024):  # 1024 in groups of 64 or 128: the 512-bit paths' epilogue in vector lanes
+        x = QuantizedActivations(torch.from_numpy(rng.normal(0, 1, (6, cols)).astype(np.float32)))
+        for group, zeros in ((32, False), (64, True), (64, False), (128, False), (128, True)):
+            packed, scales, zero, _ = _random_q4(40, cols, group, rng, zeros, False)
+            avx2 = q4_matmul(x, packed, scales, zero, group, level=AVX2)
+            assert torch.equal(avx2, q4_matmul(x, packed, scales, zero, group, level=AVX512_VNNI))
+            for row in range(6):  # one row alone: the decode path
+                alone = q4_matmul(x[torch.tensor([row])], packed, scales, zero, group, level=AVX512_VNNI)[0]
+                assert torch.equal(alone, avx2[row])
     x = QuantizedActivations(torch.from_numpy(rng.normal(0, 1, (6, 256)).astype(np.float32)))
-    for group, zeros in ((32, False), (64, True), (128, False)):
-        packed, scales, zero, _ = _random_q4(24, 256, group, rng, zeros, False)
-        assert torch.equal(q4_matmul(x, packed, scales, zero, group, level=AVX2),
-                           q4_matmul(x, packed, scales, zero, group, level=AVX512_VNNI))
     weights = torch.from_numpy(rng.integers(-128, 128, (24, 256)).astype(np.int8))
     bits = torch.full((24, 4), 0.01).to(torch.bfloat16).view(torch.int16)
     assert torch.equal(q8_matmul(x, weights, bits, 64, level=AVX2), q8_matmul(x, weights, bits, 64, level=AVX512_VNNI))
