@@ -567,9 +567,13 @@ __attribute__((target(ZMM_TARGET))) static void weight_rows_zmm(
     int64_t per_group, const int8_t *pairs, const float *pair_scales, const float *offset, const float *xgroup,
     float *out) {
     const __m512i low = _mm512_set1_epi8(15);
+    /* a step's scales: lanes 0-7 group g0's, 8-15 group g1's (g0 or the next) */
+    const __m512i one_group = _mm512_setzero_si512();
+    const __m512i two_groups = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi32(1), 1);
     int64_t groups = blocks / per_group;
-    float scales[ZROWS * groups], zeros[ZROWS * groups];
+    float scales[ZROWS * groups + 16], zeros[ZROWS * groups]; /* + 16: a step's scales load 16 from its group */
     row_scales_avx2(s, ZROWS * groups, fp16, scales); /* rows n.. are consecutive: one conversion */
+    for (int i = 0; i < 16; i++) scales[ZROWS * groups + i] = 0.f;
     if (z) row_scales_avx2(z, ZROWS * groups, fp16, zeros);
     __m512 acc[ZROWS];
     for (int r = 0; r < ZROWS; r++) acc[r] = _mm512_setzero_ps();
@@ -587,8 +591,8 @@ __attribute__((target(ZMM_TARGET))) static void weight_rows_zmm(
             __m512i raw = _mm512_loadu_si512((const void *)(p + r * row_bytes + b * 16));
             __m512i even = _mm512_and_si512(raw, low), odd = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low);
             __m512i dot = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), even, x0), odd, x1);
-            __m512 scale = _mm512_insertf32x8(_mm512_set1_ps(scales[r * groups + g0]),
-                                              _mm256_set1_ps(scales[r * groups + g1]), 1);
+            __m512 scale = _mm512_permutexvar_ps(g1 > g0 ? two_groups : one_group,
+                                                 _mm512_loadu_ps(scales + r * groups + g0));
             acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(ps, scale), acc[r]);
         }
     }
@@ -652,9 +656,13 @@ __attribute__((target(ZMM_TARGET), always_inline)) static inline void weight_row
     int64_t per_group, const int8_t *const *pairs, const float *const *pair_scales, const float *const *offset,
     const float *const *xgroup, float *const *out, const int R) {
     const __m512i low = _mm512_set1_epi8(15);
+    /* a step's scales: lanes 0-7 group g0's, 8-15 group g1's (g0 or the next) */
+    const __m512i one_group = _mm512_setzero_si512();
+    const __m512i two_groups = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi32(1), 1);
     int64_t groups = blocks / per_group;
-    float scales[ZROWS * groups], zeros[ZROWS * groups];
+    float scales[ZROWS * groups + 16], zeros[ZROWS * groups]; /* + 16: a step's scales load 16 from its group */
     row_scales_avx2(s, ZROWS * groups, fp16, scales);
+    for (int i = 0; i < 16; i++) scales[ZROWS * groups + i] = 0.f;
     if (z) row_scales_avx2(z, ZROWS * groups, fp16, zeros);
     __m512 acc[ZACTS][ZROWS];
     for (int a = 0; a < R; a++)
@@ -674,8 +682,8 @@ __attribute__((target(ZMM_TARGET), always_inline)) static inline void weight_row
         for (int r = 0; r < ZROWS; r++) {
             __m512i raw = _mm512_loadu_si512((const void *)(p + r * row_bytes + b * 16));
             __m512i even = _mm512_and_si512(raw, low), odd = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low);
-            __m512 scale = _mm512_insertf32x8(_mm512_set1_ps(scales[r * groups + g0]),
-                                              _mm256_set1_ps(scales[r * groups + g1]), 1);
+            __m512 scale = _mm512_permutexvar_ps(g1 > g0 ? two_groups : one_group,
+                                                 _mm512_loadu_ps(scales + r * groups + g0));
             for (int a = 0; a < R; a++) {
                 __m512i dot = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), even, x0[a]), odd,
                                                   x1[a]);
