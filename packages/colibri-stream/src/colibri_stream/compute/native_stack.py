@@ -14,7 +14,9 @@ forward hooks, a layer with no C path. That layer is finished as `NativeDecodeBl
 (or runs as its module), and the call resumes after it. The arithmetic is each layer's own call in
 the order the per-layer path makes it: the same bits (tested).
 
-Everything else, and a model with a hook of its own on any block, runs colibri-model's forward.
+A block with a forward hook of its own (or under a global module hook: every block) runs as its
+module inside the token, the layers around it in the call. Everything else (prefill, batches,
+masks, explicit positions, a bf16 or sliding-window cache) runs colibri-model's forward.
 """
 
 from __future__ import annotations
