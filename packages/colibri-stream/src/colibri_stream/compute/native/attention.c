@@ -7,7 +7,8 @@
  *
  * Plain loops in a fixed order (8-lane dot products added in a fixed order, sums over positions
  * one after another, no multiply-add contraction), compiled once for the baseline and once for
- * AVX2 (level >= 1): the vector lanes run the scalar sequence, so both give the same bits, and
+ * AVX2 (level >= 1, where the scores of 8 keys are also reduced at once: 1.3x at 64 to 1024
+ * cached columns): the vector lanes run the scalar sequence, so both give the same bits, and
  * a row's result never depends on the rows or sessions beside it. It equals SDPA to float rounding
  * (another order of sums, this file's exp): tests/test_native_decode.py holds the two together. */
 #include <stdint.h>
@@ -16,6 +17,7 @@
 
 #if defined(__x86_64__) || defined(_M_X64)
 #define COLIBRI_X86 1
+#include <immintrin.h>
 #endif
 
 #define MAX_HEAD 1024
@@ -27,13 +29,66 @@ __attribute__((always_inline)) static inline float dot_lanes(const float *a, con
     return ((lane[0] + lane[4]) + (lane[1] + lane[5])) + ((lane[2] + lane[6]) + (lane[3] + lane[7]));
 }
 
-/* The heads of one key/value head j (`group` query heads from qj), into out. */
-__attribute__((always_inline)) static inline void attend_group(
-    const float *qj, int64_t group, int64_t D, const float *K, int64_t key_col_stride, const float *V,
-    int64_t value_col_stride, int64_t S, float scale, float *scores, float *out) {
-    for (int64_t s = 0; s < S; s++)  /* each cached key read once for the group's query heads */
+/* scores[g * S + s] for the group's query heads and keys from `first` on */
+__attribute__((always_inline)) static inline void group_scores(const float *qj, int64_t group, int64_t D,
+                                                               const float *K, int64_t key_col_stride, int64_t first,
+                                                               int64_t S, float scale, float *scores) {
+    for (int64_t s = first; s < S; s++)  /* each cached key read once for the group's query heads */
         for (int64_t g = 0; g < group; g++)
             scores[g * S + s] = dot_lanes(qj + g * D, K + s * key_col_stride, D) * scale;
+}
+
+#ifdef COLIBRI_X86
+/* `group_scores` 8 keys at a time: each key's 8 lanes in one vector (dot_lanes' adds in its order),
+ * then the 8 keys' vectors transposed so that one tree of adds, dot_lanes' tree, reduces all 8 at
+ * once: the same bits, without a lane reduction per key. Keys past the last 8: `group_scores`. */
+__attribute__((target("avx2"))) static void group_scores_avx2(const float *qj, int64_t group, int64_t D,
+                                                                const float *K, int64_t key_col_stride, int64_t S,
+                                                                float scale, float *scores) {
+    int64_t s = 0;
+    for (; s + 8 <= S; s += 8)
+        for (int64_t g = 0; g < group; g++) {
+            const float *q = qj + g * D;
+            __m256 a[8];
+            for (int k = 0; k < 8; k++) a[k] = _mm256_setzero_ps();
+            for (int64_t i = 0; i < D; i += 8) {
+                __m256 qv = _mm256_loadu_ps(q + i);
+                for (int k = 0; k < 8; k++)
+                    a[k] = _mm256_add_ps(a[k], _mm256_mul_ps(qv, _mm256_loadu_ps(K + (s + k) * key_col_stride + i)));
+            }
+            /* transpose: t[l] = lane l of keys 0..7 */
+            __m256 u0 = _mm256_unpacklo_ps(a[0], a[1]), u1 = _mm256_unpackhi_ps(a[0], a[1]);
+            __m256 u2 = _mm256_unpacklo_ps(a[2], a[3]), u3 = _mm256_unpackhi_ps(a[2], a[3]);
+            __m256 u4 = _mm256_unpacklo_ps(a[4], a[5]), u5 = _mm256_unpackhi_ps(a[4], a[5]);
+            __m256 u6 = _mm256_unpacklo_ps(a[6], a[7]), u7 = _mm256_unpackhi_ps(a[6], a[7]);
+            __m256 v0 = _mm256_shuffle_ps(u0, u2, 0x44), v1 = _mm256_shuffle_ps(u0, u2, 0xEE);
+            __m256 v2 = _mm256_shuffle_ps(u1, u3, 0x44), v3 = _mm256_shuffle_ps(u1, u3, 0xEE);
+            __m256 v4 = _mm256_shuffle_ps(u4, u6, 0x44), v5 = _mm256_shuffle_ps(u4, u6, 0xEE);
+            __m256 v6 = _mm256_shuffle_ps(u5, u7, 0x44), v7 = _mm256_shuffle_ps(u5, u7, 0xEE);
+            __m256 t0 = _mm256_permute2f128_ps(v0, v4, 0x20), t4 = _mm256_permute2f128_ps(v0, v4, 0x31);
+            __m256 t1 = _mm256_permute2f128_ps(v1, v5, 0x20), t5 = _mm256_permute2f128_ps(v1, v5, 0x31);
+            __m256 t2 = _mm256_permute2f128_ps(v2, v6, 0x20), t6 = _mm256_permute2f128_ps(v2, v6, 0x31);
+            __m256 t3 = _mm256_permute2f128_ps(v3, v7, 0x20), t7 = _mm256_permute2f128_ps(v3, v7, 0x31);
+            __m256 dots = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(t0, t4), _mm256_add_ps(t1, t5)),
+                                        _mm256_add_ps(_mm256_add_ps(t2, t6), _mm256_add_ps(t3, t7)));
+            _mm256_storeu_ps(scores + g * S + s, _mm256_mul_ps(dots, _mm256_set1_ps(scale)));
+        }
+    group_scores(qj, group, D, K, key_col_stride, s, S, scale, scores);
+}
+#endif
+
+/* The heads of one key/value head j (`group` query heads from qj), into out; `vector_scores`: the
+ * scores by group_scores_avx2 (the AVX2 build only). */
+__attribute__((always_inline)) static inline void attend_group(
+    const float *qj, int64_t group, int64_t D, const float *K, int64_t key_col_stride, const float *V,
+    int64_t value_col_stride, int64_t S, float scale, float *scores, float *out, int vector_scores) {
+#ifdef COLIBRI_X86
+    if (vector_scores)
+        group_scores_avx2(qj, group, D, K, key_col_stride, S, scale, scores);
+    else
+#endif
+        group_scores(qj, group, D, K, key_col_stride, 0, S, scale, scores);
+    (void)vector_scores;
     for (int64_t g = 0; g < group; g++) {
         float *p = scores + g * S;
         float top = p[0];
@@ -62,15 +117,15 @@ __attribute__((always_inline)) static inline void attend_group(
 __attribute__((always_inline)) static inline void attend_heads(
     const float *q, int64_t heads, int64_t kv_heads, int64_t D, const float *keys, int64_t key_head_stride,
     int64_t key_col_stride, const float *values, int64_t value_head_stride, int64_t value_col_stride, int64_t S,
-    float scale, float *scores, float *out) {
+    float scale, float *scores, float *out, int vector_scores) {
     int64_t group = heads / kv_heads;
     for (int64_t j = 0; j < kv_heads; j++) {
         const float *qj = q + j * group * D, *K = keys + j * key_head_stride, *V = values + j * value_head_stride;
         float *o = out + j * group * D;
         switch (D) {
-        case 64: attend_group(qj, group, 64, K, key_col_stride, V, value_col_stride, S, scale, scores, o); break;
-        case 128: attend_group(qj, group, 128, K, key_col_stride, V, value_col_stride, S, scale, scores, o); break;
-        default: attend_group(qj, group, D, K, key_col_stride, V, value_col_stride, S, scale, scores, o); break;
+        case 64: attend_group(qj, group, 64, K, key_col_stride, V, value_col_stride, S, scale, scores, o, vector_scores); break;
+        case 128: attend_group(qj, group, 128, K, key_col_stride, V, value_col_stride, S, scale, scores, o, vector_scores); break;
+        default: attend_group(qj, group, D, K, key_col_stride, V, value_col_stride, S, scale, scores, o, vector_scores); break;
         }
     }
 }
@@ -81,7 +136,7 @@ __attribute__((target("avx2"))) static void attend_heads_avx2(
     int64_t key_col_stride, const float *values, int64_t value_head_stride, int64_t value_col_stride, int64_t S,
     float scale, float *scores, float *out) {
     attend_heads(q, heads, kv_heads, D, keys, key_head_stride, key_col_stride, values, value_head_stride,
-                 value_col_stride, S, scale, scores, out);
+                 value_col_stride, S, scale, scores, out, 1);
 }
 #endif
 
@@ -104,7 +159,7 @@ int colibri_attend_row(const float *q, int64_t heads, int64_t kv_heads, int64_t 
     else
 #endif
         attend_heads(q, heads, kv_heads, D, keys, key_head_stride, key_col_stride, values, value_head_stride,
-                     value_col_stride, S, scale, scores, out);
+                     value_col_stride, S, scale, scores, out, 0);
     (void)level;
     free(scores);
     return 0;
