@@ -34,7 +34,7 @@ from ..errors import NativeKernelError
 # the q4/q8/bf16 products, and the small per-row pieces of a decode token (one shared object)
 SOURCES = tuple(Path(__file__).with_name("native") / name for name in ("q4_matvec.c", "decode_step.c",
                                                                        "decode_layer.c", "attention.c"))
-HEADERS = tuple(Path(__file__).with_name("native") / name for name in ("exp_f32.h",))  # in the digest too
+HEADERS = tuple(Path(__file__).with_name("native") / name for name in ("exp_f32.h", "transpose8.h"))  # in the digest too
 # -ffp-contract=off: a product and a sum written apart stay apart (no fused multiply-add the source
 # did not ask for), so the portable paths give the same bits on every CPU and compiler.
 # -fno-trapping-math: a float compare-and-select may run in vector lanes (the clamps of exp_f32.h;

@@ -140,10 +140,8 @@ class DecodeStack:
         return h
 
     def _in_call(self) -> list[bool]:
-        """Per layer, whether it runs in the call this token (its table refreshed where it does)."""
-        registry = nn.modules.module  # torch keeps the global hooks there (register_module_forward_hook)
-        if getattr(registry, "_global_forward_hooks", None) or getattr(registry, "_global_forward_pre_hooks", None):
-            return [False] * len(self.blocks)
+        """Per layer, whether it runs in the call this token (its table refreshed where it does); a
+        hook of its modules' or a global one (`BlockPlan.hooked`), or of the block's, keeps it out."""
         flags = []
         for block, plan, routed, layer in zip(self.blocks, self.plans, self.routed, self.layers):
             ok = (routed and type(block) is NativeDecodeBlock and isinstance(plan.attn, NativeDecodeAttention)

@@ -17,7 +17,7 @@
 
 #if defined(__x86_64__) || defined(_M_X64)
 #define COLIBRI_X86 1
-#include <immintrin.h>
+#include "transpose8.h"
 #endif
 
 #define MAX_HEAD 1024
@@ -56,21 +56,10 @@ __attribute__((target("avx2"))) static void group_scores_avx2(const float *qj, i
                 for (int k = 0; k < 8; k++)
                     a[k] = _mm256_add_ps(a[k], _mm256_mul_ps(qv, _mm256_loadu_ps(K + (s + k) * key_col_stride + i)));
             }
-            /* transpose: t[l] = lane l of keys 0..7 */
-            __m256 u0 = _mm256_unpacklo_ps(a[0], a[1]), u1 = _mm256_unpackhi_ps(a[0], a[1]);
-            __m256 u2 = _mm256_unpacklo_ps(a[2], a[3]), u3 = _mm256_unpackhi_ps(a[2], a[3]);
-            __m256 u4 = _mm256_unpacklo_ps(a[4], a[5]), u5 = _mm256_unpackhi_ps(a[4], a[5]);
-            __m256 u6 = _mm256_unpacklo_ps(a[6], a[7]), u7 = _mm256_unpackhi_ps(a[6], a[7]);
-            __m256 v0 = _mm256_shuffle_ps(u0, u2, 0x44), v1 = _mm256_shuffle_ps(u0, u2, 0xEE);
-            __m256 v2 = _mm256_shuffle_ps(u1, u3, 0x44), v3 = _mm256_shuffle_ps(u1, u3, 0xEE);
-            __m256 v4 = _mm256_shuffle_ps(u4, u6, 0x44), v5 = _mm256_shuffle_ps(u4, u6, 0xEE);
-            __m256 v6 = _mm256_shuffle_ps(u5, u7, 0x44), v7 = _mm256_shuffle_ps(u5, u7, 0xEE);
-            __m256 t0 = _mm256_permute2f128_ps(v0, v4, 0x20), t4 = _mm256_permute2f128_ps(v0, v4, 0x31);
-            __m256 t1 = _mm256_permute2f128_ps(v1, v5, 0x20), t5 = _mm256_permute2f128_ps(v1, v5, 0x31);
-            __m256 t2 = _mm256_permute2f128_ps(v2, v6, 0x20), t6 = _mm256_permute2f128_ps(v2, v6, 0x31);
-            __m256 t3 = _mm256_permute2f128_ps(v3, v7, 0x20), t7 = _mm256_permute2f128_ps(v3, v7, 0x31);
-            __m256 dots = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(t0, t4), _mm256_add_ps(t1, t5)),
-                                        _mm256_add_ps(_mm256_add_ps(t2, t6), _mm256_add_ps(t3, t7)));
+            __m256 t[8]; /* t[l]: lane l of keys 0..7 */
+            transpose8_ps(a, t);
+            __m256 dots = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(t[0], t[4]), _mm256_add_ps(t[1], t[5])),
+                                        _mm256_add_ps(_mm256_add_ps(t[2], t[6]), _mm256_add_ps(t[3], t[7])));
             _mm256_storeu_ps(scores + g * S + s, _mm256_mul_ps(dots, _mm256_set1_ps(scale)));
         }
     group_scores(qj, group, D, K, key_col_stride, s, S, scale, scores);

@@ -26,6 +26,7 @@
 #endif
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
+#include "transpose8.h"
 #define COLIBRI_X86 1
 /* level 2: AVX-512 VNNI instructions on 256-bit vectors (AVX-512VL) */
 #define VNNI_TARGET "avx2,fma,f16c,avx512f,avx512vl,avx512vnni"
@@ -514,27 +515,10 @@ static inline int lanes_ok(int64_t groups) { return groups % 8 == 0; }
 
 __attribute__((target(ZMM_TARGET))) static void transpose_rows8(const float *rows, int64_t groups, float *out) {
     for (int64_t g = 0; g < groups; g += 8) {
-        __m256 r0 = _mm256_loadu_ps(rows + 0 * groups + g), r1 = _mm256_loadu_ps(rows + 1 * groups + g);
-        __m256 r2 = _mm256_loadu_ps(rows + 2 * groups + g), r3 = _mm256_loadu_ps(rows + 3 * groups + g);
-        __m256 r4 = _mm256_loadu_ps(rows + 4 * groups + g), r5 = _mm256_loadu_ps(rows + 5 * groups + g);
-        __m256 r6 = _mm256_loadu_ps(rows + 6 * groups + g), r7 = _mm256_loadu_ps(rows + 7 * groups + g);
-        __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1);
-        __m256 t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);
-        __m256 t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5);
-        __m256 t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
-        __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
-        __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
-        __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
-        __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
-        float *o = out + g * ZROWS;
-        _mm256_storeu_ps(o + 0 * ZROWS, _mm256_permute2f128_ps(u0, u4, 0x20));
-        _mm256_storeu_ps(o + 1 * ZROWS, _mm256_permute2f128_ps(u1, u5, 0x20));
-        _mm256_storeu_ps(o + 2 * ZROWS, _mm256_permute2f128_ps(u2, u6, 0x20));
-        _mm256_storeu_ps(o + 3 * ZROWS, _mm256_permute2f128_ps(u3, u7, 0x20));
-        _mm256_storeu_ps(o + 4 * ZROWS, _mm256_permute2f128_ps(u0, u4, 0x31));
-        _mm256_storeu_ps(o + 5 * ZROWS, _mm256_permute2f128_ps(u1, u5, 0x31));
-        _mm256_storeu_ps(o + 6 * ZROWS, _mm256_permute2f128_ps(u2, u6, 0x31));
-        _mm256_storeu_ps(o + 7 * ZROWS, _mm256_permute2f128_ps(u3, u7, 0x31));
+        __m256 in[8], columns[8];
+        for (int r = 0; r < 8; r++) in[r] = _mm256_loadu_ps(rows + r * groups + g);
+        transpose8_ps(in, columns);
+        for (int c = 0; c < 8; c++) _mm256_storeu_ps(out + (g + c) * ZROWS, columns[c]);
     }
 }
 
@@ -562,51 +546,78 @@ static void epilogue_rows(const float *scales, const float *zeros, int64_t group
         }
 }
 
-__attribute__((target(ZMM_TARGET))) static void weight_rows_zmm(
+/* ZROWS weight rows times R activation rows (R <= ZACTS) in 512-bit vectors. One row (a decode
+ * token's expert, streamed from memory: `prefetch` the rows ahead) or several (an expert's rows of a
+ * prefill chunk, whose block of weight rows stays in L1 while every row passes over it). Each
+ * (weight row, activation row) pair runs the same sequence whatever R, so a row's result is the
+ * same bits alone or with others; the R rows share each weight load, its nibble split and its
+ * scales. On a Zen 4 core, one thread, a 1024 x 1024 matrix in groups of 64 times 64 rows: 39.5
+ * GMAC/s with the 256-bit tiles, 69.3 with 4 rows a call (2: 61.8; 6: 68.7). */
+#define ZACTS 4
+__attribute__((target(ZMM_TARGET), always_inline)) static inline void weight_rows_zmm_body(
     const uint8_t *p, int64_t row_bytes, const uint16_t *s, const uint16_t *z, int fp16, int64_t blocks,
-    int64_t per_group, const int8_t *pairs, const float *pair_scales, const float *offset, const float *xgroup,
-    float *out) {
+    int64_t per_group, const int8_t *const *pairs, const float *const *pair_scales, const float *const *offset,
+    const float *const *xgroup, float *const *out, const int R, const int prefetch) {
     const __m512i low = _mm512_set1_epi8(15);
     /* a step's scales: lanes 0-7 group g0's, 8-15 group g1's (g0 or the next) */
     const __m512i one_group = _mm512_setzero_si512();
     const __m512i two_groups = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi32(1), 1);
     int64_t groups = blocks / per_group;
     float scales[ZROWS * groups + 16], zeros[ZROWS * groups]; /* + 16: a step's scales load 16 from its group */
-    row_scales_avx2(s, ZROWS * groups, fp16, scales); /* rows n.. are consecutive: one conversion */
+    row_scales_avx2(s, ZROWS * groups, fp16, scales);
     for (int i = 0; i < 16; i++) scales[ZROWS * groups + i] = 0.f;
     if (z) row_scales_avx2(z, ZROWS * groups, fp16, zeros);
-    __m512 acc[ZROWS];
-    for (int r = 0; r < ZROWS; r++) acc[r] = _mm512_setzero_ps();
+    __m512 acc[ZACTS][ZROWS];
+    for (int a = 0; a < R; a++)
+        for (int r = 0; r < ZROWS; r++) acc[a][r] = _mm512_setzero_ps();
     for (int64_t b = 0; b < blocks; b += 4) {
-        const int8_t *x = pairs + b * BLOCK;
-        __m512i x0 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)x)),
-                                        _mm256_loadu_si256((const __m256i *)(x + 64)), 1);
-        __m512i x1 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(x + 32))),
-                                        _mm256_loadu_si256((const __m256i *)(x + 96)), 1);
-        __m512 ps = _mm512_loadu_ps(pair_scales + (b / 2) * 8);
+        __m512i x0[ZACTS], x1[ZACTS];
+        __m512 ps[ZACTS];
+        for (int a = 0; a < R; a++) {
+            const int8_t *x = pairs[a] + b * BLOCK;
+            x0[a] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)x)),
+                                       _mm256_loadu_si256((const __m256i *)(x + 64)), 1);
+            x1[a] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(x + 32))),
+                                       _mm256_loadu_si256((const __m256i *)(x + 96)), 1);
+            ps[a] = _mm512_loadu_ps(pair_scales[a] + (b / 2) * 8);
+        }
         int64_t g0 = b / per_group, g1 = (b + 2) / per_group;
-        for (int r = 0; r < ZROWS; r++)
-            _mm_prefetch((const char *)(p + (r + PREFETCH_ROWS) * row_bytes + b * 16), _MM_HINT_T1);
+        if (prefetch)
+            for (int r = 0; r < ZROWS; r++)
+                _mm_prefetch((const char *)(p + (r + PREFETCH_ROWS) * row_bytes + b * 16), _MM_HINT_T1);
         for (int r = 0; r < ZROWS; r++) {
             __m512i raw = _mm512_loadu_si512((const void *)(p + r * row_bytes + b * 16));
             __m512i even = _mm512_and_si512(raw, low), odd = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low);
-            __m512i dot = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), even, x0), odd, x1);
             __m512 scale = _mm512_permutexvar_ps(g1 > g0 ? two_groups : one_group,
                                                  _mm512_loadu_ps(scales + r * groups + g0));
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(ps, scale), acc[r]);
+            for (int a = 0; a < R; a++) {
+                __m512i dot = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), even, x0[a]), odd,
+                                                  x1[a]);
+                acc[a][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(ps[a], scale), acc[a][r]);
+            }
         }
     }
-    float scalar[ZROWS];
-    if (lanes_ok(groups)) {
-        float scales_t[ZROWS * groups], zeros_t[ZROWS * groups];
+    int lanes = lanes_ok(groups);
+    float scales_t[ZROWS * groups], zeros_t[ZROWS * groups];
+    if (lanes) {
         transpose_rows8(scales, groups, scales_t);
         if (z) transpose_rows8(zeros, groups, zeros_t);
-        epilogue_lanes(scales_t, z ? zeros_t : 0, groups, offset, xgroup, scalar);
-    } else {
-        epilogue_rows(scales, z ? zeros : 0, groups, offset, xgroup, scalar);
     }
-    for (int r = 0; r < ZROWS; r++)
-        out[r] = hsum256(_mm256_add_ps(_mm512_castps512_ps256(acc[r]), _mm512_extractf32x8_ps(acc[r], 1))) + scalar[r];
+    for (int a = 0; a < R; a++) {
+        float scalar[ZROWS];
+        if (lanes) epilogue_lanes(scales_t, z ? zeros_t : 0, groups, offset[a], xgroup[a], scalar);
+        else epilogue_rows(scales, z ? zeros : 0, groups, offset[a], xgroup[a], scalar);
+        for (int r = 0; r < ZROWS; r++)
+            out[a][r] = hsum256(_mm256_add_ps(_mm512_castps512_ps256(acc[a][r]), _mm512_extractf32x8_ps(acc[a][r], 1)))
+                        + scalar[r];
+    }
+}
+__attribute__((target(ZMM_TARGET))) static void weight_rows_zmm(
+    const uint8_t *p, int64_t row_bytes, const uint16_t *s, const uint16_t *z, int fp16, int64_t blocks,
+    int64_t per_group, const int8_t *pairs, const float *pair_scales, const float *offset, const float *xgroup,
+    float *out) {
+    weight_rows_zmm_body(p, row_bytes, s, z, fp16, blocks, per_group, &pairs, &pair_scales, &offset, &xgroup, &out,
+                         1, 1);
 }
 #endif
 
@@ -643,69 +654,6 @@ static void act_row_init(act_row *a, const int8_t *xq, const float *dx, const in
 }
 
 #ifdef COLIBRI_X86
-/* ZROWS weight rows times R activation rows (R <= ZACTS) in 512-bit vectors: an expert's rows of a
- * prefill chunk, whose block of weight rows stays in L1 while every row passes over it (no
- * prefetch). Every (weight row, activation row) pair runs exactly the sequence of `weight_rows_zmm`
- * (the same accumulator, operations and order, the same epilogue), so a row's result is the same
- * bits; the R rows share each weight load, its nibble split and its scales. On a Zen 4 core, one
- * thread, a 1024 x 1024 matrix in groups of 64 times 64 rows: 39.5 GMAC/s with the 256-bit tiles,
- * 69.3 with this (2 activation rows: 61.8; 6: 68.7). */
-#define ZACTS 4
-__attribute__((target(ZMM_TARGET), always_inline)) static inline void weight_rows_zmm_acts_body(
-    const uint8_t *p, int64_t row_bytes, const uint16_t *s, const uint16_t *z, int fp16, int64_t blocks,
-    int64_t per_group, const int8_t *const *pairs, const float *const *pair_scales, const float *const *offset,
-    const float *const *xgroup, float *const *out, const int R) {
-    const __m512i low = _mm512_set1_epi8(15);
-    /* a step's scales: lanes 0-7 group g0's, 8-15 group g1's (g0 or the next) */
-    const __m512i one_group = _mm512_setzero_si512();
-    const __m512i two_groups = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi32(1), 1);
-    int64_t groups = blocks / per_group;
-    float scales[ZROWS * groups + 16], zeros[ZROWS * groups]; /* + 16: a step's scales load 16 from its group */
-    row_scales_avx2(s, ZROWS * groups, fp16, scales);
-    for (int i = 0; i < 16; i++) scales[ZROWS * groups + i] = 0.f;
-    if (z) row_scales_avx2(z, ZROWS * groups, fp16, zeros);
-    __m512 acc[ZACTS][ZROWS];
-    for (int a = 0; a < R; a++)
-        for (int r = 0; r < ZROWS; r++) acc[a][r] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < blocks; b += 4) {
-        __m512i x0[ZACTS], x1[ZACTS];
-        __m512 ps[ZACTS];
-        for (int a = 0; a < R; a++) {
-            const int8_t *x = pairs[a] + b * BLOCK;
-            x0[a] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)x)),
-                                       _mm256_loadu_si256((const __m256i *)(x + 64)), 1);
-            x1[a] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(x + 32))),
-                                       _mm256_loadu_si256((const __m256i *)(x + 96)), 1);
-            ps[a] = _mm512_loadu_ps(pair_scales[a] + (b / 2) * 8);
-        }
-        int64_t g0 = b / per_group, g1 = (b + 2) / per_group;
-        for (int r = 0; r < ZROWS; r++) {
-            __m512i raw = _mm512_loadu_si512((const void *)(p + r * row_bytes + b * 16));
-            __m512i even = _mm512_and_si512(raw, low), odd = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low);
-            __m512 scale = _mm512_permutexvar_ps(g1 > g0 ? two_groups : one_group,
-                                                 _mm512_loadu_ps(scales + r * groups + g0));
-            for (int a = 0; a < R; a++) {
-                __m512i dot = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), even, x0[a]), odd,
-                                                  x1[a]);
-                acc[a][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(ps[a], scale), acc[a][r]);
-            }
-        }
-    }
-    int lanes = lanes_ok(groups);
-    float scales_t[ZROWS * groups], zeros_t[ZROWS * groups];
-    if (lanes) {
-        transpose_rows8(scales, groups, scales_t);
-        if (z) transpose_rows8(zeros, groups, zeros_t);
-    }
-    for (int a = 0; a < R; a++) {
-        float scalar[ZROWS];
-        if (lanes) epilogue_lanes(scales_t, z ? zeros_t : 0, groups, offset[a], xgroup[a], scalar);
-        else epilogue_rows(scales, z ? zeros : 0, groups, offset[a], xgroup[a], scalar);
-        for (int r = 0; r < ZROWS; r++)
-            out[a][r] = hsum256(_mm256_add_ps(_mm512_castps512_ps256(acc[a][r]), _mm512_extractf32x8_ps(acc[a][r], 1)))
-                        + scalar[r];
-    }
-}
 __attribute__((target(ZMM_TARGET))) static void weight_rows_zmm_acts(
     const uint8_t *p, int64_t row_bytes, const uint16_t *s, const uint16_t *z, int fp16, int64_t blocks,
     int64_t per_group, const act_row *const *acts, int R, float *const *out) {
@@ -718,17 +666,17 @@ __attribute__((target(ZMM_TARGET))) static void weight_rows_zmm_acts(
         xgroup[a] = acts[a]->xgroup;
     }
     if (R == 4)
-        weight_rows_zmm_acts_body(p, row_bytes, s, z, fp16, blocks, per_group, pairs, pair_scales, offset, xgroup,
-                                  out, 4);
+        weight_rows_zmm_body(p, row_bytes, s, z, fp16, blocks, per_group, pairs, pair_scales, offset, xgroup,
+                             out, 4, 0);
     else if (R == 3)
-        weight_rows_zmm_acts_body(p, row_bytes, s, z, fp16, blocks, per_group, pairs, pair_scales, offset, xgroup,
-                                  out, 3);
+        weight_rows_zmm_body(p, row_bytes, s, z, fp16, blocks, per_group, pairs, pair_scales, offset, xgroup,
+                             out, 3, 0);
     else if (R == 2)
-        weight_rows_zmm_acts_body(p, row_bytes, s, z, fp16, blocks, per_group, pairs, pair_scales, offset, xgroup,
-                                  out, 2);
+        weight_rows_zmm_body(p, row_bytes, s, z, fp16, blocks, per_group, pairs, pair_scales, offset, xgroup,
+                             out, 2, 0);
     else
-        weight_rows_zmm_acts_body(p, row_bytes, s, z, fp16, blocks, per_group, pairs, pair_scales, offset, xgroup,
-                                  out, 1);
+        weight_rows_zmm_body(p, row_bytes, s, z, fp16, blocks, per_group, pairs, pair_scales, offset, xgroup,
+                             out, 1, 0);
 }
 #endif
 
