@@ -94,18 +94,21 @@ def llama_source(cache: Path) -> Path:
 
 
 def build_llama(cache: Path, source: Path, variant: str) -> Path:
-    """cmake + ninja (or make) build of TARGETS; variant "native" (-march=native) or "noamx"."""
+    """cmake + ninja (or make) build of TARGETS; variant "native" (-march=native), "noamx" (native less
+    AMX) or "avx2" (GGML_NATIVE=OFF: ggml's generic x86 build, AVX2 + FMA + F16C + BMI2, no AVX-512)."""
     build = cache / f"build-{variant}"
     binaries = build / "bin"
     if all((binaries / t).exists() for t in TARGETS):
         return binaries
-    flags = [] if variant == "native" else [f"-DCMAKE_C_FLAGS={NO_AMX}", f"-DCMAKE_CXX_FLAGS={NO_AMX}"]
+    flags = {"native": ["-DGGML_NATIVE=ON"], "noamx": ["-DGGML_NATIVE=ON", f"-DCMAKE_C_FLAGS={NO_AMX}",
+                                                      f"-DCMAKE_CXX_FLAGS={NO_AMX}"],
+             "avx2": ["-DGGML_NATIVE=OFF"]}[variant]
     generator = ["-G", "Ninja"] if shutil.which("ninja") else []
     log(f"building llama.cpp ({variant}) in {build}: {' '.join(TARGETS)} (-j2, nice)")
     started = time.monotonic()
     with open(cache / f"build-{variant}.log", "w") as out:
         subprocess.run(nice(["cmake", "-S", source, "-B", build, *generator, "-DCMAKE_BUILD_TYPE=Release",
-                             "-DGGML_NATIVE=ON", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
+                             "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
                              "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_APP=OFF", "-DBUILD_SHARED_LIBS=OFF",
                              *flags]), stdout=out, stderr=subprocess.STDOUT, check=True)
         subprocess.run(nice(["cmake", "--build", build, "-j2", "--target", *TARGETS]), stdout=out,
@@ -579,6 +582,9 @@ def main() -> None:
     parser.add_argument("--decode-tokens", type=int, default=32)
     parser.add_argument("--caps", default="0.5,0.25", help="memory caps as shares of the int4 container; '' = none")
     parser.add_argument("--cap-tokens", type=int, default=16, help="measured decode tokens under a cap")
+    parser.add_argument("--isa", choices=("native", "avx2"), default="native",
+                        help="avx2: both engines limited to AVX2 (an AVX2-only laptop or desktop): llama.cpp "
+                             "built with GGML_NATIVE=OFF, colibri run with ATEN_CPU_CAPABILITY=avx2")
     parser.add_argument("--profile", action="store_true", help="cProfile colibri's decode steps at full RAM")
     parser.add_argument("--keep", action="store_true", help="keep the checkpoint, GGUFs and container")
     parser.add_argument("--results", default=None, help="append a dated section to this RESULTS.md")
@@ -604,7 +610,11 @@ def main() -> None:
     log(report["cpu"])
 
     source = llama_source(cache)
-    binaries = build_llama(cache, source, "native")
+    if args.isa == "avx2":  # the children inherit it: colibri's kernels and torch's stop at AVX2
+        os.environ.update(ATEN_CPU_CAPABILITY="avx2", ONEDNN_MAX_CPU_ISA="AVX2")
+        report["notes"].append("both engines limited to AVX2: llama.cpp built with GGML_NATIVE=OFF, colibri run "
+                               "with ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2")
+    binaries = build_llama(cache, source, "avx2" if args.isa == "avx2" else "native")
     shape = f"L{args.layers}-E{args.experts}-k{args.top_k}-H{args.hidden}-I{args.moe_intermediate}"
     hf_dir, bf16 = work / f"hf-{shape}", work / f"{shape}-bf16.gguf"
     ggufs = {"Q4_0": work / f"{shape}-Q4_0.gguf", "Q4_K_M": work / f"{shape}-Q4_K_M.gguf"}
@@ -633,7 +643,9 @@ def main() -> None:
         log(f"sizes (GB): {report['sizes_gb']}")
 
         ok, what = probe(binaries, ggufs["Q4_0"])
-        report["llama_build"] = {"variant": "native", "probe": what}
+        report["llama_build"] = {"variant": binaries.parent.name.removeprefix("build-"), "probe": what}
+        if not ok and args.isa == "avx2":
+            raise SystemExit(f"llama.cpp's AVX2 build fails: {what}")
         if not ok:
             report["notes"].append(f"native llama.cpp build failed its probe ({what}); rebuilt with {NO_AMX}")
             log(report["notes"][-1])
