@@ -384,17 +384,37 @@ static void row_scales_avx2(const uint16_t *s, int64_t groups, int fp16, float *
         int64_t groups = blocks / per_group;                                                                    \
         __m256 acc0[TILE], acc1[TILE];                                                                          \
         for (int r = 0; r < R; r++) acc0[r] = acc1[r] = _mm256_setzero_ps();                                    \
-        for (int64_t g = 0; g < groups; g++) {                                                                  \
-            __m256 scale = _mm256_set1_ps(scales[g]);                                                           \
-            for (int64_t b = g * per_group; b < (g + 1) * per_group; b += 2) {                                  \
-                __m256i raw = _mm256_loadu_si256((const __m256i *)(p + b * 16));                                \
-                SPLIT_NIBBLES(raw, even, odd);                                                                  \
-                for (int r = 0; r < R; r++) {                                                                   \
-                    const int8_t *x = pairs[r] + b * BLOCK;                                                     \
-                    __m256 d = _mm256_mul_ps(_mm256_loadu_ps(pair_scales[r] + (b / 2) * 8), scale);             \
-                    PAIR_STEP(PAIR_DOT, even, odd, _mm256_loadu_si256((const __m256i *)x),                      \
-                              _mm256_loadu_si256((const __m256i *)(x + 32)), d, b, acc0[r], acc1[r]);           \
-                }                                                                                               \
+        /* two steps an iteration (blocks b, b + 1 into acc0, b + 2, b + 3 into acc1), as             \
+         * weight_rows_* runs them: no branch on which accumulator a step feeds */                       \
+        int64_t b = 0;                                                                                          \
+        for (; b + 4 <= blocks; b += 4) {                                                                       \
+            __m256 scale0 = _mm256_set1_ps(scales[b / per_group]);                                              \
+            __m256 scale1 = _mm256_set1_ps(scales[(b + 2) / per_group]);                                        \
+            __m256i raw0 = _mm256_loadu_si256((const __m256i *)(p + b * 16));                                   \
+            __m256i raw1 = _mm256_loadu_si256((const __m256i *)(p + b * 16 + 32));                              \
+            SPLIT_NIBBLES(raw0, even0, odd0);                                                                   \
+            SPLIT_NIBBLES(raw1, even1, odd1);                                                                   \
+            for (int r = 0; r < R; r++) {                                                                       \
+                const int8_t *x = pairs[r] + b * BLOCK;                                                         \
+                __m256 d0 = _mm256_mul_ps(_mm256_loadu_ps(pair_scales[r] + (b / 2) * 8), scale0);               \
+                acc0[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(PAIR_DOT(even0, odd0,                              \
+                    _mm256_loadu_si256((const __m256i *)x), _mm256_loadu_si256((const __m256i *)(x + 32)))),    \
+                    d0, acc0[r]);                                                                               \
+                __m256 d1 = _mm256_mul_ps(_mm256_loadu_ps(pair_scales[r] + (b / 2) * 8 + 8), scale1);           \
+                acc1[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(PAIR_DOT(even1, odd1,                              \
+                    _mm256_loadu_si256((const __m256i *)(x + 64)), _mm256_loadu_si256((const __m256i *)(x + 96)))), \
+                    d1, acc1[r]);                                                                               \
+            }                                                                                                   \
+        }                                                                                                       \
+        if (b < blocks) { /* a last step of two blocks (b % 4 == 0: acc0's) */                                  \
+            __m256 scale = _mm256_set1_ps(scales[b / per_group]);                                               \
+            __m256i raw = _mm256_loadu_si256((const __m256i *)(p + b * 16));                                    \
+            SPLIT_NIBBLES(raw, even, odd);                                                                      \
+            for (int r = 0; r < R; r++) {                                                                       \
+                const int8_t *x = pairs[r] + b * BLOCK;                                                         \
+                __m256 d = _mm256_mul_ps(_mm256_loadu_ps(pair_scales[r] + (b / 2) * 8), scale);                 \
+                PAIR_STEP(PAIR_DOT, even, odd, _mm256_loadu_si256((const __m256i *)x),                          \
+                          _mm256_loadu_si256((const __m256i *)(x + 32)), d, b, acc0[r], acc1[r]);               \
             }                                                                                                   \
         }                                                                                                       \
         for (int r = 0; r < R; r++) {                                                                           \
@@ -465,20 +485,39 @@ TILE_PAIRS(tile_pairs_vnni, VNNI_TARGET, rows_pairs_vnni)
         }                                                                                                       \
         __m256 acc0[WROWS], acc1[WROWS];                                                                        \
         for (int r = 0; r < WROWS; r++) acc0[r] = acc1[r] = _mm256_setzero_ps();                                \
-        for (int64_t g = 0; g < groups; g++) {                                                                  \
-            for (int64_t b = g * per_group; b < (g + 1) * per_group; b += 2) {                                  \
-                __m256i x0 = _mm256_loadu_si256((const __m256i *)(pairs + b * BLOCK));                          \
-                __m256i x1 = _mm256_loadu_si256((const __m256i *)(pairs + b * BLOCK + 32));                     \
-                __m256 ps = _mm256_loadu_ps(pair_scales + (b / 2) * 8);                                         \
-                if (!(b & 2))                                                                                   \
-                    for (int r = 0; r < WROWS; r++)                                                             \
-                        _mm_prefetch((const char *)(p + (r + PREFETCH_ROWS) * row_bytes + b * 16), _MM_HINT_T1);  \
-                for (int r = 0; r < WROWS; r++) {                                                               \
-                    __m256i raw = _mm256_loadu_si256((const __m256i *)(p + r * row_bytes + b * 16));            \
-                    SPLIT_NIBBLES(raw, even, odd);                                                              \
-                    __m256 d = _mm256_mul_ps(ps, _mm256_set1_ps(scales[r * groups + g]));                       \
-                    PAIR_STEP(PAIR_DOT, even, odd, x0, x1, d, b, acc0[r], acc1[r]);                             \
-                }                                                                                               \
+        /* two steps an iteration (blocks b, b + 1 into acc0, b + 2, b + 3 into acc1): no branch on     \
+         * which accumulator a step feeds, so they all stay in registers */                              \
+        int64_t b = 0;                                                                                          \
+        for (; b + 4 <= blocks; b += 4) {                                                                       \
+            int64_t g0 = b / per_group, g1 = (b + 2) / per_group;                                              \
+            __m256 ps0 = _mm256_loadu_ps(pair_scales + (b / 2) * 8);                                            \
+            __m256 ps1 = _mm256_loadu_ps(pair_scales + (b / 2) * 8 + 8);                                        \
+            for (int r = 0; r < WROWS; r++)                                                                     \
+                _mm_prefetch((const char *)(p + (r + PREFETCH_ROWS) * row_bytes + b * 16), _MM_HINT_T1);      \
+            for (int r = 0; r < WROWS; r++) {                                                                   \
+                const uint8_t *w = p + r * row_bytes + b * 16;                                                  \
+                __m256i raw0 = _mm256_loadu_si256((const __m256i *)w);                                          \
+                SPLIT_NIBBLES(raw0, even0, odd0);                                                               \
+                __m256 d0 = _mm256_mul_ps(ps0, _mm256_set1_ps(scales[r * groups + g0]));                        \
+                acc0[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(PAIR_DOT(even0, odd0,                              \
+                    _mm256_loadu_si256((const __m256i *)(pairs + b * BLOCK)),                                   \
+                    _mm256_loadu_si256((const __m256i *)(pairs + b * BLOCK + 32)))), d0, acc0[r]);             \
+                __m256i raw1 = _mm256_loadu_si256((const __m256i *)(w + 32));                                   \
+                SPLIT_NIBBLES(raw1, even1, odd1);                                                               \
+                __m256 d1 = _mm256_mul_ps(ps1, _mm256_set1_ps(scales[r * groups + g1]));                        \
+                acc1[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(PAIR_DOT(even1, odd1,                              \
+                    _mm256_loadu_si256((const __m256i *)(pairs + b * BLOCK + 64)),                              \
+                    _mm256_loadu_si256((const __m256i *)(pairs + b * BLOCK + 96)))), d1, acc1[r]);             \
+            }                                                                                                   \
+        }                                                                                                       \
+        if (b < blocks) { /* a last step of two blocks (b % 4 == 0: acc0's) */                                  \
+            __m256 ps0 = _mm256_loadu_ps(pair_scales + (b / 2) * 8);                                            \
+            for (int r = 0; r < WROWS; r++) {                                                                   \
+                __m256i raw = _mm256_loadu_si256((const __m256i *)(p + r * row_bytes + b * 16));                \
+                SPLIT_NIBBLES(raw, even, odd);                                                                  \
+                __m256 d = _mm256_mul_ps(ps0, _mm256_set1_ps(scales[r * groups + b / per_group]));              \
+                PAIR_STEP(PAIR_DOT, even, odd, _mm256_loadu_si256((const __m256i *)(pairs + b * BLOCK)),        \
+                          _mm256_loadu_si256((const __m256i *)(pairs + b * BLOCK + 32)), d, b, acc0[r], acc1[r]); \
             }                                                                                                   \
         }                                                                                                       \
         float scalar[WROWS] = {0.f};                                                                            \
