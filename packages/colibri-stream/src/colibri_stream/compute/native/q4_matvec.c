@@ -244,6 +244,51 @@ static float row8_scalar(const int8_t *w, const uint16_t *s, int fp16, int64_t b
         }                                                                                                       \
     }
 
+
+/* One activation row times Q8_WROWS consecutive q8 weight rows (a decode token's head), each row
+ * running exactly `rows8_*`'s one-row sequence (so the same bits), with the rows ahead prefetched
+ * into L2: interleaved rows outrun the hardware prefetcher, as in q8_row_pairs_zmm. */
+#define Q8_WROWS 4
+#define Q8_PREFETCH_ROWS 8
+#define Q8_WEIGHT_ROWS(NAME, TARGET, DOT)                                                                      \
+    __attribute__((target(TARGET))) static void NAME(const int8_t *w, int64_t K, const uint16_t *s, int fp16,  \
+                                                     int64_t blocks, int64_t per_group, const int8_t *xq,       \
+                                                     const float *dx, float *out) {                             \
+        const __m256i ones = _mm256_set1_epi16(1);                                                              \
+        (void)ones;                                                                                             \
+        int64_t groups = blocks / per_group;                                                                    \
+        __m256 acc[Q8_WROWS];                                                                                   \
+        for (int r = 0; r < Q8_WROWS; r++) acc[r] = _mm256_setzero_ps();                                        \
+        for (int64_t g = 0; g < groups; g++) {                                                                  \
+            __m256 group[Q8_WROWS];                                                                             \
+            for (int r = 0; r < Q8_WROWS; r++) group[r] = _mm256_setzero_ps();                                  \
+            for (int64_t b = g * per_group; b < (g + 1) * per_group; b++) {                                     \
+                __m256i x = _mm256_loadu_si256((const __m256i *)(xq + b * BLOCK));                              \
+                __m256 d = _mm256_set1_ps(dx[b]);                                                               \
+                if (!(b & 1))                                                                                   \
+                    for (int r = 0; r < Q8_WROWS; r++)                                                          \
+                        _mm_prefetch((const char *)(w + (r + Q8_PREFETCH_ROWS) * K + b * BLOCK), _MM_HINT_T1);  \
+                for (int r = 0; r < Q8_WROWS; r++) {                                                            \
+                    __m256i wv = _mm256_loadu_si256((const __m256i *)(w + r * K + b * BLOCK));                  \
+                    __m256i sums = DOT(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(x, wv));                      \
+                    group[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), d, group[r]);                          \
+                }                                                                                               \
+            }                                                                                                   \
+            for (int r = 0; r < Q8_WROWS; r++)                                                                  \
+                acc[r] = _mm256_fmadd_ps(group[r], _mm256_set1_ps(half_to_f32(s[r * groups + g], fp16)),        \
+                                         acc[r]);                                                               \
+        }                                                                                                       \
+        for (int r = 0; r < Q8_WROWS; r++) {                                                                    \
+            __m128 lo = _mm_add_ps(_mm256_castps256_ps128(acc[r]), _mm256_extractf128_ps(acc[r], 1));           \
+            lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));                                                         \
+            lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));                                                           \
+            out[r] = _mm_cvtss_f32(lo);                                                                         \
+        }                                                                                                       \
+    }
+
+Q8_WEIGHT_ROWS(q8_weight_rows_avx2, "avx2,fma", Q8_DOT_AVX2)
+Q8_WEIGHT_ROWS(q8_weight_rows_vnni, VNNI_TARGET, Q8_DOT_VNNI)
+
 ROWS8(rows8_avx2, "avx2,fma", Q8_DOT_AVX2)
 ROWS8(rows8_vnni, VNNI_TARGET, Q8_DOT_VNNI)
 TILE8(tile8_avx2, "avx2,fma", rows8_avx2)
@@ -311,6 +356,15 @@ int colibri_q8w_matmul(const int8_t *xq, const float *dx, int64_t M, int64_t K, 
                     q8_row_pairs_zmm(weights + n * K, weights + (n + 1) * K, scales + n * groups,
                                      scales + (n + 1) * groups, fp16, blocks, per_group, q[0], d[0], y + m * N + n,
                                      y + m * N + n + 1);
+            if (R == 1 && level >= 1)
+                for (; n + Q8_WROWS <= n1; n += Q8_WROWS) {
+                    if (level >= 2)
+                        q8_weight_rows_vnni(weights + n * K, K, scales + n * groups, fp16, blocks, per_group, q[0],
+                                            d[0], y + m * N + n);
+                    else
+                        q8_weight_rows_avx2(weights + n * K, K, scales + n * groups, fp16, blocks, per_group, q[0],
+                                            d[0], y + m * N + n);
+                }
 #endif
             for (; n < n1; n++) {
                 const int8_t *w = weights + n * K;
