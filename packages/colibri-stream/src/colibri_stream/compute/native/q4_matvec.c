@@ -533,10 +533,8 @@ TILE_PAIRS(tile_pairs_vnni, VNNI_TARGET, rows_pairs_vnni)
         (void)ones;                                                                                             \
         int64_t groups = blocks / per_group;                                                                    \
         float scales[WROWS * groups], zeros[WROWS * groups];                                                    \
-        for (int r = 0; r < WROWS; r++) {                                                                       \
-            row_scales_avx2(s + r * groups, groups, fp16, scales + r * groups);                                 \
-            if (z) row_scales_avx2(z + r * groups, groups, fp16, zeros + r * groups);                           \
-        }                                                                                                       \
+        row_scales_avx2(s, WROWS * groups, fp16, scales); /* the rows' scales are consecutive */                \
+        if (z) row_scales_avx2(z, WROWS * groups, fp16, zeros);                                                 \
         __m256 acc0[WROWS], acc1[WROWS];                                                                        \
         for (int r = 0; r < WROWS; r++) acc0[r] = acc1[r] = _mm256_setzero_ps();                                \
         /* two steps an iteration (blocks b, b + 1 into acc0, b + 2, b + 3 into acc1): no branch on     \
