@@ -154,14 +154,15 @@ def test_levels_agree_and_threads_do_not_change_a_bit():
 
 @pytest.mark.parametrize("level", LEVELS)
 @pytest.mark.parametrize(("group", "zeros"), [(32, False), (64, True), (128, False)])
-def test_rows_in_tiles_and_experts_together_are_bitwise_each_alone(level, group, zeros):
+@pytest.mark.parametrize("cols", [256, 1024])  # 1024: 8 or 16 groups, the epilogue in vector lanes
+def test_rows_in_tiles_and_experts_together_are_bitwise_each_alone(level, group, zeros, cols):
     """Rows share weight loads 4 at a time (on AVX-512 cores 4 rows take 8 weight rows at a time in
     512-bit vectors), one row takes weight rows 4 at a time (8 in 512-bit vectors; 42: a short group
     at the end of each block of 16), and a token's experts share one call; none may change a bit of
     any row's result (7 rows: a full tile and a short one)."""
     rng = np.random.default_rng(group)
-    matrices = [_random_q4(42, 256, group, rng, zeros, False)[:3] for _ in range(3)]
-    x = QuantizedActivations(torch.from_numpy(rng.normal(0, 1, (7, 256)).astype(np.float32)))
+    matrices = [_random_q4(42, cols, group, rng, zeros, False)[:3] for _ in range(3)]
+    x = QuantizedActivations(torch.from_numpy(rng.normal(0, 1, (7, cols)).astype(np.float32)))
     alone = [[q4_matmul(x[torch.tensor([i])], *m, group, level=level)[0] for i in range(7)] for m in matrices]
     together = q4_matmul(x, *matrices[0], group, level=level)
     assert all(torch.equal(together[i], alone[0][i]) for i in range(7))
@@ -170,8 +171,8 @@ def test_rows_in_tiles_and_experts_together_are_bitwise_each_alone(level, group,
     each = q4_experts(x[torch.arange(3)], matrices, group, row_each=True, level=level)
     assert all(torch.equal(each[e], alone[e][e]) for e in range(3))
     # 42 q8 rows: blocks of 16, 16 and 10 (one row's path takes 4 weight rows a call, then 2 alone)
-    weights = torch.from_numpy(rng.integers(-128, 128, (42, 256)).astype(np.int8))
-    scales = torch.from_numpy(rng.uniform(0.001, 0.01, (42, 256 // group)).astype(np.float32)).to(torch.bfloat16)
+    weights = torch.from_numpy(rng.integers(-128, 128, (42, cols)).astype(np.int8))
+    scales = torch.from_numpy(rng.uniform(0.001, 0.01, (42, cols // group)).astype(np.float32)).to(torch.bfloat16)
     rows8 = q8_matmul(x, weights, scales.view(torch.int16), group, level=level)
     assert all(torch.equal(rows8[i], q8_matmul(x[torch.tensor([i])], weights, scales.view(torch.int16), group,
                                                level=level)[0]) for i in range(7))

@@ -431,15 +431,15 @@ static void row_scales_avx2(const uint16_t *s, int64_t groups, int fp16, float *
     __attribute__((target(TARGET), always_inline)) static inline void NAME(                                    \
         const uint8_t *p, const float *scales, const float *zeros, int64_t blocks, int64_t per_group, int R,     \
         const int8_t *const *pairs, const float *const *pair_scales, const float *const *offset,                 \
-        const float *const *xgroup, float *const *out) {                                                        \
+        const float *const *xgroup, float *const *out, const int with_epilogue) {                               \
         const __m256i low = _mm256_set1_epi8(15);                                                               \
         const __m256i ones = _mm256_set1_epi16(1);                                                              \
         (void)ones;                                                                                             \
         int64_t groups = blocks / per_group;                                                                    \
         __m256 acc0[TILE], acc1[TILE];                                                                          \
         for (int r = 0; r < R; r++) acc0[r] = acc1[r] = _mm256_setzero_ps();                                    \
-        /* two steps an iteration (blocks b, b + 1 into acc0, b + 2, b + 3 into acc1), as             \
-         * weight_rows_* runs them: no branch on which accumulator a step feeds */                       \
+        /* two steps an iteration (blocks b, b + 1 into acc0, b + 2, b + 3 into acc1), as                       \
+         * weight_rows_* runs them: no branch on which accumulator a step feeds */                              \
         int64_t b = 0;                                                                                          \
         for (; b + 4 <= blocks; b += 4) {                                                                       \
             __m256 scale0 = _mm256_set1_ps(scales[b / per_group]);                                              \
@@ -473,7 +473,7 @@ static void row_scales_avx2(const uint16_t *s, int64_t groups, int fp16, float *
         }                                                                                                       \
         for (int r = 0; r < R; r++) {                                                                           \
             float scalar = 0.f;                                                                                 \
-            for (int64_t g = 0; g < groups; g++) {                                                              \
+            for (int64_t g = 0; with_epilogue && g < groups; g++) {                                             \
                 scalar -= scales[g] * offset[r][g]; /* the -8 of every nibble */                                \
                 if (zeros) scalar += zeros[g] * xgroup[r][g];                                                   \
             }                                                                                                   \
@@ -481,7 +481,7 @@ static void row_scales_avx2(const uint16_t *s, int64_t groups, int fp16, float *
             __m128 lo = _mm_add_ps(_mm256_castps256_ps128(both), _mm256_extractf128_ps(both, 1));               \
             lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));                                                         \
             lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));                                                           \
-            *out[r] = _mm_cvtss_f32(lo) + scalar;                                                               \
+            *out[r] = with_epilogue ? _mm_cvtss_f32(lo) + scalar : _mm_cvtss_f32(lo);                           \
         }                                                                                                       \
     }
 
@@ -500,15 +500,32 @@ ROWS_PAIRS(rows_pairs_vnni, VNNI_TARGET, PAIR_DOT_VNNI)
         if (z) row_scales_avx2(z, groups, fp16, zeros);                                                         \
         const float *zf = z ? zeros : 0;                                                                        \
         switch (R) {                                                                                            \
-        case 4: ROWS(p, scales, zf, blocks, per_group, 4, pairs, pair_scales, offset, xgroup, out); break;     \
-        case 3: ROWS(p, scales, zf, blocks, per_group, 3, pairs, pair_scales, offset, xgroup, out); break;     \
-        case 2: ROWS(p, scales, zf, blocks, per_group, 2, pairs, pair_scales, offset, xgroup, out); break;     \
-        default: ROWS(p, scales, zf, blocks, per_group, 1, pairs, pair_scales, offset, xgroup, out); break;    \
+        case 4: ROWS(p, scales, zf, blocks, per_group, 4, pairs, pair_scales, offset, xgroup, out, 1); break;  \
+        case 3: ROWS(p, scales, zf, blocks, per_group, 3, pairs, pair_scales, offset, xgroup, out, 1); break;  \
+        case 2: ROWS(p, scales, zf, blocks, per_group, 2, pairs, pair_scales, offset, xgroup, out, 1); break;  \
+        default: ROWS(p, scales, zf, blocks, per_group, 1, pairs, pair_scales, offset, xgroup, out, 1); break; \
         }                                                                                                       \
     }
 
 TILE_PAIRS(tile_pairs_avx2, "avx2,fma,f16c", rows_pairs_avx2)
 TILE_PAIRS(tile_pairs_vnni, VNNI_TARGET, rows_pairs_vnni)
+
+/* The dot sums alone of one weight row (its scales already f32) times R activation rows, without
+ * the epilogue: `block_rows` adds the epilogues of 8 weight rows at once afterwards. */
+#define TILE_DOTS(NAME, TARGET, ROWS)                                                                           \
+    __attribute__((target(TARGET))) static void NAME(const uint8_t *p, const float *scales, int64_t blocks,     \
+                                                     int64_t per_group, int R, const int8_t *const *pairs,      \
+                                                     const float *const *pair_scales, float *const *out) {      \
+        switch (R) {                                                                                            \
+        case 4: ROWS(p, scales, 0, blocks, per_group, 4, pairs, pair_scales, 0, 0, out, 0); break;              \
+        case 3: ROWS(p, scales, 0, blocks, per_group, 3, pairs, pair_scales, 0, 0, out, 0); break;              \
+        case 2: ROWS(p, scales, 0, blocks, per_group, 2, pairs, pair_scales, 0, 0, out, 0); break;              \
+        default: ROWS(p, scales, 0, blocks, per_group, 1, pairs, pair_scales, 0, 0, out, 0); break;             \
+        }                                                                                                       \
+    }
+
+TILE_DOTS(tile_dots_avx2, "avx2,fma,f16c", rows_pairs_avx2)
+TILE_DOTS(tile_dots_vnni, VNNI_TARGET, rows_pairs_vnni)
 
 /* One activation row times WROWS consecutive weight rows (a decode token's expert): the rows share
  * each load of the activations and their scales, and their epilogues run side by side. Each weight
@@ -604,7 +621,7 @@ WEIGHT_ROWS_PAIRS(weight_rows_vnni, VNNI_TARGET, PAIR_DOT_VNNI)
  * `lanes_ok` says where that applies (a multiple of 8 groups), the scalar loop runs elsewhere. */
 static inline int lanes_ok(int64_t groups) { return groups % 8 == 0; }
 
-__attribute__((target(ZMM_TARGET))) static void transpose_rows8(const float *rows, int64_t groups, float *out) {
+__attribute__((target("avx2,fma"))) static void transpose_rows8(const float *rows, int64_t groups, float *out) {
     for (int64_t g = 0; g < groups; g += 8) {
         __m256 in[8], columns[8];
         for (int r = 0; r < 8; r++) in[r] = _mm256_loadu_ps(rows + r * groups + g);
@@ -614,7 +631,7 @@ __attribute__((target(ZMM_TARGET))) static void transpose_rows8(const float *row
 }
 
 /* scalar[r] = the epilogue sum of row r: from the transposed scales (and zeros, or NULL) */
-__attribute__((target(ZMM_TARGET))) static void epilogue_lanes(const float *scales_t, const float *zeros_t,
+__attribute__((target("avx2,fma"))) static void epilogue_lanes(const float *scales_t, const float *zeros_t,
                                                               int64_t groups, const float *offset,
                                                               const float *xgroup, float *scalar) {
     __m256 lanes = _mm256_setzero_ps();
@@ -806,6 +823,53 @@ static void q4_tile(const act_row *const *acts, int R, const uint8_t *p, const u
  * matrix e takes rows rows_of[e][0..count[e]) of the quantized activations, and its results go
  * to y + first_out[e] * N, one row of N per activation row. Rows of all the matrices share one
  * parallel loop, so the experts of one token (E matrices, one row each) keep every thread busy. */
+#ifdef COLIBRI_X86
+/* An expert's activation rows (more than one: a prefill chunk's) times a block of ROW_BLOCK weight
+ * rows, at the 256-bit levels: first every row's dot sums (`tile_dots_*`, TILE activation rows
+ * sharing each weight load), then the epilogues with 8 weight rows in the lanes of one vector
+ * (`epilogue_lanes`: each lane runs the scalar loop's operations in its order, so the same bits as
+ * `tile_pairs_*`). The scalar epilogue, per weight row and activation tile, had been a quarter of
+ * this path's time. Needs groups % 8 == 0 (`lanes_ok`) and a full block. */
+static void block_rows(const uint8_t *p, int64_t row_bytes, const uint16_t *s, const uint16_t *z, int fp16,
+                       int64_t blocks, int64_t per_group, const act_row *acts, const int64_t *rows, int64_t count,
+                       float *y, int64_t N, int level) {
+    int64_t groups = blocks / per_group, size = ROW_BLOCK * groups;
+    float scales[size], zeros[size], scales_t[size], zeros_t[size];
+    row_scales_avx2(s, size, fp16, scales); /* the block's rows' scales are consecutive */
+    if (z) row_scales_avx2(z, size, fp16, zeros);
+    for (int64_t h = 0; h < ROW_BLOCK; h += 8) {
+        transpose_rows8(scales + h * groups, groups, scales_t + h * groups);
+        if (z) transpose_rows8(zeros + h * groups, groups, zeros_t + h * groups);
+    }
+    for (int64_t i = 0; i < count; i += TILE) {
+        int R = count - i < TILE ? (int)(count - i) : TILE;
+        const int8_t *pairs[TILE];
+        const float *pair_scales[TILE];
+        for (int r = 0; r < R; r++) {
+            pairs[r] = acts[rows[i + r]].pairs;
+            pair_scales[r] = acts[rows[i + r]].pair_scales;
+        }
+        for (int64_t n = 0; n < ROW_BLOCK; n++) {
+            float *out[TILE];
+            for (int r = 0; r < R; r++) out[r] = y + (i + r) * N + n;
+            if (level >= 2) tile_dots_vnni(p + n * row_bytes, scales + n * groups, blocks, per_group, R, pairs,
+                                           pair_scales, out);
+            else tile_dots_avx2(p + n * row_bytes, scales + n * groups, blocks, per_group, R, pairs, pair_scales,
+                                out);
+        }
+        for (int r = 0; r < R; r++) {
+            const act_row *a = &acts[rows[i + r]];
+            for (int64_t h = 0; h < ROW_BLOCK; h += 8) {
+                float scalar[8], *row = y + (i + r) * N + h;
+                epilogue_lanes(scales_t + h * groups, z ? zeros_t + h * groups : 0, groups, a->offset, a->xgroup,
+                               scalar);
+                for (int l = 0; l < 8; l++) row[l] += scalar[l];
+            }
+        }
+    }
+}
+#endif
+
 static int q4_products(const int8_t *xq, const float *dx, const int32_t *xs, const float *xf, const int8_t *pairs,
                        const float *pair_scales, int64_t M, int64_t K, int64_t E, const uint8_t *const *packed,
                        const uint16_t *const *scales, const uint16_t *const *zeros, const int64_t *act_rows,
@@ -840,6 +904,13 @@ static int q4_products(const int8_t *xq, const float *dx, const int32_t *xs, con
                                          zeros[e] ? zeros[e] + n * groups : 0, fp16, blocks, per_group, tile, R, out);
                 }
             }
+            continue;
+        }
+        if (level >= 1 && row_start[e + 1] - row_start[e] > 1 && n1 - n0 == ROW_BLOCK && per_group % 2 == 0
+            && acts[0].pairs && lanes_ok(groups)) {
+            block_rows(packed[e] + n0 * (K / 2), K / 2, scales[e] + n0 * groups, zeros[e] ? zeros[e] + n0 * groups : 0,
+                       fp16, blocks, per_group, acts, act_rows + row_start[e], row_start[e + 1] - row_start[e],
+                       y + row_start[e] * N + n0, N, level);
             continue;
         }
 #endif
