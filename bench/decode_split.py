@@ -1,8 +1,8 @@
 """Where a decode token's time goes: one engine at full RAM, the native kernels' share of a step.
 
-    nice python bench/decode_split.py CONTAINER [--tokens 64] [--context 1024] [--split]
+    nice python bench/decode_split.py CONTAINER [--tokens 64] [--context 1024] [--split] [--threads 1]
 
-Opens CONTAINER with every expert cached (`compute="native"`, one thread), fills the cache with
+Opens CONTAINER with every expert cached (`compute="native"`, `--threads`, default one), fills the cache with
 two prefills of `--context / 2` random ids, then times `--tokens` decode steps of random ids in a
 fresh session (as llama-bench's tg feeds them). With `--split`, each native kernel entry point and
 SDPA are wrapped with a timer (about a microsecond a call), and the report gives each one's ms a
@@ -45,8 +45,9 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--context", type=int, default=1024)
     parser.add_argument("--split", action="store_true", help="time each kernel entry point and SDPA")
+    parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     from colibri_stream import Engine
     from colibri_stream.compute import native_kernel
 

@@ -37,7 +37,11 @@ What it does, in order (each step reuses its output when it is already there):
    bench/RESULTS.md. Large files (checkpoint, GGUFs, container) are deleted unless `--keep`.
 
     nice -n 10 .venv/bin/python bench/llama_cpp_side_by_side.py --workdir /var/tmp/colibri-llama \
-        --threads 1,2 --repeats 3 --caps 0.5,0.25 [--keep] [--results bench/RESULTS.md] [--profile]
+        --threads 1,2 --repeats 3 --caps 0.5,0.25 [--keep] [--results bench/RESULTS.md] [--profile] [--isa avx2]
+
+`--isa avx2` holds both engines to AVX2, as on the many laptops and desktops without AVX-512: llama.cpp
+built with GGML_NATIVE=OFF (ggml's generic x86 build: AVX2, FMA, F16C, BMI2) and colibri run with
+ATEN_CPU_CAPABILITY=avx2 (its kernels' AVX2 level).
 
 `--profile` adds a cProfile of colibri's decode steps at full RAM (top entries by own time).
 Smoke run on a tiny shape: `--layers 2 --experts 8 --hidden 256 --moe-intermediate 256 --repeats 1`.

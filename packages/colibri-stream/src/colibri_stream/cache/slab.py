@@ -7,7 +7,10 @@ high-water mark until trimmed, so RSS crept over the budget during a pass (1.005
 never moves or grows; the heap holds only one miss's temporaries, which the next miss reuses.
 
 The slab is virtual memory until a slot is first written (torch.empty of a large size is an
-anonymous mmap), so an engine that never fills its cache never pays for it. A slot is reused
+anonymous mmap), so an engine that never fills its cache never pays for it. It asks for huge
+pages (io/huge_pages.py): a decode token streams its experts from it, and in 4 KiB pages that
+stream is a TLB miss every 4 KiB. Slots are handed out from the first, so the pages written run
+at most one 2 MiB page past the slots in use. A slot is reused
 in place after an eviction: whoever still holds the evicted expert would see the new one's
 bytes. The engine never does (each expert is computed before the next is fetched, and the
 current layer's experts are pinned against prefetched arrivals); code that keeps experts from
@@ -17,6 +20,8 @@ current layer's experts are pinned against prefetched arrivals); code that keeps
 from __future__ import annotations
 
 import torch
+
+from ..io.huge_pages import advise_huge_pages
 
 ALIGN = 64  # bytes: a cache line; every part of a slot starts on one
 
@@ -33,6 +38,7 @@ class ExpertSlab:
             raise ValueError(f"a slab needs slots >= 1 and slot_bytes >= 1, got {slots} x {slot_bytes}")
         self.slots, self.slot_bytes = slots, aligned(slot_bytes)
         self.storage = torch.empty(slots * self.slot_bytes, dtype=torch.uint8)
+        advise_huge_pages(self.storage)  # before any slot is written: a decode token streams its experts
         self._free = list(range(slots - 1, -1, -1))  # pop() hands out slot 0 first
 
     @property

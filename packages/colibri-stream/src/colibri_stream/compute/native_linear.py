@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..io.huge_pages import huge_page_copy
 from . import native_kernel
 from .native_kernel import BLOCK, QuantizedActivations, bf16_matmul, matmul
 
@@ -60,9 +61,10 @@ class NativeLinear(nn.Module):
         self.out_features, self.in_features = raw.shape
         self.encoding, self.group, self.fp16_scales = raw.encoding, raw.group_size, raw.scale_dtype == "fp16"
         # not persistent: the weights are the container's bytes, not a state_dict entry
-        # torch.tensor copies into torch's memory: the read buffer is not kept
+        # a copy in torch's memory (the read buffer is not kept), on huge pages where it is large:
+        # a decode token streams it whole (io/huge_pages.py)
         data = raw.data.view(np.int16) if raw.encoding == "bf16" else raw.data
-        self.register_buffer("data", torch.tensor(data), persistent=False)
+        self.register_buffer("data", huge_page_copy(data), persistent=False)
         self.register_buffer("scales", _bits(raw.scales), persistent=False)
         self.register_buffer("zeros", _bits(raw.zeros), persistent=False)
         self.bias = nn.Parameter(torch.empty(self.out_features, device="meta")) if bias else None

@@ -1,0 +1,78 @@
+"""Huge-page advice for the streamed weights: the advised range, the copy's values, and that the
+kernel backs an advised buffer with huge pages where it offers them on request."""
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from colibri_stream.cache.slab import ExpertSlab
+from colibri_stream.io.huge_pages import HUGE_PAGE, advise_huge_pages, huge_page_copy
+
+THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+
+
+def _thp_mode() -> str | None:
+    """The kernel's THP mode ("always", "madvise", "never"), None where it has none."""
+    if not sys.platform.startswith("linux") or not THP.exists():
+        return None
+    text = THP.read_text()
+    return text[text.index("[") + 1 : text.index("]")]
+
+
+def _aligned_interior(tensor: torch.Tensor) -> int:
+    start = tensor.data_ptr()
+    end = start + tensor.numel() * tensor.element_size()
+    return max(0, end // HUGE_PAGE * HUGE_PAGE - -(-start // HUGE_PAGE) * HUGE_PAGE)
+
+
+def _huge_bytes_at(tensor: torch.Tensor) -> int:
+    """AnonHugePages of the mappings over `tensor`'s bytes (from /proc/self/smaps; the advice
+    splits the buffer's mapping at the advised range)."""
+    start = tensor.data_ptr()
+    end, total, overlaps = start + tensor.numel() * tensor.element_size(), 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()[0]
+        if "-" in head and not head.endswith(":"):
+            low, high = (int(part, 16) for part in head.split("-"))
+            overlaps = low < end and start < high
+        elif overlaps and line.startswith("AnonHugePages:"):
+            total += int(line.split()[1]) * 1024
+    return total
+
+
+@pytest.mark.skipif(_thp_mode() is None, reason="no transparent huge pages in this kernel (not Linux)")
+def test_a_large_buffer_is_advised_over_its_aligned_interior_and_a_small_one_not_at_all():
+    large = torch.empty(9 * HUGE_PAGE, dtype=torch.uint8)
+    assert advise_huge_pages(large) == _aligned_interior(large) >= 7 * HUGE_PAGE
+    assert advise_huge_pages(torch.empty(HUGE_PAGE // 2, dtype=torch.uint8)) == 0
+    assert advise_huge_pages(torch.empty(0, dtype=torch.uint8)) == 0
+
+
+@pytest.mark.skipif(_thp_mode() not in ("always", "madvise"), reason="this kernel backs no buffer with huge pages")
+def test_an_advised_buffer_is_backed_by_huge_pages_once_written():
+    buffer = torch.empty(16 * HUGE_PAGE, dtype=torch.uint8)
+    assert advise_huge_pages(buffer) > 0
+    buffer.fill_(1)
+    assert _huge_bytes_at(buffer) >= HUGE_PAGE
+
+
+def test_the_copy_holds_the_values_dtype_and_shape_of_a_read_only_array():
+    rng = np.random.default_rng(0)
+    for array in (rng.integers(0, 256, (3000, 1024)).astype(np.uint8), rng.normal(size=(7, 5)).astype(np.float32),
+                  rng.integers(-128, 128, (4096, 513)).astype(np.int8)):
+        array.setflags(write=False)  # a read buffer of the container
+        copy = huge_page_copy(array)
+        assert copy.shape == array.shape and copy.numpy().dtype == array.dtype
+        assert np.array_equal(copy.numpy(), array)
+        assert copy.data_ptr() != array.ctypes.data
+
+
+@pytest.mark.skipif(_thp_mode() != "madvise", reason="only where huge pages come on request does this show the advice")
+def test_the_expert_slab_asks_for_huge_pages_before_its_first_slot_is_written():
+    slab = ExpertSlab(slots=12, slot_bytes=HUGE_PAGE)
+    for _ in range(2):
+        slab.slot(slab.take()).fill_(3)
+    assert _huge_bytes_at(slab.storage) >= HUGE_PAGE
