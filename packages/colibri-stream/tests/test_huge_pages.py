@@ -7,7 +7,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from colibri_stream.cache.slab import ExpertSlab
 from colibri_stream.io.huge_pages import HUGE_PAGE, advise_huge_pages, huge_page_copy
 
