@@ -456,7 +456,8 @@ static void row_scales_avx2(const uint16_t *s, int64_t groups, int fp16, float *
                     d0, acc0[r]);                                                                               \
                 __m256 d1 = _mm256_mul_ps(_mm256_loadu_ps(pair_scales[r] + (b / 2) * 8 + 8), scale1);           \
                 acc1[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(PAIR_DOT(even1, odd1,                              \
-                    _mm256_loadu_si256((const __m256i *)(x + 64)), _mm256_loadu_si256((const __m256i *)(x + 96)))), \
+                    _mm256_loadu_si256((const __m256i *)(x + 64)),                                              \
+                    _mm256_loadu_si256((const __m256i *)(x + 96)))),                                            \
                     d1, acc1[r]);                                                                               \
             }                                                                                                   \
         }                                                                                                       \
@@ -554,8 +555,8 @@ TILE_DOTS(tile_dots_vnni, VNNI_TARGET, rows_pairs_vnni)
         if (z) row_scales_avx2(z, WROWS * groups, fp16, zeros);                                                 \
         __m256 acc0[WROWS], acc1[WROWS];                                                                        \
         for (int r = 0; r < WROWS; r++) acc0[r] = acc1[r] = _mm256_setzero_ps();                                \
-        /* two steps an iteration (blocks b, b + 1 into acc0, b + 2, b + 3 into acc1): no branch on     \
-         * which accumulator a step feeds, so they all stay in registers */                              \
+        /* two steps an iteration (blocks b, b + 1 into acc0, b + 2, b + 3 into acc1): no branch on             \
+         * which accumulator a step feeds, so they all stay in registers */                                     \
         int64_t b = 0;                                                                                          \
         for (; b + 4 <= blocks; b += 4) {                                                                       \
             int64_t g0 = b / per_group, g1 = (b + 2) / per_group;                                              \
@@ -819,10 +820,6 @@ static void q4_tile(const act_row *const *acts, int R, const uint8_t *p, const u
  * L1 while every activation row passes over it (the weights are read from memory once). */
 #define ROW_BLOCK 16
 
-/* The products of E weight matrices (the same shape [N, K], group G) with activation rows:
- * matrix e takes rows rows_of[e][0..count[e]) of the quantized activations, and its results go
- * to y + first_out[e] * N, one row of N per activation row. Rows of all the matrices share one
- * parallel loop, so the experts of one token (E matrices, one row each) keep every thread busy. */
 #ifdef COLIBRI_X86
 /* An expert's activation rows (more than one: a prefill chunk's) times a block of ROW_BLOCK weight
  * rows, at the 256-bit levels: first every row's dot sums (`tile_dots_*`, TILE activation rows
@@ -870,6 +867,10 @@ static void block_rows(const uint8_t *p, int64_t row_bytes, const uint16_t *s, c
 }
 #endif
 
+/* The products of E weight matrices (the same shape [N, K], group G) with activation rows:
+ * matrix e takes rows rows_of[e][0..count[e]) of the quantized activations, and its results go
+ * to y + first_out[e] * N, one row of N per activation row. Rows of all the matrices share one
+ * parallel loop, so the experts of one token (E matrices, one row each) keep every thread busy. */
 static int q4_products(const int8_t *xq, const float *dx, const int32_t *xs, const float *xf, const int8_t *pairs,
                        const float *pair_scales, int64_t M, int64_t K, int64_t E, const uint8_t *const *packed,
                        const uint16_t *const *scales, const uint16_t *const *zeros, const int64_t *act_rows,
