@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from colibri_stream import BudgetError, Engine, MemoryCap, read_memory_cap
+from colibri_stream import BudgetError, Engine, MemoryCap, MemoryCapWarning, read_memory_cap
 from colibri_stream.io.accounting import IOWindow, agreement
 from colibri_stream.io.memory_cap import MIN_MARGIN_BYTES, RUNTIME_FILE_BYTES
 
@@ -84,6 +84,29 @@ def test_auto_fits_under_the_cap_or_refuses_with_the_numbers(tiny, monkeypatch):
     assert message.startswith("ram budget auto: cgroup v1 /test: limit 600.0 MB - charged now")
     assert "runtime file pages" in message and "margin" in message and "too small" in message
     assert info.value.minimum_bytes == plan.smallest_budget
+
+
+def test_a_stated_budget_over_what_the_cap_leaves_warns_before_the_oom_killer_would(tiny, monkeypatch):
+    import warnings
+
+    import colibri_stream.assembly as assembly
+
+    plan = Engine.plan(tiny[0])
+    available = 2 * plan.smallest_budget + RUNTIME_FILE_BYTES + 2 * MIN_MARGIN_BYTES
+    cap = MemoryCap("cgroup v2 /test", available + 100_000_000, available, 100_000_000)
+    assert cap.budget_bytes >= plan.smallest_budget
+    budget = cap.budget_bytes + (8 << 20)
+    monkeypatch.setattr(assembly, "read_memory_cap", lambda: cap)
+    with pytest.warns(MemoryCapWarning, match=r"ram budget .* is more than this process's memory cgroup leaves "
+                                              r"for it \(cgroup v2 /test: limit .* = budget .*\).*--ram-budget auto"):
+        Engine.plan(tiny[0], ram_budget=budget)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", MemoryCapWarning)
+        Engine.plan(tiny[0], ram_budget=cap.budget_bytes)  # what auto would pick: no warning
+        Engine.plan(tiny[0])  # no budget stated
+        no_limit = MemoryCap("MemAvailable", None, cap.budget_bytes // 2, 0)
+        monkeypatch.setattr(assembly, "read_memory_cap", lambda: no_limit)
+        Engine.plan(tiny[0], ram_budget=budget)  # no cgroup: RAM, not a kill, is what runs short
 
 
 def test_both_byte_counters_and_the_direction_of_a_disagreement(tiny):

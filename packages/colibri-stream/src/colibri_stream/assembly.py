@@ -30,13 +30,14 @@ from .compute.expert_compute import DequantExpert, Int4Expert
 from .compute.native_expert import NativeQ4Expert
 from .compute.native_kernel import QuantizedActivations
 from .compute.streamed_experts import StreamedExperts
-from .errors import BudgetError, SmallCacheWarning
+from .errors import BudgetError, MemoryCapWarning, SmallCacheWarning
 from .io.direct_io import BlobReader
 from .io.heap import release_free_heap
 from .io.memory_cap import read_memory_cap
 from .options import EngineOptions
 from .plan import Plan, make_plan, plan_dtypes
 from .resident import build_model, model_config, module_bytes
+from .sizes import format_size
 from .stats import StreamStats
 
 
@@ -50,13 +51,28 @@ def plan_for(container: Container, opts: EngineOptions, ram_budget: int | str | 
     """The plan at `ram_budget` (None: no budget, only the minimum and full budgets) on the
     resolved `compute` routes (`compute_routes`)."""
     if ram_budget != "auto":
-        return make_plan(container, opts, ram_budget, compute=compute)
+        plan = make_plan(container, opts, ram_budget, compute=compute)
+        if ram_budget is not None:
+            _warn_over_cap(ram_budget)
+        return plan
     cap = read_memory_cap()
     try:
         plan = make_plan(container, opts, cap.budget_bytes, compute=compute)
     except BudgetError as exc:
         raise BudgetError(f"ram budget auto: {cap.describe()}; {exc}", exc.minimum_bytes) from None
     return replace(plan, memory_cap=cap)
+
+
+def _warn_over_cap(ram_budget: int) -> None:
+    """Warn when a stated budget is more than the memory cgroup leaves (what `auto` would pick):
+    the budget covers the engine's data, the cap the whole process, interpreter and torch too."""
+    cap = read_memory_cap()
+    if cap.limit_bytes is not None and ram_budget > cap.budget_bytes:
+        warnings.warn(
+            f"ram budget {format_size(ram_budget)} is more than this process's memory cgroup leaves for it "
+            f"({cap.describe()}): the kernel may end the process when the cache fills; "
+            "--ram-budget auto sizes the budget from the cap",
+            MemoryCapWarning, stacklevel=4)
 
 
 @dataclass

@@ -83,6 +83,11 @@ class ReportVersionError(StreamError, VersionMismatchError):
     """A report of a major version this reader does not know; names both versions."""
 
 
+class MemoryCapWarning(UserWarning):
+    """A stated RAM budget larger than what this process's memory cgroup leaves for it: the
+    kernel, not the engine, would end the process (the OOM killer) when the cache fills."""
+
+
 class SmallCacheWarning(UserWarning):
     """The expert cache holds fewer experts than one decode token uses (MoE layers x top-k):
     a global LRU then hits nothing, and every policy misses most of each token."""
