@@ -11,9 +11,10 @@ anonymous mmap), so an engine that never fills its cache never pays for it. It a
 pages (io/huge_pages.py): a decode token streams its experts from it, and in 4 KiB pages that
 stream is a TLB miss every 4 KiB. Slots are handed out from the first, so the pages written run
 at most one 2 MiB page past the slots in use. A slot is reused in place after an eviction:
-whoever still holds the evicted expert would see the new one's bytes. The engine never does (each expert is computed before the next is fetched, and the
-current layer's experts are pinned against prefetched arrivals); code that keeps experts from
-`ExpertCache.get` across later `get` calls must not use a slab.
+whoever still holds the evicted expert would see the new one's bytes. The engine never does
+(each expert is computed before the next is fetched, and the current layer's experts are pinned
+against prefetched arrivals); code that keeps experts from `ExpertCache.get` across later `get`
+calls must not use a slab.
 """
 
 from __future__ import annotations
