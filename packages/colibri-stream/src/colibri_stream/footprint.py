@@ -44,8 +44,9 @@ from .stored_embedding import stored_embedding_name
 # anonymous RSS right after a process's first load, about 880 bytes per token, of which all but
 # 13.4 MB (270 bytes per token) is freed heap from parsing tokenizer.json: the engine gives it back
 # (malloc_trim) right after the load, before it builds its weights or cache, so only what stays is
-# counted (the load's own peak comes while nothing else of the budget is held). The plan counts the model's vocabulary (config.vocab_size, which the tokenizer must
-# fit in), so it needs no tokenizer loaded.
+# counted (the load's own peak comes while nothing else of the budget is held). The plan counts the
+# model's vocabulary (config.vocab_size, which the tokenizer must fit in), so it needs no tokenizer
+# loaded.
 TOKENIZER_BYTES_PER_TOKEN = 300
 
 
