@@ -9,7 +9,7 @@ format `import-hf` reads. NOTE: its weights already sit on Q4_1's grid (groups o
 and minimum), so our int4 delta here is the cost of re-quantizing Q4_1 weights, not of
 quantizing the original bf16 model as llama.cpp's published deltas are.
 
-    python bench/smollm2_import.py [--windows 8 --window 512] [--workdir DIR]
+    python bench/smollm2_import.py [--windows 8 --window 512] [--workdir DIR] [--variants 0,1]
 
 Prints JSON: greedy texts (transformers and engine, fp32 and bf16), the first token where they
 differ (none: identical), perplexity per container, deltas against the bf16 container.
@@ -35,7 +35,8 @@ STEPS = 48
 # (label, quant_scheme arguments). A dense model has no routed experts: what --quant changes is
 # the resident matrices (and the embedding, which is also the LM head: tied).
 VARIANTS = [
-    ("int8 resident (--quant int4 default)", dict(quant="int4")),
+    ("int8 resident, bf16 embed", dict(quant="int4", embed_dtype="bf16")),
+    ("int8 resident, int8 embed", dict(quant="int4", embed_dtype="int8")),
     ("int4 g64 sym resident, bf16 embed", dict(quant="int4", resident_dtype="int4")),
     ("int4 g32 sym resident, bf16 embed", dict(quant="int4", group_size=32, resident_dtype="int4")),
     ("int4 g32 asym resident, bf16 embed", dict(quant="int4", group_size=32, symmetric=False, resident_dtype="int4")),
@@ -98,6 +99,8 @@ def main() -> None:
     parser.add_argument("--windows", type=int, default=8)
     parser.add_argument("--window", type=int, default=512)
     parser.add_argument("--workdir", default=None)
+    parser.add_argument("--variants", default=None,
+                        help="Comma-separated indices into VARIANTS (0-based) to import and score [default: all].")
     args = parser.parse_args()
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory(prefix="smollm2-", dir=args.workdir) as tmp:
@@ -123,7 +126,8 @@ def main() -> None:
             result["ppl_transformers_fp32"] = perplexity(lambda ids: model(torch.tensor([ids])).logits[0], windows)
         rows = []
         containers = [("bf16 (everything)", work / "bf16.coli")]
-        for label, settings in VARIANTS:
+        chosen = VARIANTS if args.variants is None else [VARIANTS[int(i)] for i in args.variants.split(",")]
+        for label, settings in chosen:
             path = work / f"v{len(containers)}.coli"
             settings = dict(settings)
             import_hf(hf_dir, path, quant_scheme(settings.pop("quant"), **settings))

@@ -30,6 +30,7 @@ ROUTER_COUNTERS = L * E  # fp32 token counters
 # int4 blob: 3 matrices of F x D nibbles + one bf16 scale per 64 weights, padded to 4 KiB
 INT4_BLOB = 3 * (F * D // 2 + 2 * F * D // 64)
 INT8_BLOB = 3 * (F * D + 2 * F * D // 64)
+INT8_EMBEDDING = V * D + 2 * V * D // 64  # import-hf's int8 embedding as stored: a bf16 scale per 64
 BF16_BLOB = 3 * F * D * 2
 
 
@@ -38,13 +39,13 @@ def test_qwen3_30b_a3b_plan_from_config_matches_a_hand_computation():
     assert INT4_BLOB % 4096 == 0 and INT8_BLOB % 4096 == 0  # no padding at these shapes
     plan = Engine.plan(planned_container(QWEN3_30B, "int4"), compute="int4")
     f = plan.footprint
-    # defaults for a 16 GB laptop: bf16 (f32 would be 5.5 GB of backbone weights: the embedding as
-    # stored, bf16, mapped from the container outside the budget, the rest in f32), 4096 of 40,960 positions
+    # defaults for a 16 GB laptop: bf16 (f32 would be 5.2 GB of backbone weights: the embedding as
+    # stored, int8, mapped from the container outside the budget, the rest in f32), 4096 of 40,960 positions
     assert f.dtype == torch.bfloat16 and f.max_context == DEFAULT_MAX_CONTEXT and plan.max_seq_len == 40960
-    f32_backbone = 2 * V * D + 4 * (MATRICES - V * D) + 4 * (VECTORS + ROUTER_COUNTERS)
+    f32_backbone = INT8_EMBEDDING + 4 * (MATRICES - V * D) + 4 * (VECTORS + ROUTER_COUNTERS)
     assert len(plan.defaults) == 2 and f"{format_size(f32_backbone)} in f32" in plan.defaults[0]
     assert f.resident_by_dtype == {"bf16": 2 * (MATRICES - V * D), "f32": 4 * (VECTORS + ROUTER_COUNTERS)}
-    assert f.mapped_bytes == 2 * V * D  # the bf16 embedding
+    assert f.mapped_bytes == INT8_EMBEDDING
     assert plan.kv_bytes_per_token == 2 * L * KV * HD * 2 == 98_304  # K and V, bf16
     assert plan.kv_cache_at(40960) == 4_026_531_840  # the ~4 GB the config's context would take
     assert f.total_experts == L * E and f.top_k == 8
@@ -67,13 +68,13 @@ def test_plan_cli_from_config_prints_sizes_kv_and_hit_rate_budget(tmp_path):
     run = CliRunner().invoke
     text = run(main, ["plan", str(QWEN3_30B / "config.json"), "--compute", "int4"])
     assert text.exit_code == 0, text.output
-    assert "container size bf16 61.07 GB, int8 32.10 GB, int4 17.61 GB" in text.output
+    assert "container size bf16 61.07 GB, int8 31.50 GB, int4 17.00 GB" in text.output
     assert "KV cache (bf16, 98.3 KB per token): 2048 tokens 201.3 MB" in text.output and "40960 tokens 4.03 GB" in text.output
     assert "max_context 4096 of the config's 40960" in text.output
     out = json.loads(run(main, ["plan", str(QWEN3_30B), "--quant", "int8", "--compute", "dequant", "--json"]).output)
     assert out["quant"] == "int8" and out["expert_bytes_on_disk"] == L * E * INT8_BLOB
     assert out["kv_cache_by_context"]["40960"] == 40960 * 98_304 and out["resident_by_dtype"]["bf16"] == 2 * (MATRICES - V * D)
-    assert out["mapped_bytes"] == 2 * V * D
+    assert out["mapped_bytes"] == INT8_EMBEDDING
     # a hit-rate target from a routing trace of this shape (48 x 128, top-8)
     trace_path = _write_trace(tmp_path / "qwen3.jsonl.gz")
     target = run(main, ["plan", str(QWEN3_30B), "--compute", "int4", "--trace", str(trace_path), "--hit-rate", "0.5",
@@ -201,11 +202,11 @@ def test_gpt_oss_20b_plan_sizes_the_sliding_layers_at_their_window():
         assert plan.full_kv_cache_at(context) == full == 24 * layer_position * context
     assert plan.footprint.kv_cache_bytes == plan.kv_cache_at(plan.footprint.max_context)  # what the budget holds
     assert plan.kv_cache_at(300) == plan.full_kv_cache_at(300)  # shorter than what a sliding layer keeps
-    out = CliRunner().invoke(main, ["plan", str(GPT_OSS_20B / "config.json")])
+    out = CliRunner().invoke(main, ["plan", str(GPT_OSS_20B / "config.json"), "--dtype", "bf16"])
     assert out.exit_code == 0, out.output
     assert ("the 12 sliding-window layers of 24 (window 128) keep at most 383 positions each (window - 1 + 2 x "
             "prefill chunk 128); keeping every position they would take") in out.output
     assert "4096 tokens 110.1 MB" in out.output and "4096 tokens 201.3 MB" in out.output
-    data = json.loads(CliRunner().invoke(main, ["plan", str(GPT_OSS_20B), "--json"]).output)
+    data = json.loads(CliRunner().invoke(main, ["plan", str(GPT_OSS_20B), "--dtype", "bf16", "--json"]).output)
     assert data["kv_cache_by_context"]["32768"] == 814_718_976 == data["kv_cache_windowed_by_context"]["32768"]
     assert Engine.plan(planned_container(QWEN3_30B, "int4"), compute="int4").sliding_kv is None

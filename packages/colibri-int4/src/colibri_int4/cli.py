@@ -143,14 +143,16 @@ def _quant_options(bf16_note: str | None = None):
     bf16 = f"bf16 (everything bf16: {bf16_note})" if bf16_note else "bf16 (everything bf16)"
     options = [
         click.option("--quant", type=_DTYPES, default="int4", show_default=True,
-                     help=f"Routed experts: int4 (resident int8), int8 (resident int8) or {bf16}. Embeddings stay bf16."),
+                     help=f"Routed experts: int4 (resident int8), int8 (resident int8) or {bf16}. "
+                          "Embeddings and LM head: int8, bf16 under --quant bf16."),
         click.option("--group", "group_size", type=click.Choice(["32", "64", "128"]), default="64", show_default=True,
                      help="Weights per int4/int8 group (one 16-bit scale each)."),
         click.option("--sym/--asym", "symmetric", default=True, show_default=True,
                      help="int4 groups with or without a zero."),
         click.option("--resident-dtype", type=_DTYPES, default=None,
                      help="Override --quant for attention, dense FFN, shared experts."),
-        click.option("--embed-dtype", type=_DTYPES, default=None, help="Override for embed.weight and lm_head.weight."),
+        click.option("--embed-dtype", type=_DTYPES, default=None,
+                     help="Override --quant for embed.weight and lm_head.weight."),
     ]
 
     def apply(command):
