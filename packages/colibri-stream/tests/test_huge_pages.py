@@ -1,5 +1,6 @@
-"""Huge-page advice for the streamed weights: the advised range, the copy's values, and that the
-kernel backs an advised buffer with huge pages where it offers them on request."""
+"""Huge-page advice for the streamed weights: the advised range, the copy's values, the arena that
+packs a model's projections into one advised buffer, and that the kernel backs an advised buffer
+with huge pages where it offers them on request."""
 
 import sys
 from pathlib import Path
@@ -7,8 +8,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from colibri_int4 import QuantScheme
+from colibri_stream import Engine
 from colibri_stream.cache.slab import ExpertSlab
-from colibri_stream.io.huge_pages import HUGE_PAGE, advise_huge_pages, huge_page_copy
+from colibri_stream.compute.native_linear import NativeLinear
+from colibri_stream.io.huge_pages import (
+    ARENA_ALIGN,
+    HUGE_PAGE,
+    HugePageArena,
+    advise_huge_pages,
+    arena_bytes,
+    huge_page_copy,
+)
 
 THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
@@ -75,3 +86,45 @@ def test_the_expert_slab_asks_for_huge_pages_before_its_first_slot_is_written():
     for _ in range(2):
         slab.slot(slab.take()).fill_(3)
     assert _huge_bytes_at(slab.storage) >= HUGE_PAGE
+
+
+def test_the_arena_packs_copies_at_cache_lines_with_their_values_and_refuses_past_its_end():
+    rng = np.random.default_rng(1)
+    groups = [(rng.integers(0, 256, (48, 16)).astype(np.uint8), rng.integers(0, 1 << 16, (48, 1)).astype(np.uint16)
+               .view(np.int16)),
+              (rng.integers(-128, 128, (5, 7)).astype(np.int8),),  # 35 bytes: the next copy starts at 64
+              (rng.normal(size=(3, 3)).astype(np.float32), rng.integers(-9, 9, 3).astype(np.int16))]
+    sizes = [sum(a.nbytes for a in g) for g in groups]
+    arena = HugePageArena(sum(arena_bytes(n) for n in sizes))
+    base, start = arena.buffer.data_ptr(), 0
+    for group, size in zip(groups, sizes):
+        copies = arena.copy(*group)
+        assert copies[0].data_ptr() - base == start and start % ARENA_ALIGN == 0
+        for copy, array in zip(copies, group):
+            assert copy.shape == array.shape and copy.numpy().dtype == array.dtype
+            assert np.array_equal(copy.numpy(), array)
+            assert copy.untyped_storage().data_ptr() == base  # views of the one buffer
+        # the parts of one copy follow one another with no gap where their sizes allow
+        assert copies[-1].data_ptr() + copies[-1].nbytes - copies[0].data_ptr() == size
+        start += arena_bytes(size)
+    assert arena.used == arena.buffer.numel()  # sized exactly: nothing spare
+    with pytest.raises(ValueError, match="no room for 1 more"):
+        arena.copy(np.zeros(1, dtype=np.uint8))
+
+
+@pytest.mark.parametrize("resident_dtype", ["int4", "int8"])
+def test_a_native_engine_holds_every_projection_in_one_arena_of_exactly_the_planned_bytes(tmp_path, resident_dtype):
+    from .conftest import build_container
+
+    container, _ = build_container(tmp_path, QuantScheme(group_size=32, resident_dtype=resident_dtype,
+                                                         embed_dtype="int8"))
+    with Engine.open(container, ram_budget="200MB", compute="native") as eng:
+        natives = [m for m in eng.model.modules() if isinstance(m, NativeLinear)]
+        assert eng.model.lm_head in natives and len(natives) > 4 * eng.config.n_layers
+        buffers = [b for m in natives for b in m.buffers()]
+        storages = {b.untyped_storage().data_ptr() for b in buffers}
+        assert len(storages) == 1  # one arena for the projections, the head, their scales and zeros
+        arena_size = buffers[0].untyped_storage().nbytes()
+        planned = Engine.plan(container, compute="native").footprint.resident_by_dtype
+        assert arena_size == sum(planned.get(e, 0) for e in ("q4", "q8")) > 0  # the plan counts the arena
+        assert arena_size == sum(arena_bytes(sum(b.nbytes for b in m.buffers())) for m in natives)  # nothing spare

@@ -31,7 +31,7 @@ from colibri_spec import most_decompressed_keys
 from .compute.choice import ComputeRoutes
 from .compute.expert_compute import prepared_nbytes
 from .compute.native_expert import native_nbytes
-from .compute.native_linear import native_linear_name
+from .compute.native_linear import held_bytes, native_linear_name
 from .errors import BudgetError
 from .io.heap import slack_bytes as heap_slack_bytes
 from .options import EngineOptions
@@ -295,7 +295,8 @@ class Sizing:
         group = self.container.scheme.group_size
         for t in self.container.header.tensors:
             if native and native_linear_name(t.name, t.encoding, t.shape, group):
-                by_dtype[t.encoding] = by_dtype.get(t.encoding, 0) + t.length  # weights + scales (+ zeros), as stored
+                # weights + scales (+ zeros) as stored, in the model's huge-page arena
+                by_dtype[t.encoding] = by_dtype.get(t.encoding, 0) + held_bytes(t.length)
                 continue
             if stored_embedding_name(t.name, self.config.tie_embeddings):
                 continue  # mapped from the container: `mapped_bytes`, page cache rather than the budget

@@ -13,6 +13,10 @@ The advice is only an optimisation: where it cannot be given (not Linux, THP off
 nothing changes, and no result depends on it. It covers the 2 MiB-aligned part of a buffer and
 must be given before the buffer is first written (already-backed pages stay small until the
 kernel's background collapse, if ever).
+
+A matrix smaller than a huge page (an attention projection of a 1024-wide model: 0.3-1 MB) never
+gets one of its own: `HugePageArena` packs many into one advised buffer, sized exactly beforehand
+so that nothing in it is spare.
 """
 
 from __future__ import annotations
@@ -62,3 +66,45 @@ def huge_page_copy(array: np.ndarray) -> torch.Tensor:
     advise_huge_pages(out)
     out.numpy()[...] = array  # numpy copies from read-only buffers too
     return out
+
+
+
+ARENA_ALIGN = 64
+"""Where each `HugePageArena.copy` starts: a cache line, as a separate allocation would."""
+
+
+def arena_bytes(nbytes: int) -> int:
+    """What `nbytes` copied in one `HugePageArena.copy` take (rounded up to ARENA_ALIGN)."""
+    return -(-nbytes // ARENA_ALIGN) * ARENA_ALIGN
+
+
+class HugePageArena:
+    """One buffer of `nbytes`, advised for huge pages, that `copy` fills front to back. Sized
+    exactly by the caller (`arena_bytes` of each copy's total), so nothing in it is spare. The
+    views it returns keep the buffer alive."""
+
+    def __init__(self, nbytes: int):
+        self.buffer = torch.empty(nbytes, dtype=torch.uint8)
+        advise_huge_pages(self.buffer)
+        self.used = 0
+
+    def copy(self, *arrays: np.ndarray) -> tuple[torch.Tensor, ...]:
+        """Torch copies of `arrays`, one after another from the next ARENA_ALIGN boundary (each at
+        a multiple of its item size; no gap between arrays whose sizes keep that)."""
+        start = cursor = self.used
+        places = []
+        for array in arrays:
+            cursor = -(-cursor // array.itemsize) * array.itemsize
+            places.append(cursor)
+            cursor += array.nbytes
+        if start + arena_bytes(cursor - start) > self.buffer.numel():
+            raise ValueError(f"huge-page arena of {self.buffer.numel()} bytes: no room for {cursor - start} "
+                             f"more at {start}")
+        self.used = start + arena_bytes(cursor - start)
+        out = []
+        for array, place in zip(arrays, places):
+            dtype = torch.from_numpy(np.empty(0, dtype=array.dtype)).dtype
+            view = self.buffer[place : place + array.nbytes].view(dtype).view(array.shape)
+            view.numpy()[...] = array
+            out.append(view)
+        return tuple(out)
