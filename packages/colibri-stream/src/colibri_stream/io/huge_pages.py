@@ -68,7 +68,6 @@ def huge_page_copy(array: np.ndarray) -> torch.Tensor:
     return out
 
 
-
 ARENA_ALIGN = 64
 """Where each `HugePageArena.copy` starts: a cache line, as a separate allocation would."""
 
