@@ -139,6 +139,16 @@ def test_one_rows_attention_is_sdpas_over_a_caches_first_columns(heads, kv_heads
         at_level = torch.empty(heads, dim)
         attend_row(q, keys, values, at_level, level=level)
         assert torch.equal(at_level, out), level
+    threads = torch.get_num_threads()
+    try:  # the key/value heads shared out among threads: each head whole on one, the same bits
+        for count in (2, 3):
+            torch.set_num_threads(count)
+            for level in range(native_kernel.cpu_level() + 1):
+                shared = torch.empty(heads, dim)
+                attend_row(q, keys, values, shared, level=level)
+                assert torch.equal(shared, out), (count, level)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_attend_row_refuses_what_does_not_fit_with_the_shapes():

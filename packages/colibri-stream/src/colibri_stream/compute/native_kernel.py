@@ -116,7 +116,7 @@ def _library() -> ctypes.CDLL:
                                               i32]
     library.colibri_swiglu_rows.restype = library.colibri_token_experts.restype = i32
     library.colibri_attend_row.argtypes = [pointer, i64, i64, i64, pointer, i64, i64, pointer, i64, i64, i64,
-                                           ctypes.c_float, pointer, i32]
+                                           ctypes.c_float, pointer, i32, i32]
     library.colibri_attend_row.restype = i32
     library.colibri_decode_layer_front.argtypes = [pointer, pointer, pointer, pointer, pointer, pointer, i64, i64, i64,
                                                    i64, i64, pointer, pointer, i64, pointer, pointer, pointer, pointer,
@@ -532,7 +532,7 @@ def attend_row(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, out: t
     status = _library().colibri_attend_row(
         q.data_ptr(), heads, kv_heads, dim, keys.data_ptr(), keys.stride(1), keys.stride(2), values.data_ptr(),
         values.stride(1), values.stride(2), columns, dim ** -0.5, out.data_ptr(),
-        cpu_level() if level is None else level)
+        cpu_level() if level is None else level, torch.get_num_threads())
     if status != 0:
         raise ValueError(f"attend_row refused heads of {dim} (a multiple of 8 up to {MAX_HEAD_DIM}) over {columns} "
                          f"columns")

@@ -101,55 +101,70 @@ __attribute__((always_inline)) static inline void attend_group(
     }
 }
 
-/* The heads of every key/value head; the common head sizes compiled apart (a constant D keeps a
+/* The query heads of key/value head j; the common head sizes compiled apart (a constant D keeps a
  * head's accumulators in registers), each running the same operations. */
-__attribute__((always_inline)) static inline void attend_heads(
-    const float *q, int64_t heads, int64_t kv_heads, int64_t D, const float *keys, int64_t key_head_stride,
+__attribute__((always_inline)) static inline void attend_kv_head(
+    int64_t j, const float *q, int64_t group, int64_t D, const float *keys, int64_t key_head_stride,
     int64_t key_col_stride, const float *values, int64_t value_head_stride, int64_t value_col_stride, int64_t S,
     float scale, float *scores, float *out, int vector_scores) {
-    int64_t group = heads / kv_heads;
-    for (int64_t j = 0; j < kv_heads; j++) {
-        const float *qj = q + j * group * D, *K = keys + j * key_head_stride, *V = values + j * value_head_stride;
-        float *o = out + j * group * D;
-        switch (D) {
-        case 64: attend_group(qj, group, 64, K, key_col_stride, V, value_col_stride, S, scale, scores, o, vector_scores); break;
-        case 128: attend_group(qj, group, 128, K, key_col_stride, V, value_col_stride, S, scale, scores, o, vector_scores); break;
-        default: attend_group(qj, group, D, K, key_col_stride, V, value_col_stride, S, scale, scores, o, vector_scores); break;
-        }
+    const float *qj = q + j * group * D, *K = keys + j * key_head_stride, *V = values + j * value_head_stride;
+    float *o = out + j * group * D;
+    switch (D) {
+    case 64: attend_group(qj, group, 64, K, key_col_stride, V, value_col_stride, S, scale, scores, o, vector_scores); break;
+    case 128: attend_group(qj, group, 128, K, key_col_stride, V, value_col_stride, S, scale, scores, o, vector_scores); break;
+    default: attend_group(qj, group, D, K, key_col_stride, V, value_col_stride, S, scale, scores, o, vector_scores); break;
     }
 }
 
+static void attend_kv_head_base(int64_t j, const float *q, int64_t group, int64_t D, const float *keys,
+                                int64_t key_head_stride, int64_t key_col_stride, const float *values,
+                                int64_t value_head_stride, int64_t value_col_stride, int64_t S, float scale,
+                                float *scores, float *out) {
+    attend_kv_head(j, q, group, D, keys, key_head_stride, key_col_stride, values, value_head_stride,
+                   value_col_stride, S, scale, scores, out, 0);
+}
+
 #ifdef COLIBRI_X86
-__attribute__((target("avx2"))) static void attend_heads_avx2(
-    const float *q, int64_t heads, int64_t kv_heads, int64_t D, const float *keys, int64_t key_head_stride,
+__attribute__((target("avx2"))) static void attend_kv_head_avx2(
+    int64_t j, const float *q, int64_t group, int64_t D, const float *keys, int64_t key_head_stride,
     int64_t key_col_stride, const float *values, int64_t value_head_stride, int64_t value_col_stride, int64_t S,
     float scale, float *scores, float *out) {
-    attend_heads(q, heads, kv_heads, D, keys, key_head_stride, key_col_stride, values, value_head_stride,
-                 value_col_stride, S, scale, scores, out, 1);
+    attend_kv_head(j, q, group, D, keys, key_head_stride, key_col_stride, values, value_head_stride,
+                   value_col_stride, S, scale, scores, out, 1);
 }
 #endif
 
 /* q [heads, D] f32; keys / values: position s of kv head j at base + j * head_stride + s *
  * col_stride (D consecutive floats: a [1, kv_heads, capacity, D] cache read through its first S
  * columns); out [heads, D]. D a multiple of 8 up to MAX_HEAD, heads a multiple of kv_heads, S >= 1.
- * level: 0 the baseline build, >= 1 the AVX2 one (the same bits). Returns 0, -1 on bad shapes, -2
- * when out of memory. */
+ * level: 0 the baseline build, >= 1 the AVX2 one (the same bits). The key/value heads are shared
+ * out among `threads` (each head's result computed whole by one thread: the same bits at any
+ * count; at long contexts a decode layer's attention is otherwise the longest serial part).
+ * Returns 0, -1 on bad shapes, -2 when out of memory. */
 int colibri_attend_row(const float *q, int64_t heads, int64_t kv_heads, int64_t D, const float *keys,
                        int64_t key_head_stride, int64_t key_col_stride, const float *values,
                        int64_t value_head_stride, int64_t value_col_stride, int64_t S, float scale, float *out,
-                       int level) {
+                       int level, int threads) {
     if (D % 8 || D < 8 || D > MAX_HEAD || kv_heads < 1 || heads % kv_heads || S < 1) return -1;
-    float *scores = (float *)malloc(sizeof(float) * (size_t)(heads / kv_heads * S));
+    int64_t group = heads / kv_heads;
+    float *scores = (float *)malloc(sizeof(float) * (size_t)(heads * S));  /* a group's rows per kv head */
     if (!scores) return -2;
-#ifdef COLIBRI_X86
-    if (level >= 1)
-        attend_heads_avx2(q, heads, kv_heads, D, keys, key_head_stride, key_col_stride, values, value_head_stride,
-                          value_col_stride, S, scale, scores, out);
-    else
+#ifndef COLIBRI_X86
+    level = 0;
 #endif
-        attend_heads(q, heads, kv_heads, D, keys, key_head_stride, key_col_stride, values, value_head_stride,
-                     value_col_stride, S, scale, scores, out, 0);
-    (void)level;
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && kv_heads > 1)
+    for (int64_t j = 0; j < kv_heads; j++) {
+        float *own = scores + j * group * S;
+#ifdef COLIBRI_X86
+        if (level >= 1) {
+            attend_kv_head_avx2(j, q, group, D, keys, key_head_stride, key_col_stride, values, value_head_stride,
+                                value_col_stride, S, scale, own, out);
+            continue;
+        }
+#endif
+        attend_kv_head_base(j, q, group, D, keys, key_head_stride, key_col_stride, values, value_head_stride,
+                            value_col_stride, S, scale, own, out);
+    }
     free(scores);
     return 0;
 }

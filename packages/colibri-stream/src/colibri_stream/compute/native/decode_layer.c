@@ -105,7 +105,7 @@ int colibri_attention_out(const float *attn, const colibri_projection *o, const 
 int colibri_attend_row(const float *q, int64_t heads, int64_t kv_heads, int64_t D, const float *keys,
                        int64_t key_head_stride, int64_t key_col_stride, const float *values,
                        int64_t value_head_stride, int64_t value_col_stride, int64_t S, float scale, float *out,
-                       int level);
+                       int level, int threads);
 int colibri_route_row(const float *x, int64_t D, const float *weight, const float *bias, const float *expert_bias,
                       int64_t E, int64_t k, int softmax, int route_norm, float route_scale, float *scores,
                       int64_t *ids, float *gates);
@@ -161,7 +161,7 @@ int colibri_decode_layer_front(const colibri_layer_front *L, const float *h, con
         }
     status = colibri_attend_row(L->q, L->heads, L->kv_heads, dim, keys, key_head_stride, key_col_stride, values,
                                 value_head_stride, value_col_stride, column + 1, (float)L->attention_scale,
-                                L->attended, level);
+                                L->attended, level, threads);
     if (status == 0)
         status = colibri_attention_out(L->attended, &L->o, h, h_out, L->ffn_norm, (float)L->ffn_eps, x_out, threads,
                                        level);
