@@ -23,6 +23,8 @@ What it does, in order (each step reuses its output when it is already there):
      measured) against colibri's Python API in a fresh process (budget = every expert cached; one
      warm-up prefill of 512 random ids fills the cache, then a timed 512-token prefill, then N decode
      steps of random ids, as llama-bench feeds random ids);
+   - with `--depths D`, full RAM again: decode after D cached positions (llama-bench `-p 0 -n N -d D`
+     against a colibri session prefilled with D random ids), where attention's share of a step grows;
    - in a child memory cgroup capped at `--caps` x the int4 container's size (the same cap in bytes
      for every engine; cgroup v1 or v2, as bench/ram_budget.py): decode tok/s and bytes read per
      token. llama.cpp with mmap (`-lm mmap --repack 0`: repacking copies the weights into anonymous
@@ -37,7 +39,8 @@ What it does, in order (each step reuses its output when it is already there):
    bench/RESULTS.md. Large files (checkpoint, GGUFs, container) are deleted unless `--keep`.
 
     nice -n 10 .venv/bin/python bench/llama_cpp_side_by_side.py --workdir /var/tmp/colibri-llama \
-        --threads 1,2 --repeats 3 --caps 0.5,0.25 [--keep] [--results bench/RESULTS.md] [--profile] [--isa avx2]
+        --threads 1,2 --repeats 3 --caps 0.5,0.25 [--depths 2048] [--keep] [--results bench/RESULTS.md] [--profile]
+        [--isa avx2]
 
 `--isa avx2` holds both engines to AVX2, as on the many laptops and desktops without AVX-512: llama.cpp
 built with GGML_NATIVE=OFF (ggml's generic x86 build: AVX2, FMA, F16C, BMI2) and colibri run with
@@ -338,10 +341,10 @@ def describe_failure(run: dict) -> str:
 
 
 def colibri_run(container: Path, threads: int, mode: str, prompt: int, gen: int, cap: int | None = None,
-                warmup: int = 8, budget: str = "auto") -> dict:
+                warmup: int = 8, budget: str = "auto", depth: int = 0) -> dict:
     command = nice([sys.executable, __file__, "--colibri-child", container, mode, "--threads-child", threads,
                     "--prompt-tokens", prompt, "--child-tokens", gen, "--child-warmup", warmup,
-                    "--child-budget", budget])
+                    "--child-budget", budget, "--child-depth", depth])
     run = run_measured(command, cap)
     if run["returncode"] != 0:
         return {"returncode": run["returncode"], "error": describe_failure(run), "oom_kills": run["oom_kills"],
@@ -352,7 +355,7 @@ def colibri_run(container: Path, threads: int, mode: str, prompt: int, gen: int,
 
 
 def colibri_child(container: str, mode: str, threads: int, prompt: int, tokens: int, warmup: int,
-                  capped_budget: str = "auto") -> dict:
+                  capped_budget: str = "auto", depth: int = 0) -> dict:
     """One measured colibri point in this process (see the module doc)."""
     import random
 
@@ -366,7 +369,8 @@ def colibri_child(container: str, mode: str, threads: int, prompt: int, tokens: 
         budget = capped_budget if capped_budget == "auto" else int(capped_budget)
     else:
         budget = Engine.plan(container, prefill_chunk=prompt).full_budget
-    engine = Engine.open(container, ram_budget=budget, prefill_chunk=prompt if mode != "capped" else None)
+    longer = {"max_context": max(4096, depth + warmup + tokens + 1)} if depth else {}
+    engine = Engine.open(container, ram_budget=budget, prefill_chunk=prompt if mode != "capped" else None, **longer)
     with engine:
         vocab = engine.config.vocab_size
         ids = lambda n: [rng.randrange(vocab) for _ in range(n)]  # noqa: E731 (llama-bench feeds random ids too)
@@ -379,7 +383,7 @@ def colibri_child(container: str, mode: str, threads: int, prompt: int, tokens: 
             session.append(ids(prompt))
             row["prefill_tok_s"] = prompt / (time.perf_counter() - started)
         session = engine.session()
-        session.append(ids(1))
+        session.append(ids(depth or 1))  # the positions cached before the measured steps (llama-bench -d)
         for _ in range(warmup):
             session.append(ids(1))
         split = ("compute_seconds", "io_seconds", "verify_seconds", "forward_seconds")
@@ -429,23 +433,35 @@ def median(values):
     return statistics.median(values) if values else None
 
 
-def measure(args, binaries: Path, ggufs: dict[str, Path], containers: dict[str, Path]) -> dict:
-    rows: list[dict] = []
-    # full RAM: llama-bench pp + tg against colibri, interleaved, per thread count
+def full_ram_rows(args, binaries: Path, ggufs: dict[str, Path], containers: dict[str, Path], depth: int) -> list:
+    """llama-bench pp + tg against colibri at full RAM, interleaved, per thread count; with `depth`,
+    decode only, after that many positions in the cache (llama-bench `-d`, a colibri session prefilled)."""
+    rows = []
+    setting = f"full RAM, {depth} cached" if depth else "full RAM"
     for threads in args.thread_list:
         samples: dict[str, list[dict]] = {}
         for repeat in range(args.repeats):
             for quant, gguf in ggufs.items():
-                result = llama_bench(binaries, gguf, threads, args.prompt_tokens, args.decode_tokens)
+                result = (llama_bench(binaries, gguf, threads, 0, args.decode_tokens, ["-d", str(depth)]) if depth
+                          else llama_bench(binaries, gguf, threads, args.prompt_tokens, args.decode_tokens))
                 samples.setdefault(f"llama.cpp {quant}", []).append(result)
-                log(f"full RAM, {threads} thread(s), llama.cpp {quant} #{repeat}: {brief(result)}")
+                log(f"{setting}, {threads} thread(s), llama.cpp {quant} #{repeat}: {brief(result)}")
             for quant, container in containers.items():
-                result = colibri_run(container, threads, "full", args.prompt_tokens, args.decode_tokens)
+                result = colibri_run(container, threads, "full", args.prompt_tokens, args.decode_tokens, depth=depth)
+                if depth:
+                    result.pop("prefill_tok_s", None)  # llama-bench measures none there
                 samples.setdefault(f"colibri {quant}", []).append(result)
-                log(f"full RAM, {threads} thread(s), colibri {quant} #{repeat}: {brief(result)}")
+                log(f"{setting}, {threads} thread(s), colibri {quant} #{repeat}: {brief(result)}")
         for name, runs in samples.items():
             engine, quant = name.split(" ", 1)
-            rows.append(summary(engine, quant, "full RAM", threads, runs, None))
+            rows.append(summary(engine, quant, setting, threads, runs, None))
+    return rows
+
+
+def measure(args, binaries: Path, ggufs: dict[str, Path], containers: dict[str, Path]) -> dict:
+    rows: list[dict] = []
+    for depth in [0, *args.depth_list]:
+        rows += full_ram_rows(args, binaries, ggufs, containers, depth)
     # capped: decode and bytes per token
     size = containers["int4"].stat().st_size  # the same cap in bytes for every engine
     for share in args.cap_list:
@@ -584,6 +600,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--prompt-tokens", type=int, default=512)
     parser.add_argument("--decode-tokens", type=int, default=32)
+    parser.add_argument("--depths", default="", help="more full-RAM decode rows after this many cached positions "
+                                                     "(llama-bench -d), e.g. 2048")
     parser.add_argument("--caps", default="0.5,0.25", help="memory caps as shares of the int4 container; '' = none")
     parser.add_argument("--cap-tokens", type=int, default=16, help="measured decode tokens under a cap")
     parser.add_argument("--isa", choices=("native", "avx2"), default="native",
@@ -598,15 +616,17 @@ def main() -> None:
     parser.add_argument("--child-tokens", type=int, default=32, help=argparse.SUPPRESS)
     parser.add_argument("--child-warmup", type=int, default=8, help=argparse.SUPPRESS)
     parser.add_argument("--child-budget", default="auto", help=argparse.SUPPRESS)
+    parser.add_argument("--child-depth", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.colibri_child:
         print(json.dumps(colibri_child(args.colibri_child[0], args.colibri_child[1], args.threads_child,
                                        args.prompt_tokens, args.child_tokens, args.child_warmup,
-                                       args.child_budget)))
+                                       args.child_budget, args.child_depth)))
         return
     args.thread_list = [int(t) for t in args.threads.split(",") if t]
     args.cap_threads_list = [int(t) for t in args.cap_threads.split(",") if t]
     args.cap_list = [float(c) for c in args.caps.split(",") if c]
+    args.depth_list = [int(d) for d in args.depths.split(",") if d and int(d) > 0]
     started = time.monotonic()
     cache, work = Path(args.cache).expanduser(), Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
