@@ -37,9 +37,10 @@ STEPS = 48
 VARIANTS = [
     ("int8 resident, bf16 embed", dict(quant="int4", embed_dtype="bf16")),
     ("int8 resident, int8 embed", dict(quant="int4", embed_dtype="int8")),
-    ("int4 g64 sym resident, bf16 embed", dict(quant="int4", resident_dtype="int4")),
-    ("int4 g32 sym resident, bf16 embed", dict(quant="int4", group_size=32, resident_dtype="int4")),
-    ("int4 g32 asym resident, bf16 embed", dict(quant="int4", group_size=32, symmetric=False, resident_dtype="int4")),
+    ("int4 g64 sym resident, bf16 embed", dict(quant="int4", resident_dtype="int4", embed_dtype="bf16")),
+    ("int4 g32 sym resident, bf16 embed", dict(quant="int4", group_size=32, resident_dtype="int4", embed_dtype="bf16")),
+    ("int4 g32 asym resident, bf16 embed", dict(quant="int4", group_size=32, symmetric=False, resident_dtype="int4",
+                                                embed_dtype="bf16")),
     ("int4 g32 asym, int4 embed too", dict(quant="int4", group_size=32, symmetric=False, resident_dtype="int4",
                                            embed_dtype="int4")),
 ]
@@ -102,6 +103,9 @@ def main() -> None:
     parser.add_argument("--variants", default=None,
                         help="Comma-separated indices into VARIANTS (0-based) to import and score [default: all].")
     args = parser.parse_args()
+    picked = None if args.variants is None else args.variants.split(",")
+    if picked is not None and not all(i.isdigit() and int(i) < len(VARIANTS) for i in picked):
+        parser.error(f"--variants {args.variants}: indices 0..{len(VARIANTS) - 1}, comma-separated")
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory(prefix="smollm2-", dir=args.workdir) as tmp:
         work = Path(tmp)
@@ -126,7 +130,7 @@ def main() -> None:
             result["ppl_transformers_fp32"] = perplexity(lambda ids: model(torch.tensor([ids])).logits[0], windows)
         rows = []
         containers = [("bf16 (everything)", work / "bf16.coli")]
-        chosen = VARIANTS if args.variants is None else [VARIANTS[int(i)] for i in args.variants.split(",")]
+        chosen = VARIANTS if picked is None else [VARIANTS[int(i)] for i in picked]
         for label, settings in chosen:
             path = work / f"v{len(containers)}.coli"
             settings = dict(settings)
