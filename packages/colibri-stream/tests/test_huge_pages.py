@@ -12,14 +12,8 @@ from colibri_int4 import QuantScheme
 from colibri_stream import Engine
 from colibri_stream.cache.slab import ExpertSlab
 from colibri_stream.compute.native_linear import NativeLinear
-from colibri_stream.io.huge_pages import (
-    ARENA_ALIGN,
-    HUGE_PAGE,
-    HugePageArena,
-    advise_huge_pages,
-    arena_bytes,
-    huge_page_copy,
-)
+from colibri_stream.io.huge_pages import HUGE_PAGE, HugePageArena, advise_huge_pages
+from colibri_stream.sizes import CACHE_LINE, aligned
 
 THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
@@ -69,12 +63,14 @@ def test_an_advised_buffer_is_backed_by_huge_pages_once_written():
     assert _huge_bytes_at(buffer) >= HUGE_PAGE
 
 
-def test_the_copy_holds_the_values_dtype_and_shape_of_a_read_only_array():
+def test_an_arena_copy_holds_the_values_dtype_and_shape_of_a_read_only_array():
     rng = np.random.default_rng(0)
-    for array in (rng.integers(0, 256, (3000, 1024)).astype(np.uint8), rng.normal(size=(7, 5)).astype(np.float32),
-                  rng.integers(-128, 128, (4096, 513)).astype(np.int8)):
+    arrays = (rng.integers(0, 256, (3000, 1024)).astype(np.uint8), rng.normal(size=(7, 5)).astype(np.float32),
+              rng.integers(-128, 128, (4096, 513)).astype(np.int8))
+    arena = HugePageArena(sum(aligned(a.nbytes) for a in arrays))
+    for array in arrays:
         array.setflags(write=False)  # a read buffer of the container
-        copy = huge_page_copy(array)
+        (copy,) = arena.copy(array)
         assert copy.shape == array.shape and copy.numpy().dtype == array.dtype
         assert np.array_equal(copy.numpy(), array)
         assert copy.data_ptr() != array.ctypes.data
@@ -95,18 +91,18 @@ def test_the_arena_packs_copies_at_cache_lines_with_their_values_and_refuses_pas
               (rng.integers(-128, 128, (5, 7)).astype(np.int8),),  # 35 bytes: the next copy starts at 64
               (rng.normal(size=(3, 3)).astype(np.float32), rng.integers(-9, 9, 3).astype(np.int16))]
     sizes = [sum(a.nbytes for a in g) for g in groups]
-    arena = HugePageArena(sum(arena_bytes(n) for n in sizes))
+    arena = HugePageArena(sum(aligned(n) for n in sizes))
     base, start = arena.buffer.data_ptr(), 0
     for group, size in zip(groups, sizes):
         copies = arena.copy(*group)
-        assert copies[0].data_ptr() - base == start and start % ARENA_ALIGN == 0
+        assert copies[0].data_ptr() - base == start and start % CACHE_LINE == 0
         for copy, array in zip(copies, group):
             assert copy.shape == array.shape and copy.numpy().dtype == array.dtype
             assert np.array_equal(copy.numpy(), array)
             assert copy.untyped_storage().data_ptr() == base  # views of the one buffer
         # the parts of one copy follow one another with no gap where their sizes allow
         assert copies[-1].data_ptr() + copies[-1].nbytes - copies[0].data_ptr() == size
-        start += arena_bytes(size)
+        start += aligned(size)
     assert arena.used == arena.buffer.numel()  # sized exactly: nothing spare
     with pytest.raises(ValueError, match="no room for 1 more"):
         arena.copy(np.zeros(1, dtype=np.uint8))
@@ -127,4 +123,4 @@ def test_a_native_engine_holds_every_projection_in_one_arena_of_exactly_the_plan
         arena_size = buffers[0].untyped_storage().nbytes()
         planned = Engine.plan(container, compute="native").footprint.resident_by_dtype
         assert arena_size == sum(planned.get(e, 0) for e in ("q4", "q8")) > 0  # the plan counts the arena
-        assert arena_size == sum(arena_bytes(sum(b.nbytes for b in m.buffers())) for m in natives)  # nothing spare
+        assert arena_size == sum(aligned(sum(b.nbytes for b in m.buffers())) for m in natives)  # nothing spare

@@ -31,12 +31,12 @@ from colibri_spec import most_decompressed_keys
 from .compute.choice import ComputeRoutes
 from .compute.expert_compute import prepared_nbytes
 from .compute.native_expert import native_nbytes
-from .compute.native_linear import held_bytes, native_linear_name
+from .compute.native_linear import native_linear_name
 from .errors import BudgetError
 from .io.heap import slack_bytes as heap_slack_bytes
 from .options import EngineOptions
 from .session_kv import sliding_windows, windowed_positions
-from .sizes import format_size
+from .sizes import aligned, format_size
 from .stored_embedding import stored_embedding_name
 
 # NOTE: a loaded byte-level BPE tokenizer holds its vocabulary and merges in Rust structures that
@@ -296,7 +296,7 @@ class Sizing:
         for t in self.container.header.tensors:
             if native and native_linear_name(t.name, t.encoding, t.shape, group):
                 # weights + scales (+ zeros) as stored, in the model's huge-page arena
-                by_dtype[t.encoding] = by_dtype.get(t.encoding, 0) + held_bytes(t.length)
+                by_dtype[t.encoding] = by_dtype.get(t.encoding, 0) + aligned(t.length)
                 continue
             if stored_embedding_name(t.name, self.config.tie_embeddings):
                 continue  # mapped from the container: `mapped_bytes`, page cache rather than the budget

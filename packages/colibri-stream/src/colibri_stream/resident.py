@@ -26,11 +26,12 @@ from colibri_model import (
 )
 
 from .compute.native_decode import install_decode_paths
-from .compute.native_linear import SharedInput, held_bytes, install, native_linear_name
+from .compute.native_linear import SharedInput, install, native_linear_name
 from .compute.native_stack import install_decode_stack
 from .errors import ContainerConfigError
 from .io.heap import release_free_heap
 from .io.huge_pages import HugePageArena
+from .sizes import aligned
 from .stored_embedding import StoredEmbedding, stored_embedding_name
 
 
@@ -67,11 +68,11 @@ def build_model(
         expected.discard(name)
     # every native projection's bytes in one buffer on huge pages (io/huge_pages.py), the LM head too
     group = container.scheme.group_size
-    arena = HugePageArena(sum(held_bytes(t.length) for t in container.header.tensors
+    arena = HugePageArena(sum(aligned(t.length) for t in container.header.tensors
                               if native_linear_name(t.name, t.encoding, t.shape, group))) if native_linears else None
     for raw in container.iter_resident(skip=mapped):
         if native_linears and native_linear_name(raw.name, raw.encoding, raw.shape, raw.group_size):
-            install(model, raw.name, raw, shared_input, arena)
+            install(model, raw.name, raw, arena, shared_input)
             expected.discard(raw.name)
             continue
         state[raw.name] = _materialise(raw, held_dtype(raw.shape, dtype, raw.name), device)

@@ -24,6 +24,16 @@ _UNITS = {
     "gib": 1024**3,
     "tib": 1024**4,
 }
+CACHE_LINE = 64
+"""Bytes: where each part of an expert slot (cache/slab.py) or of the weights' huge-page arena
+(io/huge_pages.py) starts."""
+
+
+def aligned(nbytes: int) -> int:
+    """`nbytes` rounded up to whole cache lines (CACHE_LINE)."""
+    return -(-nbytes // CACHE_LINE) * CACHE_LINE
+
+
 _PATTERN = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-zA-Z]*)\s*$")
 
 

@@ -22,12 +22,9 @@ from __future__ import annotations
 import torch
 
 from ..io.huge_pages import advise_huge_pages
+from ..sizes import CACHE_LINE, aligned
 
-ALIGN = 64  # bytes: a cache line; every part of a slot starts on one
-
-
-def aligned(nbytes: int) -> int:
-    return -(-nbytes // ALIGN) * ALIGN
+ALIGN = CACHE_LINE  # every part of a slot starts on a cache line
 
 
 class ExpertSlab:

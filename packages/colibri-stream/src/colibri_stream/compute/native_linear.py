@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..io.huge_pages import HugePageArena, arena_bytes, huge_page_copy
+from ..io.huge_pages import HugePageArena
 from . import native_kernel
 from .native_kernel import BLOCK, QuantizedActivations, bf16_matmul, matmul
 
@@ -45,21 +45,14 @@ def native_linear_name(name: str, encoding: str, shape, group_size: int) -> bool
     return module == "lm_head" or module.rpartition(".")[2] in PROJECTIONS
 
 
-def held_bytes(stored_length: int) -> int:
-    """What a `NativeLinear` of a tensor whose stored length (weights, scales, zeros) is
-    `stored_length` holds in the model's `HugePageArena`."""
-    return arena_bytes(stored_length)
-
-
 class NativeLinear(nn.Module):
     """y = x W^T (+ b) with W as stored (q4, q8, or bf16 for the LM head); in and out in the
     caller's dtype, f32 inside."""
 
-    def __init__(self, raw, bias: bool, shared_input: SharedInput | None = None,
-                 arena: HugePageArena | None = None):
-        """`raw`: colibri-int4's RawTensor of the weight (q4, q8, bf16); `shared_input`: the model's
-        memo of its last quantized input (one per model; a new one if None); `arena`: where the
-        stored bytes go (`held_bytes` of the tensor's stored length), else memory of their own."""
+    def __init__(self, raw, bias: bool, arena: HugePageArena, shared_input: SharedInput | None = None):
+        """`raw`: colibri-int4's RawTensor of the weight (q4, q8, bf16); `arena`: where its stored
+        bytes go (`sizes.aligned` of the tensor's stored length); `shared_input`: the model's memo
+        of its last quantized input (one per model; a new one if None)."""
         super().__init__()
         self.shared_input = shared_input or SharedInput()
         self.out_features, self.in_features = raw.shape
@@ -68,8 +61,7 @@ class NativeLinear(nn.Module):
         # streams it whole (io/huge_pages.py); not persistent: the container's bytes, not a state_dict entry
         parts = [raw.data.view(np.int16) if raw.encoding == "bf16" else raw.data]
         parts += [p.view(np.int16) for p in (raw.scales, raw.zeros) if p is not None]
-        held = list(arena.copy(*parts)) if arena is not None else [huge_page_copy(parts[0])] + [
-            torch.from_numpy(np.array(p)) for p in parts[1:]]
+        held = list(arena.copy(*parts))
         self.register_buffer("data", held.pop(0), persistent=False)
         self.register_buffer("scales", held.pop(0) if raw.scales is not None else None, persistent=False)
         self.register_buffer("zeros", held.pop(0) if raw.zeros is not None else None, persistent=False)
@@ -111,15 +103,14 @@ class SharedInput:
         return quantized
 
 
-def install(model: nn.Module, name: str, raw, shared_input: SharedInput | None = None,
-            arena: HugePageArena | None = None) -> None:
+def install(model: nn.Module, name: str, raw, arena: HugePageArena, shared_input: SharedInput | None = None) -> None:
     """Replace the nn.Linear whose weight is `name` with a NativeLinear of `raw` (pass one
-    `shared_input` for all of a model's projections, so those reading one tensor share its
-    quantization, and one `arena` for their bytes)."""
+    `arena` for all of a model's projections' bytes, and one `shared_input`, so those reading one
+    tensor share its quantization)."""
     path = name.rpartition(".")[0]
     parent_path, _, attr = path.rpartition(".")
     parent = model.get_submodule(parent_path) if parent_path else model
     linear = getattr(parent, attr)
     if not isinstance(linear, nn.Linear):
         raise TypeError(f"{path} is a {type(linear).__name__}, not the nn.Linear a native projection replaces")
-    setattr(parent, attr, NativeLinear(raw, bias=linear.bias is not None, shared_input=shared_input, arena=arena))
+    setattr(parent, attr, NativeLinear(raw, bias=linear.bias is not None, arena=arena, shared_input=shared_input))

@@ -27,6 +27,8 @@ import sys
 import numpy as np
 import torch
 
+from ..sizes import aligned
+
 HUGE_PAGE = 2 << 20
 MADV_HUGEPAGE = 14  # linux/mman-common.h
 
@@ -59,28 +61,10 @@ def advise_huge_pages(tensor: torch.Tensor) -> int:
     return last - first
 
 
-def huge_page_copy(array: np.ndarray) -> torch.Tensor:
-    """A torch copy of `array` in memory advised for huge pages (where it is large enough)."""
-    dtype = torch.from_numpy(np.empty(0, dtype=array.dtype)).dtype
-    out = torch.empty(array.shape, dtype=dtype)
-    advise_huge_pages(out)
-    out.numpy()[...] = array  # numpy copies from read-only buffers too
-    return out
-
-
-ARENA_ALIGN = 64
-"""Where each `HugePageArena.copy` starts: a cache line, as a separate allocation would."""
-
-
-def arena_bytes(nbytes: int) -> int:
-    """What `nbytes` copied in one `HugePageArena.copy` take (rounded up to ARENA_ALIGN)."""
-    return -(-nbytes // ARENA_ALIGN) * ARENA_ALIGN
-
-
 class HugePageArena:
-    """One buffer of `nbytes`, advised for huge pages, that `copy` fills front to back. Sized
-    exactly by the caller (`arena_bytes` of each copy's total), so nothing in it is spare. The
-    views it returns keep the buffer alive."""
+    """One buffer of `nbytes`, advised for huge pages, that `copy` fills front to back, each copy
+    from a cache line on. Sized exactly by the caller (`sizes.aligned` of each copy's total bytes),
+    so nothing in it is spare. The views it returns keep the buffer alive."""
 
     def __init__(self, nbytes: int):
         self.buffer = torch.empty(nbytes, dtype=torch.uint8)
@@ -88,22 +72,22 @@ class HugePageArena:
         self.used = 0
 
     def copy(self, *arrays: np.ndarray) -> tuple[torch.Tensor, ...]:
-        """Torch copies of `arrays`, one after another from the next ARENA_ALIGN boundary (each at
-        a multiple of its item size; no gap between arrays whose sizes keep that)."""
+        """Torch copies of `arrays` (read-only ones too), one after another from the next cache line
+        (each at a multiple of its item size; no gap between arrays whose sizes keep that)."""
         start = cursor = self.used
         places = []
         for array in arrays:
             cursor = -(-cursor // array.itemsize) * array.itemsize
             places.append(cursor)
             cursor += array.nbytes
-        if start + arena_bytes(cursor - start) > self.buffer.numel():
+        if start + aligned(cursor - start) > self.buffer.numel():
             raise ValueError(f"huge-page arena of {self.buffer.numel()} bytes: no room for {cursor - start} "
                              f"more at {start}")
-        self.used = start + arena_bytes(cursor - start)
+        self.used = start + aligned(cursor - start)
         out = []
         for array, place in zip(arrays, places):
             dtype = torch.from_numpy(np.empty(0, dtype=array.dtype)).dtype
             view = self.buffer[place : place + array.nbytes].view(dtype).view(array.shape)
-            view.numpy()[...] = array
+            view.numpy()[...] = array  # numpy copies from read-only buffers too
             out.append(view)
         return tuple(out)

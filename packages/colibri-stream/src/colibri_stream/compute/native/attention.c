@@ -11,6 +11,7 @@
  * cached columns): the vector lanes run the scalar sequence, so both give the same bits, and
  * a row's result never depends on the rows or sessions beside it. It equals SDPA to float rounding
  * (another order of sums, this file's exp): tests/test_native_decode.py holds the two together. */
+#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include "exp_f32.h"
@@ -147,14 +148,16 @@ int colibri_attend_row(const float *q, int64_t heads, int64_t kv_heads, int64_t 
                        int level, int threads) {
     if (D % 8 || D < 8 || D > MAX_HEAD || kv_heads < 1 || heads % kv_heads || S < 1) return -1;
     int64_t group = heads / kv_heads;
-    float *scores = (float *)malloc(sizeof(float) * (size_t)(heads * S));  /* a group's rows per kv head */
+    int shared_out = threads > 1 && kv_heads > 1;
+    /* one group's score rows per thread */
+    float *scores = (float *)malloc(sizeof(float) * (size_t)((shared_out ? threads : 1) * group * S));
     if (!scores) return -2;
 #ifndef COLIBRI_X86
     level = 0;
 #endif
-#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && kv_heads > 1)
+#pragma omp parallel for num_threads(threads) schedule(static) if (shared_out)
     for (int64_t j = 0; j < kv_heads; j++) {
-        float *own = scores + j * group * S;
+        float *own = scores + (int64_t)omp_get_thread_num() * group * S;
 #ifdef COLIBRI_X86
         if (level >= 1) {
             attend_kv_head_avx2(j, q, group, D, keys, key_head_stride, key_col_stride, values, value_head_stride,
