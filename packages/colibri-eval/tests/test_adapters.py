@@ -127,8 +127,9 @@ def test_colibri_and_int4_models_hold_tensors_in_the_same_dtypes_in_bf16(tmp_pat
     def dtypes(model):  # the routed experts are stacked in one and streamed in the other
         return {n: t.dtype for n, t in model.state_dict().items() if ".moe.experts." not in n}
 
-    # a native-kernel engine holds the q4/q8 projections as stored bytes, not as torch parameters
-    projections = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head")
+    # a native-kernel engine holds the q4/q8 projections as stored bytes, not as torch parameters,
+    # and a tied embedding too (its head as stored, its lookups from the file)
+    projections = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head", "embed")
     as_stored = set(dtypes(dense)) - set(dtypes(streamed))
     assert all(n.rsplit(".", 2)[-2] in projections for n in as_stored)
     assert {n: d for n, d in dtypes(dense).items() if n not in as_stored} == dtypes(streamed)

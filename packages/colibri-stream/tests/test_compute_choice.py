@@ -127,3 +127,30 @@ def test_open_and_plan_resolve_auto_once_per_dtype_before_the_plan(tiny, monkeyp
     assert Engine.plan(tiny[0], dtype="bf16").footprint.compute == expected and calls == [torch.bfloat16]
     calls.clear()
     assert Engine.plan(tiny[0], compute="int4").footprint.compute == "int4" and calls == []  # asked for: never timed
+
+
+@pytest.fixture(scope="module")
+def dense_model(tmp_path_factory):
+    """A model without routed experts (every layer a dense swiglu)."""
+    from colibri_int4 import QuantScheme
+
+    from .conftest import build_container
+
+    return build_container(tmp_path_factory.mktemp("dense"), QuantScheme(group_size=32, resident_dtype="int8"),
+                           n_dense_layers=4, n_experts=0, expert_dim=0, shared_expert_dim=0)[0]
+
+
+@pytest.mark.skipif(kernel_unavailable() is not None, reason="no C compiler for the native kernel")
+@pytest.mark.parametrize("native_seconds, expected", [(1e-3, "native"), (1.0, "dequant")])
+def test_a_model_without_experts_takes_the_native_route_where_it_is_timed_fast(dense_model, monkeypatch,
+                                                                               native_seconds, expected):
+    """No expert blobs to choose a kernel for: the native kernel (projections as stored) or the
+    dequantized model, by the same timing; asked for, each is what it says."""
+    monkeypatch.setattr(compute_choice, "_timings", {})
+    monkeypatch.setattr(compute_choice, "_best_seconds",
+                        lambda routes: {"int4": 1e-3, "dequant": 1e-3, "native": native_seconds * 8})
+    for compute, mode in (("auto", expected), ("native", "native"), ("dequant", "dequant")):
+        with Engine.open(dense_model, ram_budget="200MB", compute=compute) as eng:
+            assert eng.opened_plan.footprint.compute == mode, compute
+            held = {type(eng.model.layers[0].attn.q_proj).__name__}
+            assert held == ({"NativeLinear"} if mode == "native" else {"Linear"})

@@ -1,6 +1,7 @@
 """A decode token's layers in one C call (compute/native_stack.py) against the per-layer path it
-replaces: the same logits bit for bit and the same counts, whichever layers must leave the call
-(a dense layer, a shared expert, an expert not cached, a hook), and the cases it leaves alone."""
+replaces: the same logits bit for bit and the same counts, whichever layers the call runs (routed
+experts, a dense layer's FFN, a shared expert, a model without experts) and whichever must leave it
+(an expert not cached, a gated shared expert, a hook), and the cases it leaves alone."""
 
 from __future__ import annotations
 
@@ -28,6 +29,13 @@ def routed_only(tmp_path_factory):
     """Every layer a routed MoE layer without a shared expert (Qwen3-MoE's shape): all in the call."""
     return build_container(tmp_path_factory.mktemp("routed"), QuantScheme(group_size=32, resident_dtype="int4"),
                            seed=2, n_dense_layers=0, shared_expert_dim=0)[0]
+
+
+@pytest.fixture(scope="module")
+def dense_only(tmp_path_factory):
+    """A model without routed experts (SmolLM2's or Llama's shape): every layer a dense swiglu."""
+    return build_container(tmp_path_factory.mktemp("dense"), QuantScheme(group_size=32, resident_dtype="int8"),
+                           seed=3, n_dense_layers=4, n_experts=0, expert_dim=0, shared_expert_dim=0)[0]
 
 
 def _decode(eng: Engine, stack: bool, calls: list | None = None) -> tuple[torch.Tensor, tuple[int, int]]:
@@ -95,6 +103,40 @@ def test_a_model_whose_experts_are_all_cached_runs_every_layer_in_one_call(route
             monkeypatch.undo()
         layers = eng.config.n_layers
         assert calls == [(0, layers)]
+
+
+def test_dense_layers_and_shared_experts_run_in_the_call(tiny, monkeypatch):
+    """NanoColibri's shape (a dense first layer, a shared expert beside the routed ones): once the
+    routed experts a token takes are cached, the token is one call over every layer."""
+    with Engine.open(tiny[0], ram_budget="200MB", compute="native") as eng:
+        assert type(eng.model.layers[0].ffn).__name__ == "NativeSwiGLU"
+        session = eng.session()
+        session.append(PROMPT)
+        for t in TOKENS[:4]:
+            session.append([t])
+        for _ in range(3):
+            calls = _counting_calls(monkeypatch)
+            session.append([TOKENS[5]])
+            monkeypatch.undo()
+        assert calls == [(0, eng.config.n_layers)]
+
+
+def test_a_model_without_experts_runs_native_in_one_call_with_the_per_layer_bits(dense_only, monkeypatch):
+    """A dense model takes the native route (its projections as stored, no expert slab) and a decode
+    token is one call, with the per-layer path's logits bit for bit."""
+    runs = []
+    for stack in (True, False):
+        with Engine.open(dense_only, ram_budget="200MB", compute="native") as eng:
+            assert eng.opened_plan.footprint.compute == "native" and eng.budget.slots == 0
+            assert type(eng.model) is NativeDecodeModel
+            calls = _counting_calls(monkeypatch)
+            runs.append(_decode(eng, stack)[0])
+            monkeypatch.undo()
+            if stack:
+                assert calls == [(0, eng.config.n_layers)] * len(TOKENS)
+            else:
+                assert calls == []
+    assert torch.equal(runs[0], runs[1])
 
 
 def test_a_hooked_block_runs_as_its_module_and_the_rest_stay_in_the_call(routed_only, monkeypatch):

@@ -6,6 +6,8 @@ import pytest
 import torch
 from colibri_int4 import Container, QuantScheme
 from colibri_stream import Engine
+from colibri_stream.compute.native_linear import NativeLinear
+from colibri_stream.sizes import aligned
 from colibri_stream.stored_embedding import StoredEmbedding
 from torch import nn
 
@@ -48,10 +50,35 @@ def test_the_table_is_mapped_from_the_container_and_left_out_of_the_budget(tmp_p
     assert torch.isfinite(logits).all()
 
 
-def test_a_tied_embedding_stays_materialised(tmp_path):
+def test_a_tied_embedding_stays_materialised_off_the_native_kernel(tmp_path):
     container, _ = build_container(tmp_path, QuantScheme(group_size=32), tie_embeddings=True)
-    with Engine.open(container, ram_budget="1GB") as eng:
-        assert isinstance(eng.model.embed, nn.Embedding)
+    with Engine.open(container, ram_budget="1GB", compute="dequant") as eng:
+        assert isinstance(eng.model.embed, nn.Embedding) and eng.model.lm_head is None
+
+
+def test_a_native_engine_holds_a_tied_head_as_stored_and_maps_the_table(tmp_path):
+    """The head reads the stored int8 table (one copy, in the arena), the lookups the file's map;
+    its logits are the materialised tied head's to the activations' int8 rounding."""
+    container, _ = build_container(tmp_path, QuantScheme(group_size=32, embed_dtype="int8"), tie_embeddings=True,
+                                   vocab_size=512)
+    with Container.open(container) as c:
+        entry = next(t for t in c.header.tensors if t.name == "embed.weight")
+        table = torch.from_numpy(next(r for r in c.iter_resident() if r.name == "embed.weight").dequantize())
+    plan = Engine.plan(container, dtype="f32", compute="native")
+    assert plan.footprint.mapped_bytes == entry.length
+    assert plan.footprint.resident_by_dtype["q8"] >= aligned(entry.length)  # the head, beside the projections
+    with Engine.open(container, ram_budget=plan.full_budget, dtype="f32", compute="native") as eng:
+        assert isinstance(eng.model.embed, StoredEmbedding)
+        assert isinstance(eng.model.lm_head, NativeLinear) and eng.model.lm_head.encoding == "q8"
+        assert eng.stats.resident_bytes <= eng.budget.resident_bytes
+        ids = torch.tensor(IDS)
+        stored = eng.model(ids).logits
+        eng.model.embed, eng.model.lm_head = nn.Embedding.from_pretrained(table), None  # the tied f32 head
+        materialised = eng.model(ids).logits
+    stored, materialised = stored.detach(), materialised.detach()
+    scale = float(materialised.abs().max())
+    assert float((stored - materialised).abs().max()) < 0.02 * scale
+    assert torch.equal(stored.argmax(-1), materialised.argmax(-1))
 
 
 def test_an_id_past_the_vocabulary_is_an_index_error_naming_the_rows(tmp_path):

@@ -29,7 +29,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "config": ("ColibriConfig", "ConfigError", "RopeScaling"),
     "errors": ("ColibriModelError",),
     "experts": ("ExpertBackend", "ExpertGlu", "GroupedExperts"),
-    "layers": ("Attention", "KVCache", "RMSNorm"),
+    "layers": ("Attention", "KVCache", "RMSNorm", "SwiGLU"),
     "model": ("Block", "CausalLMOutput", "ColibriForCausalLM"),
     "moe": ("MoELayer",),
     "param_count": ("count_params",),
@@ -55,7 +55,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and IDEs (tests hold the 
     from .config import ColibriConfig, ConfigError, RopeScaling
     from .errors import ColibriModelError
     from .experts import ExpertBackend, ExpertGlu, GroupedExperts
-    from .layers import Attention, KVCache, RMSNorm
+    from .layers import Attention, KVCache, RMSNorm, SwiGLU
     from .model import Block, CausalLMOutput, ColibriForCausalLM
     from .moe import MoELayer
     from .param_count import count_params
@@ -87,6 +87,7 @@ __all__ = [
     "RMSNorm",
     "Router",
     "RouterStats",
+    "SwiGLU",
     "checkpoint_config_dict",
     "checkpoint_tensor_shapes",
     "count_params",

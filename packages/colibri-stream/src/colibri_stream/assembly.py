@@ -114,7 +114,8 @@ def assemble(container: Container, plan: Plan, opts: EngineOptions) -> Assembled
         capacity = max(budget.slots, 1)
         # CPU int4 experts live in one slab allocated now (cache/slab.py); the dequantized
         # reference path (and CUDA) keeps per-expert tensors
-        slab = ExpertSlab(capacity, f.slot_bytes) if f.compute in ("native", "int4") and opts.slab else None
+        slab = (ExpertSlab(capacity, f.slot_bytes)
+                if f.compute in ("native", "int4") and opts.slab and layout is not None else None)
         cache = ExpertCache(reader, entries, layout, prepare, capacity, policy, stats, slab=slab)
         backends = {
             i: StreamedExperts(i, config.n_experts, config.d_model, cache, stats,

@@ -31,7 +31,7 @@ from colibri_spec import most_decompressed_keys
 from .compute.choice import ComputeRoutes
 from .compute.expert_compute import prepared_nbytes
 from .compute.native_expert import native_nbytes
-from .compute.native_linear import native_linear_name
+from .compute.native_linear import native_linear_name, native_tied_head
 from .errors import BudgetError
 from .io.heap import slack_bytes as heap_slack_bytes
 from .options import EngineOptions
@@ -283,7 +283,7 @@ class Sizing:
             kv_cache_bytes(config, max_context, elem, min(chunk, max_context)),
             workspace_bytes(config, min(chunk, max_context), max_context, elem),
             0, TOKENIZER_BYTES_PER_TOKEN * config.vocab_size, heap_slack_bytes(blob, compute),
-            slot, config.n_experts, config.n_moe_layers * config.n_experts, self.mapped_bytes(),
+            slot, config.n_experts, config.n_moe_layers * config.n_experts, self.mapped_bytes(dtype),
         )
         return replace(f, staging_bytes=self.staging(f, threads))
 
@@ -294,12 +294,11 @@ class Sizing:
         native = self.compute(dtype) == "native"
         group = self.container.scheme.group_size
         for t in self.container.header.tensors:
-            if native and native_linear_name(t.name, t.encoding, t.shape, group):
-                # weights + scales (+ zeros) as stored, in the model's huge-page arena
+            in_arena = native and (native_linear_name(t.name, t.encoding, t.shape, group) or self._tied_head(t, native))
+            if in_arena:  # weights + scales (+ zeros) as stored, in the model's huge-page arena
                 by_dtype[t.encoding] = by_dtype.get(t.encoding, 0) + aligned(t.length)
-                continue
-            if stored_embedding_name(t.name, self.config.tie_embeddings):
-                continue  # mapped from the container: `mapped_bytes`, page cache rather than the budget
+            if in_arena or self._mapped(t, native):
+                continue  # (mapped: `mapped_bytes`, page cache rather than the budget; a tied head's embedding is both)
             target = held_dtype(t.shape, dtype, t.name)  # colibri-model's rule, as resident.py materialises
             n = target.itemsize * _numel(t.shape)
             by_dtype[dtype_name(target)] = by_dtype.get(dtype_name(target), 0) + n
@@ -307,10 +306,18 @@ class Sizing:
         by_dtype["f32"] = by_dtype.get("f32", 0) + 4 * self.config.n_moe_layers * self.config.n_experts
         return by_dtype
 
-    def mapped_bytes(self) -> int:
+    def mapped_bytes(self, dtype: torch.dtype) -> int:
         """Stored bytes of the resident tensors the engine maps from the container (stored_embedding.py)."""
-        return sum(t.length for t in self.container.header.tensors
-                   if stored_embedding_name(t.name, self.config.tie_embeddings))
+        native = self.compute(dtype) == "native"
+        return sum(t.length for t in self.container.header.tensors if self._mapped(t, native))
+
+    def _tied_head(self, t, native: bool) -> bool:
+        """Whether `t` is a tied embedding whose head a native engine holds as stored (native_linear.py)."""
+        return native and native_tied_head(t.name, t.encoding, t.shape, self.container.scheme.group_size,
+                                           self.config.tie_embeddings)
+
+    def _mapped(self, t, native: bool) -> bool:
+        return stored_embedding_name(t.name, self.config.tie_embeddings, head_apart=self._tied_head(t, native))
 
     def staging(self, f: Footprint, threads: int) -> int:
         # Prefetch workers each hold a staging buffer and, until it is stored, one prepared expert.

@@ -214,7 +214,7 @@ def make_plan(container: Container, opts: EngineOptions, ram_budget: int | None 
     # what the preferred dtype depends on, when none was asked for (the f32 route is resolved then):
     # the backbone's weights, the mapped embedding included, so that where the default lands for a
     # model does not move with how its embedding is held
-    f32_resident = (sum(sizes.resident_by_dtype(torch.float32).values()) + sizes.mapped_bytes()
+    f32_resident = (sum(sizes.resident_by_dtype(torch.float32).values()) + sizes.mapped_bytes(torch.float32)
                     if opts.dtype is None else 0)
     knobs, defaults = _candidate_knobs(opts, config, f32_resident)
     candidates = [sizes.footprint(*k, counted_threads) for k in knobs]

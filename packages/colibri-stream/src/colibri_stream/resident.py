@@ -26,7 +26,7 @@ from colibri_model import (
 )
 
 from .compute.native_decode import install_decode_paths
-from .compute.native_linear import SharedInput, install, native_linear_name
+from .compute.native_linear import NativeLinear, SharedInput, install, native_linear_name, native_tied_head
 from .compute.native_stack import install_decode_stack
 from .errors import ContainerConfigError
 from .io.heap import release_free_heap
@@ -55,21 +55,29 @@ def build_model(
     """An eval-mode model whose resident weights come from `container` and routed experts from
     `backends` (one per MoE layer). `native_linears`: the q4 projections stay q4 and run on the
     native kernel (compute/native_linear.py), and a decode token's attention runs in C
-    (compute/native_decode.py). An untied embedding is mapped from the file as stored (stored_embedding.py)."""
+    (compute/native_decode.py); a tied model's head then runs on the embedding's stored bytes
+    (`native_tied_head`). An untied embedding, or one whose tied head is held so, is mapped from
+    the file as stored (stored_embedding.py)."""
     with torch.device("meta"):
         model = ColibriForCausalLM(config, expert_backends=backends)
     state = {}
     expected = set(model.state_dict())
     shared_input = SharedInput()  # q, k, v (gate, up) of a layer read one tensor: quantized once
-    mapped = {t.name for t in container.header.tensors if stored_embedding_name(t.name, config.tie_embeddings)}
-    for name in mapped:  # an untied embedding: views of the file as stored, not read into RAM
+    group, tied = container.scheme.group_size, config.tie_embeddings
+    tied_head = {t.name for t in container.header.tensors
+                 if native_linears and native_tied_head(t.name, t.encoding, t.shape, group, tied)}
+    mapped = {t.name for t in container.header.tensors
+              if stored_embedding_name(t.name, tied, head_apart=t.name in tied_head)}
+    # every native projection's bytes in one buffer on huge pages (io/huge_pages.py), the LM head too
+    arena = HugePageArena(sum(aligned(t.length) for t in container.header.tensors
+                              if native_linear_name(t.name, t.encoding, t.shape, group) or t.name in tied_head)
+                          ) if native_linears else None
+    for name in mapped:  # the embedding: views of the file as stored, not read into RAM
         raw = container.map_resident(name)
         model.embed = StoredEmbedding(raw, held_dtype(raw.shape, dtype, raw.name), device)
         expected.discard(name)
-    # every native projection's bytes in one buffer on huge pages (io/huge_pages.py), the LM head too
-    group = container.scheme.group_size
-    arena = HugePageArena(sum(aligned(t.length) for t in container.header.tensors
-                              if native_linear_name(t.name, t.encoding, t.shape, group))) if native_linears else None
+        if name in tied_head:  # its head: the stored bytes copied once into the arena
+            model.lm_head = NativeLinear(raw, bias=False, arena=arena, shared_input=shared_input)
     for raw in container.iter_resident(skip=mapped):
         if native_linears and native_linear_name(raw.name, raw.encoding, raw.shape, raw.group_size):
             install(model, raw.name, raw, arena, shared_input)

@@ -12,8 +12,10 @@ The engine maps the table from the container (`Container.map_resident`): read-on
 page cache, of which only the looked-up rows stay touched, and which the kernel takes back when
 memory is short, so the table is not in the RAM budget at all (the plan's `mapped_bytes`).
 `stored_embedding_name` is the one rule for which tensor is held this way; the footprint and the
-model builder both read it. A tied LM head (the embedding doubles as the vocab projection) needs
-the whole table in the engine dtype, so a tied model keeps the materialised one.
+model builder both read it. A tied LM head (the embedding doubles as the vocab projection) reads
+the whole table every token: a native engine holds that head as stored in its own buffer
+(compute/native_linear.py's `native_tied_head`) and maps the embedding as an untied one; any other
+engine keeps the materialised table for both.
 """
 
 from __future__ import annotations
@@ -24,9 +26,10 @@ from torch import nn
 EMBEDDING = "embed.weight"
 
 
-def stored_embedding_name(name: str, tied: bool) -> bool:
-    """True when the resident tensor `name` is held as a `StoredEmbedding`."""
-    return name == EMBEDDING and not tied
+def stored_embedding_name(name: str, tied: bool, head_apart: bool = False) -> bool:
+    """True when the resident tensor `name` is held as a `StoredEmbedding`: an untied embedding,
+    or a tied one whose LM head the engine holds apart (`head_apart`: a native engine's head)."""
+    return name == EMBEDDING and (not tied or head_apart)
 
 
 class StoredEmbedding(nn.Module):

@@ -48,7 +48,9 @@ def engine_options(required_budget: bool):
             click.option("--ram-budget", type=BUDGET, required=required_budget, help=BUDGET_HELP),
             click.option("--compute", type=click.Choice(COMPUTE_CHOICES), default="auto",
                          show_default=True,
-                         help="Routed-expert kernels: torch's CPU int4 kernels, or dequantized matmuls (reference)."),
+                         help="Kernels: native (C on the container's q4/q8 bytes, projections kept as stored), "
+                         "torch's CPU int4 kernels (routed experts), or dequantized matmuls (reference); auto: "
+                         "timed on this CPU (a model without experts: native or dequant)."),
             click.option("--dtype", type=click.Choice(["auto", "f32", "bf16"]), default="auto", show_default=True,
                          help="Dtype of resident weights, activations and KV cache; auto: f32 (bf16 when the "
                          "resident weights exceed 2 GiB in f32), or bf16 where --ram-budget cannot hold f32."),

@@ -42,6 +42,12 @@ the slower (170 us), but decode never runs it so. A whole decode step of a 24 x 
 Qwen3-MoE ran 1.1-1.5x faster native, and an OLMoE-shaped container in a memory cgroup of half
 its size decoded 0.42 tok/s on torch's route (26 experts cached beside its f32 resident part,
 393 MB read per token) against 1.71 tok/s native (110 experts, 131 MB per token).
+
+A model without routed experts has no expert kernel to choose, only whether its projections stay
+as stored on the native kernel or are dequantized into torch's matmuls: "auto" takes the native
+route where the same timing finds the native kernel within `NATIVE_MARGIN` of the dequantized
+matmuls (on SmolLM2-135M, one thread, AVX-512: decode 16.5 tok/s dequantized, 88 native; the
+weights 538 MB in f32 against 139 MB as q8).
 """
 
 from __future__ import annotations
@@ -56,6 +62,7 @@ import torch.nn.functional as F
 
 from .expert_compute import int4_supported
 from .native_expert import native_supported
+from .native_kernel import kernel_unavailable
 
 if TYPE_CHECKING:
     from colibri_int4 import ExpertBlobLayout
@@ -228,8 +235,10 @@ def choose_compute(opts: EngineOptions, layout: ExpertBlobLayout | None, config:
                    dtype: torch.dtype) -> str:
     """native or int4 where asked or where possible and timed faster here; ValueError where the
     route asked for cannot run on this container or device."""
-    if layout is None or opts.compute == "dequant":
+    if opts.compute == "dequant":
         return "dequant"
+    if layout is None:
+        return _dense_route(opts, config, dtype)
     native_reason = native_supported(layout, config.d_model, config.expert_dim)
     if opts.device.type != "cpu":
         native_reason = native_reason or f"the native kernel is a CPU kernel (device {opts.device})"
@@ -247,3 +256,19 @@ def choose_compute(opts: EngineOptions, layout: ExpertBlobLayout | None, config:
     if opts.compute == "auto":
         return time_compute(config.d_model, config.expert_dim, dtype, opts.kernel_dtype, not native_reason).choice
     return "int4"
+
+
+def _dense_route(opts: EngineOptions, config: ColibriConfig, dtype: torch.dtype) -> str:
+    """A model without routed experts: "native" (its projections held as stored, on the native
+    kernel) where that kernel runs here and, under "auto", is timed fast enough; else "dequant"."""
+    reason = kernel_unavailable()
+    if opts.device.type != "cpu":
+        reason = reason or f"the native kernel is a CPU kernel (device {opts.device})"
+    if opts.compute == "native":
+        if reason:
+            raise ValueError(f"compute='native' is not possible: {reason}")
+        return "native"
+    if reason or opts.compute != "auto":
+        return "dequant"
+    timing = time_compute(config.d_model, config.dense_ffn_dim, dtype, opts.kernel_dtype, native=True)
+    return "native" if timing.native_seconds <= timing.dequant_seconds * NATIVE_MARGIN else "dequant"

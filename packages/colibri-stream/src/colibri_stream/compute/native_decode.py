@@ -1,7 +1,9 @@
 """One decode token of one session with less torch glue: colibri-model's block
 (`NativeDecodeBlock`), grouped-query attention (`NativeDecodeAttention`) and RMSNorm
-(`NativeRowNorm`) with a fast path for that case; and routing row by row (`RowwiseRouter`), so a
-decode row of a step that serves several sessions gets the bits it gets alone.
+(`NativeRowNorm`) with a fast path for that case; routing row by row (`RowwiseRouter`), so a
+decode row of a step that serves several sessions gets the bits it gets alone; and a swiglu on
+native projections (`NativeSwiGLU`: a dense FFN, a shared expert) whose activation is the one
+the decode call computes, so that call may run those FFNs too (native_stack.py).
 
 A decode step of a 24-layer MoE spent about as long in the torch calls and Python module calls
 around attention and routing (norms, views, rotations of one row, the cache write, a [1, S] mask,
@@ -26,10 +28,13 @@ another order), tested against it (tests/test_native_decode.py).
 from __future__ import annotations
 
 import torch
-from colibri_model import Attention, Block, ColibriConfig, MoELayer, RMSNorm, Router
+from colibri_model import Attention, Block, ColibriConfig, MoELayer, RMSNorm, Router, SwiGLU
 from torch import nn
 
 from .native_kernel import (
+    FFN_DENSE,
+    FFN_OUTSIDE,
+    FFN_SHARED,
     MAX_HEAD_DIM,
     LayerFront,
     Projection,
@@ -42,6 +47,7 @@ from .native_kernel import (
     rms_norm,
     route_row,
     route_row_lists,
+    swiglu_rows,
 )
 from .native_linear import NativeLinear
 
@@ -101,6 +107,40 @@ class NativeDecodeAttention(Attention):
             keys, values = cache.update(self.layer_index, ki.view(1, kv_heads, 1, dim), v[i])
             attend_row(qi, keys, values, out[i].view(heads, dim))
         return self.o_proj(out.view(rows, 1, heads * dim))
+
+
+def _projection(linear: NativeLinear) -> Projection:
+    return Projection.of(linear.encoding, linear.data, linear.scales, linear.zeros, linear.group, linear.fp16_scales,
+                         linear.in_features)
+
+
+def _takes_projections(linears) -> bool:
+    """Whether the decode calls take these `NativeLinear`s: q4/q8, no bias, whole groups of 32s."""
+    return all(isinstance(p, NativeLinear) and p.encoding in ("q4", "q8") and p.bias is None
+               and p.in_features % p.group == 0 and p.group % 32 == 0 for p in linears)
+
+
+class NativeSwiGLU(SwiGLU):
+    """A `SwiGLU` (a dense FFN, a shared expert) on `NativeLinear` projections whose activation is
+    the native kernel's (`swiglu_rows`, the routed experts' own): the computation a decode token's
+    one call makes for such an FFN (decode_layer.c's swiglu_ffn), so the layer gives the same bits
+    in the call and as this module. Inputs other than f32 run `SwiGLU.forward`."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype != torch.float32:
+            return super().forward(x)
+        hidden = self.gate_proj.out_features
+        gate_up = torch.cat([self.gate_proj(x), self.up_proj(x)], dim=-1)
+        activated = swiglu_rows(gate_up.reshape(-1, 2 * hidden))
+        return self.down_proj(activated.view(*x.shape[:-1], hidden))
+
+    @staticmethod
+    def covers(module: nn.Module) -> bool:
+        return type(module) in (SwiGLU, NativeSwiGLU) and _takes_projections(
+            (module.gate_proj, module.up_proj, module.down_proj))
+
+    def projections(self) -> list[NativeLinear]:
+        return [self.gate_proj, self.up_proj, self.down_proj]
 
 
 class NativeRowNorm(RMSNorm):
@@ -197,10 +237,8 @@ class BlockPlan:
     def __init__(self, block: Block):
         attn = block.attn
         linears = [getattr(attn, name) for name in ("q_proj", "k_proj", "v_proj", "o_proj")]
-        self.qkv = (Projection * 3)(*(Projection.of(p.encoding, p.data, p.scales, p.zeros, p.group, p.fp16_scales,
-                                                    p.in_features) for p in linears[:3]))
-        o = linears[3]
-        self.o = Projection.of(o.encoding, o.data, o.scales, o.zeros, o.group, o.fp16_scales, o.in_features)
+        self.qkv = (Projection * 3)(*(_projection(p) for p in linears[:3]))
+        self.o = _projection(linears[3])
         self.heads, self.kv_heads, self.dim = attn.n_heads, attn.n_kv_heads, attn.head_dim
         self.modules = [block.attn_norm, attn, block.ffn_norm, *linears]
         self.tensors = [(p.data, p.scales, p.zeros) for p in linears]  # what the addresses point into
@@ -249,7 +287,24 @@ class BlockPlan:
         if routes:  # the call stands in for the MoE layer's routing too: its hooks send a row the long way
             self.modules += [ffn, router]
             self.tensors.append(tuple(t for t in (router.weight, router.bias, router.expert_bias) if t is not None))
+        # a swiglu the call may run itself: the dense layer's FFN, or a routed layer's ungated shared expert
+        swiglu, kind = None, FFN_OUTSIDE
+        if not block.is_moe and type(ffn) is NativeSwiGLU:
+            swiglu, kind = ffn, FFN_DENSE
+        elif routes and type(ffn.shared) is NativeSwiGLU and ffn.shared_gate is None:
+            swiglu, kind = ffn.shared, FFN_SHARED
+        if swiglu is not None:
+            front.ffn = (Projection * 3)(*(_projection(p) for p in swiglu.projections()))
+            front.ffn_kind = kind
+            self.modules += [swiglu, *swiglu.projections()]
+            self.tensors.append(tuple(t for p in swiglu.projections() for t in (p.data, p.scales, p.zeros)
+                                      if t is not None))
         return front, route, routes
+
+    @property
+    def ffn_kind(self) -> int:
+        """What the one call does with this layer's FFN (native_kernel.FFN_DENSE, ...)."""
+        return self.front.ffn_kind
 
     def finish(self, h_out: torch.Tensor, x: torch.Tensor, ids: list[int], gates: list[float],
                experts_out: torch.Tensor | None, expert_seconds: float) -> torch.Tensor:
@@ -271,8 +326,7 @@ class BlockPlan:
             return False
         linears = [getattr(attn, name) for name in ("q_proj", "k_proj", "v_proj", "o_proj")]
         norms = [block.attn_norm, block.ffn_norm] + [n for n in (attn.q_norm, attn.k_norm) if n is not None]
-        return (all(isinstance(p, NativeLinear) and p.encoding in ("q4", "q8") and p.bias is None
-                    and p.in_features % p.group == 0 and p.group % 32 == 0 for p in linears)
+        return (_takes_projections(linears)
                 and all(type(n) in (RMSNorm, NativeRowNorm) and n.weight.dtype == torch.float32
                         and n.weight.is_contiguous() for n in norms)
                 and block.attn_norm.weight.shape[0] % 32 == 0)
@@ -349,6 +403,9 @@ def install_decode_paths(model: torch.nn.Module, config: ColibriConfig) -> int:
             count += 1
         elif type(module) is RMSNorm:
             module.__class__ = NativeRowNorm
+            count += 1
+        elif type(module) is SwiGLU and NativeSwiGLU.covers(module):
+            module.__class__ = NativeSwiGLU
             count += 1
         elif type(module) is Router:
             module.__class__ = RowwiseRouter

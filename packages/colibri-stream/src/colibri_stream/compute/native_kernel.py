@@ -593,11 +593,17 @@ class Projection(ctypes.Structure):
                    scales.data_ptr(), None if zeros is None else zeros.data_ptr())
 
 
+FFN_OUTSIDE, FFN_DENSE, FFN_SHARED = 0, 1, 2
+"""`LayerFront.ffn_kind`: what `decode_layers` does with the layer's `ffn` projections (gate, up,
+down of a swiglu): nothing (the FFN runs elsewhere); run it as the layer's FFN (a dense layer);
+add it to the routed experts' sum (a shared expert)."""
+
+
 class LayerFront(ctypes.Structure):
     """One layer's decode row up to its FFN as decode_layer.c takes it (its `colibri_layer_front`):
     what does not change from token to token, built once; every address must outlive it."""
 
-    _fields_ = [("qkv", Projection * 3), ("o", Projection)] + [
+    _fields_ = [("qkv", Projection * 3), ("o", Projection), ("ffn", Projection * 3), ("ffn_kind", ctypes.c_int64)] + [
         (name, ctypes.c_void_p) for name in ("attn_norm", "q_norm", "k_norm", "ffn_norm")] + [
         (name, ctypes.c_double) for name in ("attn_eps", "q_eps", "k_eps", "ffn_eps", "attention_scale",
                                              "route_scale")] + [

@@ -8,8 +8,9 @@ of a 17 ms token on a 24-layer model (bench/decode_split.py). Here the model's f
 token [1, 1] of a session whose cache has no sliding layers, hands the layers to C as an array
 built once (`DecodeStack`): each layer's constants, its cached experts' table, where its key and
 value go this token, this position's rotation rows. The call runs layer after layer, each as
-`colibri_decode_layer_front` with its experts, and adds the experts' sum to the residual, until a
-layer needs Python: a chosen expert not cached (the cache reads it), a shared expert to add,
+`colibri_decode_layer_front` with its experts, and adds the experts' sum to the residual (with an
+ungated shared expert's output, run in the call; a dense layer's swiglu runs there too), until a
+layer needs Python: a chosen expert not cached (the cache reads it), a gated shared expert,
 forward hooks, a layer with no C path. That layer is finished as `NativeDecodeBlock` finishes it
 (or runs as its module), and the call resumes after it. The arithmetic is each layer's own call in
 the order the per-layer path makes it: the same bits (tested).
@@ -36,7 +37,7 @@ from .native_decode import (
     block_plan,
     decode_attention_supported,
 )
-from .native_kernel import DecodeLayer, decode_layers
+from .native_kernel import FFN_DENSE, FFN_SHARED, DecodeLayer, decode_layers
 
 
 class NativeDecodeModel(ColibriForCausalLM):
@@ -70,16 +71,20 @@ class DecodeStack:
         self.blocks = list(model.layers)
         self.plans = [block_plan(b) if type(b) is NativeDecodeBlock else None for b in self.blocks]
         self.routed = [p is not None and p.routes and type(p.ffn) is NativeDecodeMoE for p in self.plans]
+        self.dense = [p is not None and p.ffn_kind == FFN_DENSE for p in self.plans]  # its swiglu in the call
+        self.callable = [routed or dense for routed, dense in zip(self.routed, self.dense)]
         count, d = len(self.blocks), model.config.d_model
         self.layers = (DecodeLayer * count)()
-        for layer, plan, routed in zip(self.layers, self.plans, self.routed):
-            if not routed:
+        for layer, plan, callable_ in zip(self.layers, self.plans, self.callable):
+            if not callable_:
                 continue
             layer.front = ctypes.addressof(plan.front)
             layer.ids, layer.gates = plan.route.addresses[1], plan.route.addresses[2]
             layer.experts_out = plan.experts_out.data_ptr()
             moe = plan.ffn
-            layer.finish = int(moe.shared is not None or moe.shared_gate is not None)
+            # a shared expert the call does not add (a gated one) leaves the layer to Python
+            layer.finish = int(isinstance(moe, NativeDecodeMoE) and plan.ffn_kind != FFN_SHARED
+                               and (moe.shared is not None or moe.shared_gate is not None))
         # the rotation tables: layers whose rotary embeddings are built alike share one lookup a token
         self.ropes = [b.attn.rope for b in self.blocks]
         kinds: dict[tuple, int] = {}
@@ -97,7 +102,7 @@ class DecodeStack:
     def build(cls, model: ColibriForCausalLM) -> DecodeStack | None:
         """The stack, or None when no layer of `model` may run in the call."""
         stack = cls(model)
-        return stack if any(stack.routed) else None
+        return stack if any(stack.callable) else None
 
     def takes(self, cache) -> bool:
         """Whether `cache` is a session's cache the call may write: f32, no sliding layer."""
@@ -143,13 +148,14 @@ class DecodeStack:
         """Per layer, whether it runs in the call this token (its table refreshed where it does); a
         hook of its modules' or a global one (`BlockPlan.hooked`), or of the block's, keeps it out."""
         flags = []
-        for block, plan, routed, layer in zip(self.blocks, self.plans, self.routed, self.layers):
-            ok = (routed and type(block) is NativeDecodeBlock and isinstance(plan.attn, NativeDecodeAttention)
+        for block, plan, routed, callable_, layer in zip(self.blocks, self.plans, self.routed, self.callable,
+                                                          self.layers):
+            ok = (callable_ and type(block) is NativeDecodeBlock and isinstance(plan.attn, NativeDecodeAttention)
                   and not plan.hooked() and not block._forward_hooks and not block._forward_pre_hooks)
-            if ok:
+            if ok and routed:
                 moe = plan.ffn
                 ok = not moe.training and not moe.record_routing
-            if ok:
+            if ok and routed:
                 layer.top_k = moe.top_k
                 table = plan.token_table() if plan.token_table is not None else None
                 layer.table = None if table is None else ctypes.addressof(table)
@@ -159,8 +165,9 @@ class DecodeStack:
     def _count(self, first: int, stop: int) -> None:
         """Count the experts the call ran for layers [first, stop) (the stopped layer: `finish`)."""
         for i in range(first, stop):
-            layer = self.layers[i]
-            self.plans[i].count_row(layer.top_k, layer.expert_seconds)
+            if self.routed[i]:
+                layer = self.layers[i]
+                self.plans[i].count_row(layer.top_k, layer.expert_seconds)
 
     def _rotations(self, position: int, device: torch.device) -> None:
         """Every layer's rotation rows for `position`: one lookup per kind of table."""
@@ -169,8 +176,8 @@ class DecodeStack:
                 rope.ensure(position + 1, device)
             self.ensured = max(position + 1, min(r.max_len for r in self.ropes))
         rows = {owner: self.ropes[owner].at(position, device) for owner in self.rope_owners}
-        for layer, owner, routed in zip(self.layers, self.rope_of, self.routed):
-            if routed:
+        for layer, owner, callable_ in zip(self.layers, self.rope_of, self.callable):
+            if callable_:
                 cos, sin = rows[owner]
                 layer.cos, layer.sin = cos.data_ptr(), sin.data_ptr()
         self._rows = rows  # the tensors the addresses point into, alive through the call
@@ -179,8 +186,8 @@ class DecodeStack:
         """The cache's addresses and strides in `layers`, again whenever its storage moved."""
         if self.kv is not None and self.kv() is kv and self.kv_storage == kv.storage_version:
             return
-        for i, (layer, plan, routed) in enumerate(zip(self.layers, self.plans, self.routed)):
-            if not routed:
+        for i, (layer, plan, callable_) in enumerate(zip(self.layers, self.plans, self.callable)):
+            if not callable_:
                 continue
             keys, values = kv.keys[i], kv.values[i]
             if (keys.dtype != torch.float32 or values.dtype != torch.float32 or keys.stride(3) != 1

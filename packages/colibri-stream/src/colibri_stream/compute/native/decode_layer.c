@@ -110,11 +110,40 @@ int colibri_route_row(const float *x, int64_t D, const float *weight, const floa
                       int64_t E, int64_t k, int softmax, int route_norm, float route_scale, float *scores,
                       int64_t *ids, float *gates);
 
+int colibri_swiglu_rows(const float *gate_up, int64_t M, int64_t F, float *hidden, int level);
+
+/* y [D] = down(silu(gate x) * up x) for one row x [D]: ffn[0..2] = gate, up, down, as the module
+ * path (native_decode.py's NativeSwiGLU) computes it: x quantized once for gate and up,
+ * colibri_swiglu_rows, the hidden row quantized for down. */
+static int swiglu_ffn(const colibri_projection *ffn, const float *x, float *y, int threads, int level) {
+    int64_t F = ffn[0].rows;
+    float *gate_up = (float *)malloc(sizeof(float) * (size_t)(3 * F));
+    if (!gate_up) return -2;
+    float *hidden = gate_up + 2 * F;
+    quantized_row a = {0}, b = {0};
+    int status = quantize_row(x, ffn[0].cols, &a);
+    if (status == 0) status = project(&a, &ffn[0], gate_up, threads, level);
+    if (status == 0) status = project(&a, &ffn[1], gate_up + F, threads, level);
+    if (status == 0) status = colibri_swiglu_rows(gate_up, 1, F, hidden, level);
+    if (status == 0) status = quantize_row(hidden, F, &b);
+    if (status == 0) status = project(&b, &ffn[2], y, threads, level);
+    free(a.buffer);
+    free(b.buffer);
+    free(gate_up);
+    return status;
+}
+
+/* What a layer's FFN is to colibri_decode_layers (colibri_layer_front.ffn_kind) */
+enum { FFN_OUTSIDE = 0, FFN_DENSE = 1, FFN_SHARED = 2 };
+
 /* What one layer's decode row needs that does not change from token to token (built once by the
  * caller): its projections and norms, its shape, its buffers, and its router (router_weight NULL:
- * the layer's FFN routes itself, or has no router). Every field 8 bytes wide, as ctypes lays it out. */
+ * the layer's FFN routes itself, or has no router); ffn_kind with ffn (gate, up, down): FFN_DENSE,
+ * the layer's FFN is that swiglu (no router); FFN_SHARED, a shared expert added to the routed
+ * experts' sum; FFN_OUTSIDE, neither. Every field 8 bytes wide, as ctypes lays it out. */
 typedef struct {
-    colibri_projection qkv[3], o;
+    colibri_projection qkv[3], o, ffn[3];
+    int64_t ffn_kind;
     const float *attn_norm, *q_norm, *k_norm, *ffn_norm;
     double attn_eps, q_eps, k_eps, ffn_eps, attention_scale, route_scale;
     int64_t D, heads, kv_heads, head_dim;
@@ -215,29 +244,49 @@ typedef struct {
 } colibri_decode_layer;
 
 /* A decode token of one session through layers[first..count): each layer's
- * colibri_decode_layer_front at cache column `column`, and where the call ran the layer's experts
- * (and the caller need not finish it), the next layer's input h = h_out + experts_out (one f32
- * add, as torch's). h [D] is the input of layer `first` and is updated in place; h_out and x_out
- * [D] take each layer's attention residual and FFN input. *stopped: the layer the caller must
- * finish (its front done: h_out, x_out, ids, gates and experts_done filled; h still its input),
- * or count when every layer ran. */
+ * colibri_decode_layer_front at cache column `column`, then the layer's output: a dense FFN's
+ * (FFN_DENSE) h = h_out + ffn(x_out); where the call ran the routed experts (and the caller need
+ * not finish it), h = h_out + experts_out, or h = h_out + (experts_out + shared(x_out)) with a
+ * shared expert (FFN_SHARED): each sum one f32 add in the order the module path adds (torch's).
+ * h [D] is the input of layer `first` and is updated in place; h_out and x_out [D] take each
+ * layer's attention residual and FFN input. *stopped: the layer the caller must finish (its front
+ * done: h_out, x_out, ids, gates and experts_done filled; h still its input), or count when every
+ * layer ran. */
 int colibri_decode_layers(colibri_decode_layer *layers, int64_t first, int64_t count, int64_t column, float *h,
                           float *h_out, float *x_out, int64_t *stopped, int threads, int level) {
-    for (int64_t i = first; i < count; i++) {
+    float *ffn_out = 0;
+    int status = 0;
+    int64_t i = first;
+    for (; i < count; i++) {
         colibri_decode_layer *L = &layers[i];
+        const colibri_layer_front *front = L->front;
         int done = 0;
-        *stopped = i;
         L->experts_done = 0;
-        int status = colibri_decode_layer_front(L->front, h, L->cos, L->sin, L->keys, L->values, L->key_head_stride,
-                                                L->key_col_stride, L->value_head_stride, L->value_col_stride, column,
-                                                h_out, x_out, L->top_k, L->ids, L->gates, L->table, L->experts_out,
-                                                &L->expert_seconds, &done, threads, level);
-        if (status != 0) return status;
+        status = colibri_decode_layer_front(front, h, L->cos, L->sin, L->keys, L->values, L->key_head_stride,
+                                            L->key_col_stride, L->value_head_stride, L->value_col_stride, column,
+                                            h_out, x_out, L->top_k, L->ids, L->gates, L->table, L->experts_out,
+                                            &L->expert_seconds, &done, threads, level);
+        if (status != 0) break;
         L->experts_done = done;
-        if (!done || L->finish) return 0;
-        int64_t D = L->front->D;
-        for (int64_t d = 0; d < D; d++) h[d] = h_out[d] + L->experts_out[d];
+        int dense = front->ffn_kind == FFN_DENSE;
+        if (!dense && (!done || L->finish)) break; /* the caller finishes this layer */
+        int64_t D = front->D;
+        if (dense || front->ffn_kind == FFN_SHARED) {
+            if (!ffn_out && !(ffn_out = (float *)malloc(sizeof(float) * (size_t)D))) {
+                status = -2;
+                break;
+            }
+            status = swiglu_ffn(front->ffn, x_out, ffn_out, threads, level);
+            if (status != 0) break;
+            if (dense)
+                for (int64_t d = 0; d < D; d++) h[d] = h_out[d] + ffn_out[d];
+            else
+                for (int64_t d = 0; d < D; d++) h[d] = h_out[d] + (L->experts_out[d] + ffn_out[d]);
+        } else {
+            for (int64_t d = 0; d < D; d++) h[d] = h_out[d] + L->experts_out[d];
+        }
     }
-    *stopped = count;
-    return 0;
+    *stopped = i;
+    free(ffn_out);
+    return status;
 }
