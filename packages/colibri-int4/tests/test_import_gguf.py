@@ -243,6 +243,7 @@ def test_cli_suggests_asym_int4_for_a_grid_with_minimums(tmp_path):
     _write_gguf(tmp_path / "dense.gguf", arch="llama", kind="Q4_1")  # --quant int4 leaves a dense model int8
     result = runner.invoke(main, ["import-gguf", str(tmp_path / "dense.gguf"), str(tmp_path / "d.coli")])
     assert result.exit_code == 0 and "note:" not in result.output
+    assert "no routed experts" in result.output and "experts int4" not in result.output  # nothing int4 in it
     result = runner.invoke(main, ["import-gguf", str(tmp_path / "dense.gguf"), str(tmp_path / "d.coli"),
                                   "--resident-dtype", "int4"])
     assert result.exit_code == 0 and "note: Q4_1 blocks have a minimum" in result.output

@@ -165,8 +165,8 @@ def _quant_options(bf16_note: str | None = None):
 
 def _run_import(convert, out: Path, quant: str, group_size: str, symmetric: bool, resident_dtype: str | None,
                 embed_dtype: str | None):
-    """`convert(scheme)` with the options' scheme, then the written container's bits per weight;
-    the importers' errors as one line (exit 2)."""
+    """`convert(scheme)` with the options' scheme, then what the written container holds (its experts' bits
+    per weight, or the whole file's without experts); the importers' errors as one line (exit 2)."""
     from .import_hf import quant_scheme
 
     try:
@@ -174,7 +174,10 @@ def _run_import(convert, out: Path, quant: str, group_size: str, symmetric: bool
                               embed_dtype=embed_dtype)
         report = convert(scheme)
         with Container.open(out) as container:
-            return report, container.bits_per_weight
+            if not container.header.experts.entries:  # a dense model: no expert bits to report
+                whole = 8 * container.file_size / container.total_weights()
+                return report, f"no routed experts, {whole:.3f} bits/weight in all"
+            return report, f"experts {quant}, {container.bits_per_weight:.3f} bits/weight"
     except Int4Error as exc:
         raise _error(exc) from None
     except OSError as exc:
@@ -199,11 +202,11 @@ def import_hf_command(hf_dir: Path, out: Path, quant: str, group_size: str, symm
     """
     from .import_hf import import_hf
 
-    report, bpw = _run_import(lambda scheme: import_hf(hf_dir, out, scheme, name=name, progress=progress), out,
-                              quant, group_size, symmetric, resident_dtype, embed_dtype)
+    report, weights = _run_import(lambda scheme: import_hf(hf_dir, out, scheme, name=name, progress=progress), out,
+                                  quant, group_size, symmetric, resident_dtype, embed_dtype)
     click.echo(
         f"wrote {out}: {report.model_type}, {_mb(report.file_size)} from {_mb(report.checkpoint_bytes)} of "
-        f"safetensors (experts {quant}, {bpw:.3f} bits/weight) in {report.seconds:.1f} s"
+        f"safetensors ({weights}) in {report.seconds:.1f} s"
     )
 
 
@@ -226,13 +229,12 @@ def import_gguf_command(gguf_file: Path, out: Path, quant: str, group_size: str,
     """
     from .import_gguf import import_gguf
 
-    report, bpw = _run_import(lambda scheme: import_gguf(gguf_file, out, scheme, name=name, progress=progress), out,
-                              quant, group_size, symmetric, resident_dtype, embed_dtype)
+    report, weights = _run_import(lambda scheme: import_gguf(gguf_file, out, scheme, name=name, progress=progress),
+                                  out, quant, group_size, symmetric, resident_dtype, embed_dtype)
     types = ", ".join(f"{n} {kind}" for kind, n in sorted(report.tensor_types.items()))
     click.echo(
         f"wrote {out}: {report.architecture} as {report.model_type}, {_mb(report.file_size)} from "
-        f"{_mb(report.gguf_tensor_bytes)} of GGUF tensors ({types}; experts {quant}, {bpw:.3f} bits/weight) "
-        f"in {report.seconds:.1f} s"
+        f"{_mb(report.gguf_tensor_bytes)} of GGUF tensors ({types}; {weights}) in {report.seconds:.1f} s"
     )
     offset = sorted(set(report.tensor_types) & {"Q4_1", "Q5_1", "Q2_K", "Q4_K", "Q5_K"})
     moe = report.config["n_dense_layers"] < report.config["n_layers"]

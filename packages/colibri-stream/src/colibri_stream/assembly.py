@@ -27,7 +27,7 @@ from .cache.prefetch import Prefetcher, RoutingPredictor
 from .cache.slab import ExpertSlab
 from .compute.choice import ComputeRoutes, resolve_compute
 from .compute.expert_compute import DequantExpert, Int4Expert
-from .compute.native_expert import NativeQ4Expert
+from .compute.native_expert import native_expert_class
 from .compute.native_kernel import QuantizedActivations
 from .compute.streamed_experts import StreamedExperts
 from .errors import BudgetError, MemoryCapWarning, SmallCacheWarning
@@ -98,10 +98,11 @@ def assemble(container: Container, plan: Plan, opts: EngineOptions) -> Assembled
     try:
         entries = {(e.layer, e.expert): e for e in container.header.experts.entries}
         glu = ExpertGlu.from_config(config)  # the model's activation, computed by the streamed experts too
-        if f.compute == "native":
+        if f.compute == "native" and layout is not None:
+            native_expert = native_expert_class(layout)
 
             def prepare(blob):
-                return NativeQ4Expert(blob, glu)
+                return native_expert(blob, glu)
         elif f.compute == "int4":
 
             def prepare(blob):

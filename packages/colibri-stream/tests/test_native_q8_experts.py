@@ -1,0 +1,67 @@
+"""int8 routed experts (`--quant int8`) on the native kernel: chosen by "auto", computed from the
+container's q8 bytes, sized by the plan exactly, the same tokens at any budget, and each row of a
+group of tokens what it gets alone."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from colibri_int4 import QuantScheme
+from colibri_stream import Engine
+from colibri_stream.compute.native_expert import NativeQ8Expert
+from colibri_stream.compute.native_kernel import QuantizedActivations, kernel_unavailable
+
+from .conftest import build_container
+
+pytestmark = pytest.mark.skipif(kernel_unavailable() is not None, reason="no C compiler for the native kernel")
+
+IDS = torch.arange(3, 43)
+
+
+@pytest.fixture(scope="module")
+def tiny_q8(tmp_path_factory):
+    return build_container(tmp_path_factory.mktemp("q8"), QuantScheme(group_size=32, expert_dtype="int8"), seed=4)[0]
+
+
+def _prepared(eng: Engine) -> list:
+    return [eng.cache.get(layer, expert) for layer, expert in [(1, 0), (1, 3), (2, 5)]]
+
+
+def test_auto_runs_int8_experts_natively_and_the_plan_counts_their_bytes(tiny_q8):
+    plan = Engine.plan(tiny_q8)
+    assert plan.footprint.compute == "native"
+    with Engine.open(tiny_q8, ram_budget="200MB") as eng:
+        assert eng.stats.compute_mode == "native"
+        experts = _prepared(eng)
+        assert all(type(e) is NativeQ8Expert and e.gate_up.dtype == torch.int8 for e in experts)
+        assert {e.nbytes for e in experts} == {plan.footprint.slot_bytes}
+        native = eng.logits(IDS)
+    with Engine.open(tiny_q8, ram_budget="200MB", compute="dequant") as eng:
+        dequantized = eng.logits(IDS)
+    # the same weights; the native kernel rounds its activations to int8 per 32 columns
+    scale = float(dequantized.abs().max())
+    assert float((native - dequantized).abs().max()) < 0.02 * scale
+    assert torch.equal(native.argmax(-1), dequantized.argmax(-1))
+
+
+def test_the_same_tokens_at_a_budget_of_a_few_experts(tiny_q8, minimum_budget):
+    prompt = IDS[:12].tolist()
+    texts = []
+    for budget in ("200MB", minimum_budget(tiny_q8, compute="native") + 3 * Engine.plan(tiny_q8).slot_bytes):
+        with Engine.open(tiny_q8, ram_budget=budget) as eng:
+            texts.append(eng.generate(prompt, 16, stop_token_ids=[]).token_ids)
+            if budget != "200MB":
+                assert eng.stats.misses > eng.budget.slots  # experts came and went
+    assert texts[0] == texts[1]
+
+
+def test_each_row_of_a_group_is_what_it_gets_alone(tiny_q8):
+    with Engine.open(tiny_q8, ram_budget="200MB") as eng:
+        experts = _prepared(eng)
+        x = torch.randn(5, eng.config.d_model)
+        rows = [[0, 2], [1], [3, 4, 0]]
+        grouped = NativeQ8Expert.forward_grouped(experts, QuantizedActivations(x), rows)
+        alone = torch.cat([e.forward(x[[r]]) for e, picked in zip(experts, rows) for r in picked])
+        assert torch.equal(grouped, alone)
+        each = NativeQ8Expert.forward_each(experts, QuantizedActivations(x[:1]))
+        assert torch.equal(each, torch.cat([e.forward(x[:1]) for e in experts]))
