@@ -95,8 +95,8 @@ def _random_q4(rows: int, cols: int, group: int, rng, zeros: bool, fp16: bool):
 
 
 @pytest.mark.parametrize("level", LEVELS)
-@pytest.mark.parametrize(("group", "zeros", "fp16"), [(32, False, False), (64, True, True), (128, False, True),
-                                                      (256, True, False)])
+@pytest.mark.parametrize(("group", "zeros", "fp16"), [(32, False, False), (32, True, True), (64, True, True),
+                                                      (128, False, True), (256, True, False)])
 def test_matmul_is_the_q4_times_q8_definition(level, group, zeros, fp16):
     rng = np.random.default_rng(group)
     rows, cols = 48, 512
@@ -153,7 +153,7 @@ def test_levels_agree_and_threads_do_not_change_a_bit():
 
 
 @pytest.mark.parametrize("level", LEVELS)
-@pytest.mark.parametrize(("group", "zeros"), [(32, False), (64, True), (128, False)])
+@pytest.mark.parametrize(("group", "zeros"), [(32, False), (32, True), (64, True), (128, False)])
 @pytest.mark.parametrize("cols", [256, 1024])  # 1024: 8 or 16 groups, the epilogue in vector lanes
 def test_rows_in_tiles_and_experts_together_are_bitwise_each_alone(level, group, zeros, cols):
     """Rows share weight loads 4 at a time (on AVX-512 cores 4 rows take 8 weight rows at a time in

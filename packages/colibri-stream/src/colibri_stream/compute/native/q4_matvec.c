@@ -47,6 +47,8 @@ static int zmm_ok(void) {
 #endif
 
 #define BLOCK 32
+/* groups the pair paths take: a pair of blocks under one scale, or each block its own (PAIR_SCALE) */
+#define PAIRED_GROUPS(per_group) ((per_group) % 2 == 0 || (per_group) == 1)
 
 static inline float bf16_to_f32(uint16_t bits) {
     uint32_t u = (uint32_t)bits << 16;
@@ -426,6 +428,13 @@ static void row_scales_avx2(const uint16_t *s, int64_t groups, int fp16, float *
         else acc0 = _mm256_fmadd_ps(v_, d, acc0);                                                               \
     } while (0)
 
+/* The weight scales of a pair step (blocks b and b + 1, b even: lanes 0-3 and 4-7 of its dot
+ * sums): one broadcast where both blocks share a group (groups of 64 or more), each block its own
+ * in groups of 32 (llama.cpp's Q4_0 / Q4_1 block size). The pair paths take either (PAIRED_GROUPS). */
+#define PAIR_SCALE(scales, b, per_group)                                                                       \
+    ((per_group) == 1 ? _mm256_set_m128(_mm_set1_ps((scales)[(b) + 1]), _mm_set1_ps((scales)[b]))              \
+                      : _mm256_set1_ps((scales)[(b) / (per_group)]))
+
 /* rows_pairs_<level>(p, scales, zeros, blocks, per_group, R, pairs, pair_scales, offset, xgroup, out) */
 #define ROWS_PAIRS(NAME, TARGET, PAIR_DOT)                                                                     \
     __attribute__((target(TARGET), always_inline)) static inline void NAME(                                    \
@@ -442,8 +451,8 @@ static void row_scales_avx2(const uint16_t *s, int64_t groups, int fp16, float *
          * weight_rows_* runs them: no branch on which accumulator a step feeds */                              \
         int64_t b = 0;                                                                                          \
         for (; b + 4 <= blocks; b += 4) {                                                                       \
-            __m256 scale0 = _mm256_set1_ps(scales[b / per_group]);                                              \
-            __m256 scale1 = _mm256_set1_ps(scales[(b + 2) / per_group]);                                        \
+            __m256 scale0 = PAIR_SCALE(scales, b, per_group);                                                   \
+            __m256 scale1 = PAIR_SCALE(scales, b + 2, per_group);                                               \
             __m256i raw0 = _mm256_loadu_si256((const __m256i *)(p + b * 16));                                   \
             __m256i raw1 = _mm256_loadu_si256((const __m256i *)(p + b * 16 + 32));                              \
             SPLIT_NIBBLES(raw0, even0, odd0);                                                                   \
@@ -462,7 +471,7 @@ static void row_scales_avx2(const uint16_t *s, int64_t groups, int fp16, float *
             }                                                                                                   \
         }                                                                                                       \
         if (b < blocks) { /* a last step of two blocks (b % 4 == 0: acc0's) */                                  \
-            __m256 scale = _mm256_set1_ps(scales[b / per_group]);                                               \
+            __m256 scale = PAIR_SCALE(scales, b, per_group);                                                    \
             __m256i raw = _mm256_loadu_si256((const __m256i *)(p + b * 16));                                    \
             SPLIT_NIBBLES(raw, even, odd);                                                                      \
             for (int r = 0; r < R; r++) {                                                                       \
@@ -559,7 +568,6 @@ TILE_DOTS(tile_dots_vnni, VNNI_TARGET, rows_pairs_vnni)
          * which accumulator a step feeds, so they all stay in registers */                                     \
         int64_t b = 0;                                                                                          \
         for (; b + 4 <= blocks; b += 4) {                                                                       \
-            int64_t g0 = b / per_group, g1 = (b + 2) / per_group;                                              \
             __m256 ps0 = _mm256_loadu_ps(pair_scales + (b / 2) * 8);                                            \
             __m256 ps1 = _mm256_loadu_ps(pair_scales + (b / 2) * 8 + 8);                                        \
             for (int r = 0; r < WROWS; r++)                                                                     \
@@ -568,13 +576,13 @@ TILE_DOTS(tile_dots_vnni, VNNI_TARGET, rows_pairs_vnni)
                 const uint8_t *w = p + r * row_bytes + b * 16;                                                  \
                 __m256i raw0 = _mm256_loadu_si256((const __m256i *)w);                                          \
                 SPLIT_NIBBLES(raw0, even0, odd0);                                                               \
-                __m256 d0 = _mm256_mul_ps(ps0, _mm256_set1_ps(scales[r * groups + g0]));                        \
+                __m256 d0 = _mm256_mul_ps(ps0, PAIR_SCALE(scales + r * groups, b, per_group));              \
                 acc0[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(PAIR_DOT(even0, odd0,                              \
                     _mm256_loadu_si256((const __m256i *)(pairs + b * BLOCK)),                                   \
                     _mm256_loadu_si256((const __m256i *)(pairs + b * BLOCK + 32)))), d0, acc0[r]);             \
                 __m256i raw1 = _mm256_loadu_si256((const __m256i *)(w + 32));                                   \
                 SPLIT_NIBBLES(raw1, even1, odd1);                                                               \
-                __m256 d1 = _mm256_mul_ps(ps1, _mm256_set1_ps(scales[r * groups + g1]));                        \
+                __m256 d1 = _mm256_mul_ps(ps1, PAIR_SCALE(scales + r * groups, b + 2, per_group));          \
                 acc1[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(PAIR_DOT(even1, odd1,                              \
                     _mm256_loadu_si256((const __m256i *)(pairs + b * BLOCK + 64)),                              \
                     _mm256_loadu_si256((const __m256i *)(pairs + b * BLOCK + 96)))), d1, acc1[r]);             \
@@ -585,7 +593,7 @@ TILE_DOTS(tile_dots_vnni, VNNI_TARGET, rows_pairs_vnni)
             for (int r = 0; r < WROWS; r++) {                                                                   \
                 __m256i raw = _mm256_loadu_si256((const __m256i *)(p + r * row_bytes + b * 16));                \
                 SPLIT_NIBBLES(raw, even, odd);                                                                  \
-                __m256 d = _mm256_mul_ps(ps0, _mm256_set1_ps(scales[r * groups + b / per_group]));              \
+                __m256 d = _mm256_mul_ps(ps0, PAIR_SCALE(scales + r * groups, b, per_group));                   \
                 PAIR_STEP(PAIR_DOT, even, odd, _mm256_loadu_si256((const __m256i *)(pairs + b * BLOCK)),        \
                           _mm256_loadu_si256((const __m256i *)(pairs + b * BLOCK + 32)), d, b, acc0[r], acc1[r]); \
             }                                                                                                   \
@@ -668,9 +676,11 @@ __attribute__((target(ZMM_TARGET), always_inline)) static inline void weight_row
     int64_t per_group, const int8_t *const *pairs, const float *const *pair_scales, const float *const *offset,
     const float *const *xgroup, float *const *out, const int R, const int prefetch) {
     const __m512i low = _mm512_set1_epi8(15);
-    /* a step's scales: lanes 0-7 group g0's, 8-15 group g1's (g0 or the next) */
+    /* a step's scales: lanes 0-7 group g0's, 8-15 group g1's (g0 or the next); in groups of 32,
+     * lanes 4k..4k+3 block b + k's */
     const __m512i one_group = _mm512_setzero_si512();
     const __m512i two_groups = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi32(1), 1);
+    const __m512i four_groups = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
     int64_t groups = blocks / per_group;
     float scales[ZROWS * groups + 16], zeros[ZROWS * groups]; /* + 16: a step's scales load 16 from its group */
     row_scales_avx2(s, ZROWS * groups, fp16, scales);
@@ -697,7 +707,7 @@ __attribute__((target(ZMM_TARGET), always_inline)) static inline void weight_row
         for (int r = 0; r < ZROWS; r++) {
             __m512i raw = _mm512_loadu_si512((const void *)(p + r * row_bytes + b * 16));
             __m512i even = _mm512_and_si512(raw, low), odd = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low);
-            __m512 scale = _mm512_permutexvar_ps(g1 > g0 ? two_groups : one_group,
+            __m512 scale = _mm512_permutexvar_ps(per_group == 1 ? four_groups : g1 > g0 ? two_groups : one_group,
                                                  _mm512_loadu_ps(scales + r * groups + g0));
             for (int a = 0; a < R; a++) {
                 __m512i dot = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), even, x0[a]), odd,
@@ -793,7 +803,7 @@ __attribute__((target(ZMM_TARGET))) static void weight_rows_zmm_acts(
 static void q4_tile(const act_row *const *acts, int R, const uint8_t *p, const uint16_t *s, const uint16_t *z,
                     int fp16, int64_t blocks, int64_t per_group, float *const *out, int level) {
 #ifdef COLIBRI_X86
-    if (level >= 1 && acts[0]->pairs && per_group % 2 == 0) {
+    if (level >= 1 && acts[0]->pairs && PAIRED_GROUPS(per_group)) {
         const int8_t *pairs[TILE];
         const float *pair_scales[TILE], *offset[TILE], *xgroup[TILE];
         for (int r = 0; r < R; r++) {
@@ -893,7 +903,7 @@ static int q4_products(const int8_t *xq, const float *dx, const int32_t *xs, con
         int64_t n1 = n0 + ROW_BLOCK < N ? n0 + ROW_BLOCK : N;
 #ifdef COLIBRI_X86
         if (level >= 2 && row_start[e + 1] - row_start[e] > 1 && n1 - n0 == ROW_BLOCK && blocks % 4 == 0
-            && per_group % 2 == 0 && acts[0].pairs && zmm_ok()) {
+            && PAIRED_GROUPS(per_group) && acts[0].pairs && zmm_ok()) {
             for (int64_t i = row_start[e]; i < row_start[e + 1]; i += ZACTS) {
                 int R = row_start[e + 1] - i < ZACTS ? (int)(row_start[e + 1] - i) : ZACTS;
                 const act_row *tile[ZACTS];
@@ -907,7 +917,7 @@ static int q4_products(const int8_t *xq, const float *dx, const int32_t *xs, con
             }
             continue;
         }
-        if (level >= 1 && row_start[e + 1] - row_start[e] > 1 && n1 - n0 == ROW_BLOCK && per_group % 2 == 0
+        if (level >= 1 && row_start[e + 1] - row_start[e] > 1 && n1 - n0 == ROW_BLOCK && PAIRED_GROUPS(per_group)
             && acts[0].pairs && lanes_ok(groups)) {
             block_rows(packed[e] + n0 * (K / 2), K / 2, scales[e] + n0 * groups, zeros[e] ? zeros[e] + n0 * groups : 0,
                        fp16, blocks, per_group, acts, act_rows + row_start[e], row_start[e + 1] - row_start[e],
@@ -921,7 +931,7 @@ static int q4_products(const int8_t *xq, const float *dx, const int32_t *xs, con
             for (int r = 0; r < R; r++) tile[r] = &acts[act_rows[i + r]];
             int64_t n = n0;
 #ifdef COLIBRI_X86
-            if (R == 1 && level >= 1 && tile[0]->pairs && per_group % 2 == 0) {
+            if (R == 1 && level >= 1 && tile[0]->pairs && PAIRED_GROUPS(per_group)) {
                 const act_row *a = tile[0];
                 if (level >= 2 && blocks % 4 == 0 && zmm_ok())
                     for (; n + ZROWS <= n1; n += ZROWS)
