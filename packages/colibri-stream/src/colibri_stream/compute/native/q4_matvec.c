@@ -626,17 +626,19 @@ WEIGHT_ROWS_PAIRS(weight_rows_vnni, VNNI_TARGET, PAIR_DOT_VNNI)
 /* The epilogue of ZROWS weight rows with the rows in the lanes of one vector: lane r runs exactly
  * the scalar loop's multiplies and subtractions (and adds, with zeros) in its order, so the same
  * bits, in a sixth of the instructions (it was an eighth of a decode token's expert time). The
- * rows' scales [row][group] are first transposed to [group][row], 8 groups at a time in registers;
- * `lanes_ok` says where that applies (a multiple of 8 groups), the scalar loop runs elsewhere. */
-static inline int lanes_ok(int64_t groups) { return groups % 8 == 0; }
-
+ * rows' scales [row][group] are first transposed to [group][row], 8 groups at a time in registers
+ * and the last groups % 8 one by one (SmolLM2's 576 columns are 9 groups of 64, 18 of 32: had the
+ * scalar loop run there, it took most of a prefill's time in groups of 32 with zeros). */
 __attribute__((target("avx2,fma"))) static void transpose_rows8(const float *rows, int64_t groups, float *out) {
-    for (int64_t g = 0; g < groups; g += 8) {
+    int64_t g = 0;
+    for (; g + 8 <= groups; g += 8) {
         __m256 in[8], columns[8];
         for (int r = 0; r < 8; r++) in[r] = _mm256_loadu_ps(rows + r * groups + g);
         transpose8_ps(in, columns);
         for (int c = 0; c < 8; c++) _mm256_storeu_ps(out + (g + c) * ZROWS, columns[c]);
     }
+    for (; g < groups; g++)
+        for (int r = 0; r < 8; r++) out[g * ZROWS + r] = rows[r * groups + g];
 }
 
 /* scalar[r] = the epilogue sum of row r: from the transposed scales (and zeros, or NULL) */
@@ -650,17 +652,6 @@ __attribute__((target("avx2,fma"))) static void epilogue_lanes(const float *scal
             lanes = _mm256_add_ps(lanes, _mm256_mul_ps(_mm256_loadu_ps(zeros_t + g * ZROWS), _mm256_set1_ps(xgroup[g])));
     }
     _mm256_storeu_ps(scalar, lanes);
-}
-
-/* scalar[r] as the scalar loop sums it (scales, zeros [row][group]) */
-static void epilogue_rows(const float *scales, const float *zeros, int64_t groups, const float *offset,
-                          const float *xgroup, float *scalar) {
-    for (int r = 0; r < ZROWS; r++) scalar[r] = 0.f;
-    for (int64_t g = 0; g < groups; g++)
-        for (int r = 0; r < ZROWS; r++) {
-            scalar[r] -= scales[r * groups + g] * offset[g]; /* the -8 of every nibble */
-            if (zeros) scalar[r] += zeros[r * groups + g] * xgroup[g];
-        }
 }
 
 /* ZROWS weight rows times R activation rows (R <= ZACTS) in 512-bit vectors. One row (a decode
@@ -716,16 +707,12 @@ __attribute__((target(ZMM_TARGET), always_inline)) static inline void weight_row
             }
         }
     }
-    int lanes = lanes_ok(groups);
     float scales_t[ZROWS * groups], zeros_t[ZROWS * groups];
-    if (lanes) {
-        transpose_rows8(scales, groups, scales_t);
-        if (z) transpose_rows8(zeros, groups, zeros_t);
-    }
+    transpose_rows8(scales, groups, scales_t);
+    if (z) transpose_rows8(zeros, groups, zeros_t);
     for (int a = 0; a < R; a++) {
         float scalar[ZROWS];
-        if (lanes) epilogue_lanes(scales_t, z ? zeros_t : 0, groups, offset[a], xgroup[a], scalar);
-        else epilogue_rows(scales, z ? zeros : 0, groups, offset[a], xgroup[a], scalar);
+        epilogue_lanes(scales_t, z ? zeros_t : 0, groups, offset[a], xgroup[a], scalar);
         for (int r = 0; r < ZROWS; r++)
             out[a][r] = hsum256(_mm256_add_ps(_mm512_castps512_ps256(acc[a][r]), _mm512_extractf32x8_ps(acc[a][r], 1)))
                         + scalar[r];
@@ -836,7 +823,7 @@ static void q4_tile(const act_row *const *acts, int R, const uint8_t *p, const u
  * sharing each weight load), then the epilogues with 8 weight rows in the lanes of one vector
  * (`epilogue_lanes`: each lane runs the scalar loop's operations in its order, so the same bits as
  * `tile_pairs_*`). The scalar epilogue, per weight row and activation tile, had been a quarter of
- * this path's time. Needs groups % 8 == 0 (`lanes_ok`) and a full block. */
+ * this path's time. Needs a full block. */
 static void block_rows(const uint8_t *p, int64_t row_bytes, const uint16_t *s, const uint16_t *z, int fp16,
                        int64_t blocks, int64_t per_group, const act_row *acts, const int64_t *rows, int64_t count,
                        float *y, int64_t N, int level) {
@@ -918,7 +905,7 @@ static int q4_products(const int8_t *xq, const float *dx, const int32_t *xs, con
             continue;
         }
         if (level >= 1 && row_start[e + 1] - row_start[e] > 1 && n1 - n0 == ROW_BLOCK && PAIRED_GROUPS(per_group)
-            && acts[0].pairs && lanes_ok(groups)) {
+            && acts[0].pairs) {
             block_rows(packed[e] + n0 * (K / 2), K / 2, scales[e] + n0 * groups, zeros[e] ? zeros[e] + n0 * groups : 0,
                        fp16, blocks, per_group, acts, act_rows + row_start[e], row_start[e + 1] - row_start[e],
                        y + row_start[e] * N + n0, N, level);
