@@ -9,7 +9,7 @@ import torch
 from colibri_int4 import QuantScheme
 from colibri_stream import Engine
 from colibri_stream.compute.native_expert import NativeQ8Expert
-from colibri_stream.compute.native_kernel import QuantizedActivations, kernel_unavailable
+from colibri_stream.compute.native_kernel import QuantizedActivations, add_weighted_rows, kernel_unavailable
 
 from .conftest import build_container
 
@@ -65,3 +65,41 @@ def test_each_row_of_a_group_is_what_it_gets_alone(tiny_q8):
         assert torch.equal(grouped, alone)
         each = NativeQ8Expert.forward_each(experts, QuantizedActivations(x[:1]))
         assert torch.equal(each, torch.cat([e.forward(x[:1]) for e in experts]))
+
+
+def test_a_tokens_experts_in_one_call_are_each_expert_alone_summed(tiny_q8):
+    with Engine.open(tiny_q8, ram_budget="200MB") as eng:
+        experts = _prepared(eng)
+        x = torch.randn(eng.config.d_model)
+        weights = [0.5, 0.25, 0.125]
+        one_call = torch.full((eng.config.d_model,), 0.1)
+        assert NativeQ8Expert.forward_token(experts, x, weights, one_call)
+        summed = torch.full((eng.config.d_model,), 0.1)
+        add_weighted_rows(summed, NativeQ8Expert.forward_each(experts, QuantizedActivations(x[None])), weights)
+        assert torch.equal(one_call, summed)
+
+
+def test_the_decode_call_runs_int8_experts_with_the_per_layer_bits(tiny_q8, monkeypatch):
+    """Every cached q8 expert of a token run inside the one decode call: the logits of the per-layer
+    path, bit for bit."""
+    from colibri_stream.compute import native_kernel
+
+    prompt, tokens = IDS[:20].tolist(), IDS[20:32].tolist()
+    runs = []
+    for stack in (True, False):
+        with Engine.open(tiny_q8, ram_budget="200MB") as eng:
+            if not stack:
+                eng.model.__dict__["_decode_stack"] = None
+            session = eng.session()
+            session.append(prompt)
+            ran, spans = [], []
+            library = native_kernel._library()
+            original, layers = library.colibri_q8_token_experts, library.colibri_decode_layers
+            monkeypatch.setattr(library, "colibri_q8_token_experts", lambda *a: ran.append(1) or original(*a))
+            monkeypatch.setattr(library, "colibri_decode_layers", lambda *a: spans.append(a[1:3]) or layers(*a))
+            runs.append(torch.stack([session.append([t]).reshape(-1) for t in tokens]))
+            monkeypatch.undo()
+            assert ran  # the token's experts in one call, on both paths
+            if stack:  # once the experts a token takes are cached, every layer in the one call
+                assert (0, eng.config.n_layers) in spans
+    assert torch.equal(runs[0], runs[1])

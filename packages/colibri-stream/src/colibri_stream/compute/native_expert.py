@@ -12,8 +12,9 @@ The weights are the container's exactly; the activations are rounded to int8 per
 f32 scale each), as llama.cpp's Q4_0 x Q8_0 products do: about 0.5% relative error of a matrix
 product on random data, against 0.2% for torch's kernel with bf16 activations.
 
-q8 experts (a byte a weight) have no grouped or whole-token kernel: each runs as its own two
-products (the resident projections' q8 kernel), the token's outputs summed as the q4 experts' are.
+q8 experts (a byte a weight) have no grouped kernel: each runs as its own two products (the
+resident projections' q8 kernel), in one call for a decode token's experts (`forward_token`, and
+the decode call's table), the token's outputs summed as the q4 experts' are.
 Without them a `--quant int8` container took the dequantized route: every expert and resident
 matrix in f32 (4 bytes a weight), a 24 x 64 Qwen3-MoE decoding 6.9 tok/s.
 """
@@ -199,8 +200,10 @@ class NativeQ8Expert(NativeQ4Expert):
         self._point()
 
     @property
-    def one_call(self) -> None:
-        return None  # no whole-token kernel for q8: the decode call hands a token's experts back
+    def one_call(self) -> tuple[int, int, int, bool, bool] | None:
+        """As `NativeQ4Expert.one_call`, the last element saying q8."""
+        shape = super().one_call
+        return None if shape is None else (*shape, True)
 
     def forward(self, x: torch.Tensor | QuantizedActivations) -> torch.Tensor:
         gate_up = matmul(x, self.gate_up, self.gate_up_scales, None, self.group_gate_up, "q8", self.fp16_scales)
@@ -212,7 +215,14 @@ class NativeQ8Expert(NativeQ4Expert):
 
     @staticmethod
     def forward_token(experts: list[NativeQ8Expert], x: torch.Tensor, weights: list[float], out: torch.Tensor) -> bool:
-        return False  # `forward_each`, then the weighted sum
+        """out [d] += experts[e].forward(x) * weights[e] for e in order (bitwise `forward_each` then
+        `add_weighted_rows`) in one kernel call for swiglu experts without biases; else False."""
+        first = experts[0]
+        if first.one_call is None:
+            return False
+        token_experts(x, [a for e in experts for a in e.token_addresses], first.expert_dim, first.group_gate_up,
+                      first.group_down, first.fp16_scales, weights, out, q8=True)
+        return True
 
     @staticmethod
     def forward_each(experts: list[NativeQ8Expert], x: QuantizedActivations) -> torch.Tensor:

@@ -115,6 +115,8 @@ def _library() -> ctypes.CDLL:
     library.colibri_token_experts.argtypes = [pointer, i64, i64, pointer, i32, i64, i64, i64, pointer, pointer, i32,
                                               i32]
     library.colibri_swiglu_rows.restype = library.colibri_token_experts.restype = i32
+    library.colibri_q8_token_experts.argtypes = library.colibri_token_experts.argtypes
+    library.colibri_q8_token_experts.restype = i32
     library.colibri_attend_row.argtypes = [pointer, i64, i64, i64, pointer, i64, i64, pointer, i64, i64, i64,
                                            ctypes.c_float, pointer, i32, i32]
     library.colibri_attend_row.restype = i32
@@ -480,11 +482,12 @@ TOKEN_EXPERT_ADDRESSES = 6
 
 
 def token_experts(x: torch.Tensor, addresses: list[int], expert_dim: int, group_gate_up: int, group_down: int,
-                  fp16_scales: bool, weights: list[float], out: torch.Tensor) -> None:
+                  fp16_scales: bool, weights: list[float], out: torch.Tensor, q8: bool = False) -> None:
     """A decode token's swiglu experts whole: out [d] += down_e(silu(gate_e x) * up_e x) * weights[e]
     for e in order, for one f32 row x [d] (contiguous; out likewise), in one kernel call; bitwise
-    `token_experts_in`, `swiglu_rows` and `token_experts_out`. `addresses`: each expert's six
-    (`TOKEN_EXPERT_ADDRESSES`), which must stay valid through the call."""
+    `token_experts_in`, `swiglu_rows` and `token_experts_out` (`q8`: experts stored as q8, bitwise
+    each one's own `q8_matmul`s, `swiglu_rows` and `add_weighted_rows`). `addresses`: each expert's
+    six (`TOKEN_EXPERT_ADDRESSES`), which must stay valid through the call."""
     count = len(weights)
     d = x.shape[0] if x.dim() == 1 else -1
     if (len(addresses) != TOKEN_EXPERT_ADDRESSES * count or count < 1 or x.dtype != torch.float32
@@ -493,7 +496,9 @@ def token_experts(x: torch.Tensor, addresses: list[int], expert_dim: int, group_
         raise ValueError(f"token_experts: a row {tuple(x.shape)} into out {tuple(out.shape)} does not fit {count} "
                          f"experts of width {expert_dim} ({len(addresses)} addresses, groups {group_gate_up} and "
                          f"{group_down})")
-    status = _library().colibri_token_experts(
+    library = _library()
+    call = library.colibri_q8_token_experts if q8 else library.colibri_token_experts
+    status = call(
         x.data_ptr(), d, count, (ctypes.c_void_p * len(addresses))(*addresses), int(fp16_scales), expert_dim,
         group_gate_up, group_down, (ctypes.c_float * count)(*weights), out.data_ptr(), torch.get_num_threads(),
         cpu_level())
@@ -615,18 +620,20 @@ class LayerFront(ctypes.Structure):
 
 class TokenTable(ctypes.Structure):
     """A layer's cached swiglu experts as decode_layer.c looks them up (its `colibri_token_table`):
-    expert e's `TOKEN_EXPERT_ADDRESSES` at entries[6 e:6 e + 6], zeros where e is not cached."""
+    expert e's `TOKEN_EXPERT_ADDRESSES` at entries[6 e:6 e + 6], zeros where e is not cached; `q8`:
+    the experts are stored as q8 (`token_experts`'s)."""
 
     _fields_ = [("entries", ctypes.c_void_p), ("expert_dim", ctypes.c_int64), ("group_gate_up", ctypes.c_int64),
-                ("group_down", ctypes.c_int64), ("fp16", ctypes.c_int64)]
+                ("group_down", ctypes.c_int64), ("fp16", ctypes.c_int64), ("q8", ctypes.c_int64)]
 
-    def __init__(self, experts: int, expert_dim: int, group_gate_up: int, group_down: int, fp16: bool):
+    def __init__(self, experts: int, expert_dim: int, group_gate_up: int, group_down: int, fp16: bool,
+                 q8: bool = False):
         self.slots = (ctypes.c_void_p * (TOKEN_EXPERT_ADDRESSES * experts))()
-        super().__init__(ctypes.addressof(self.slots), expert_dim, group_gate_up, group_down, int(fp16))
+        super().__init__(ctypes.addressof(self.slots), expert_dim, group_gate_up, group_down, int(fp16), int(q8))
 
-    def matches(self, expert_dim: int, group_gate_up: int, group_down: int, fp16: bool) -> bool:
-        return (self.expert_dim, self.group_gate_up, self.group_down, self.fp16) == (
-            expert_dim, group_gate_up, group_down, int(fp16))
+    def matches(self, expert_dim: int, group_gate_up: int, group_down: int, fp16: bool, q8: bool = False) -> bool:
+        return (self.expert_dim, self.group_gate_up, self.group_down, self.fp16, self.q8) == (
+            expert_dim, group_gate_up, group_down, int(fp16), int(q8))
 
     def set(self, expert: int, addresses: tuple[int, ...]) -> None:
         self.slots[TOKEN_EXPERT_ADDRESSES * expert : TOKEN_EXPERT_ADDRESSES * (expert + 1)] = addresses

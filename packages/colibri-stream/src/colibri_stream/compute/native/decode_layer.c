@@ -154,13 +154,17 @@ typedef struct {
 
 int colibri_token_experts(const float *x, int64_t K, int64_t E, const void *const *experts, int fp16, int64_t F,
                           int64_t G_gate_up, int64_t G_down, const float *weights, float *out, int threads, int level);
+int colibri_q8_token_experts(const float *x, int64_t K, int64_t E, const void *const *experts, int fp16, int64_t F,
+                             int64_t G_gate_up, int64_t G_down, const float *weights, float *out, int threads,
+                             int level);
 
 /* A layer's cached swiglu experts, as colibri_token_experts takes them: entry e's six addresses
  * (gate|up packed, scales, zeros or NULL; down's the same) at entries[6 e .. 6 e + 6), entries[6 e]
- * NULL where expert e is not cached; the shape every one of them has. */
+ * NULL where expert e is not cached; the shape every one of them has; q8: stored as q8 bytes
+ * (colibri_q8_token_experts). */
 typedef struct {
     const void *const *entries;
-    int64_t expert_dim, group_gate_up, group_down, fp16;
+    int64_t expert_dim, group_gate_up, group_down, fp16, q8;
 } colibri_token_table;
 
 /* One decode row of one session through a layer up to its FFN, in one call: colibri_attention_in,
@@ -216,8 +220,9 @@ int colibri_decode_layer_front(const colibri_layer_front *L, const float *h, con
     for (int64_t d = 0; d < L->D; d++) experts_out[d] = 0.f;
     struct timespec started, stopped;
     clock_gettime(CLOCK_MONOTONIC, &started);
-    status = colibri_token_experts(x_out, L->D, top_k, addresses, (int)table->fp16, table->expert_dim,
-                                   table->group_gate_up, table->group_down, weights, experts_out, threads, level);
+    status = (table->q8 ? colibri_q8_token_experts : colibri_token_experts)(
+        x_out, L->D, top_k, addresses, (int)table->fp16, table->expert_dim, table->group_gate_up, table->group_down,
+        weights, experts_out, threads, level);
     clock_gettime(CLOCK_MONOTONIC, &stopped);
     *expert_seconds = (double)(stopped.tv_sec - started.tv_sec) + 1e-9 * (double)(stopped.tv_nsec - started.tv_nsec);
     *experts_done = status == 0;

@@ -1116,6 +1116,40 @@ int colibri_token_experts(const float *x, int64_t K, int64_t E, const void *cons
     return status;
 }
 
+/* colibri_q8_token_experts: colibri_token_experts for experts stored as q8 (symmetric: each zeros
+ * address 0): experts [E * 6] as there. There is no grouped q8 product: each expert's gate|up and
+ * down run as colibri_q8w_matmul of one row (what a q8 expert's own products run), the activation
+ * as colibri_swiglu_rows, and the sum as colibri_add_weighted_rows, so the same bits. */
+int colibri_q8_token_experts(const float *x, int64_t K, int64_t E, const void *const *experts, int fp16, int64_t F,
+                             int64_t G_gate_up, int64_t G_down, const float *weights, float *out, int threads,
+                             int level) {
+    if (E < 1 || K % BLOCK || F % BLOCK) return -1;
+    int64_t kb = K / BLOCK, fb = F / BLOCK;
+    /* one quantized row each for x and a hidden row: values (and the pair order, unused here),
+     * then scales, float sums, int sums and pair scales (colibri_q8_quantize's outputs) */
+    int8_t *xq = (int8_t *)malloc((size_t)(2 * K)), *hq = (int8_t *)malloc((size_t)(2 * F));
+    float *xw = (float *)malloc(sizeof(float) * (size_t)(7 * kb)), *hw = (float *)malloc(sizeof(float) * (size_t)(7 * fb));
+    float *gate_up = (float *)malloc(sizeof(float) * (size_t)(3 * F)), *y = (float *)malloc(sizeof(float) * (size_t)(E * K));
+    int status = -2;
+    if (xq && hq && xw && hw && gate_up && y) {
+        float *hidden = gate_up + 2 * F;
+        status = colibri_q8_quantize(x, 1, K, xq, xw, (int32_t *)(xw + 2 * kb), xw + kb, 0, 0);
+        for (int64_t e = 0; e < E && status == 0; e++) {
+            const void *const *a = experts + 6 * e;
+            status = colibri_q8w_matmul(xq, xw, 1, K, (const int8_t *)a[0], (const uint16_t *)a[1], fp16, 2 * F,
+                                        G_gate_up, gate_up, threads, level);
+            if (status == 0) status = colibri_swiglu_rows(gate_up, 1, F, hidden, level);
+            if (status == 0) status = colibri_q8_quantize(hidden, 1, F, hq, hw, (int32_t *)(hw + 2 * fb), hw + fb, 0, 0);
+            if (status == 0)
+                status = colibri_q8w_matmul(hq, hw, 1, F, (const int8_t *)a[3], (const uint16_t *)a[4], fp16, K,
+                                            G_down, y + e * K, threads, level);
+        }
+        if (status == 0) status = colibri_add_weighted_rows(out, y, weights, E, K);
+    }
+    free(xq); free(hq); free(xw); free(hw); free(gate_up); free(y);
+    return status;
+}
+
 /* y [M, N] f32 = x [M, K] f32 @ w[N, K].T for bf16 weights (u16 bits), a vocab projection kept as
  * stored: half the bytes of f32 weights, the same products (a bf16 is an f32 with a shorter
  * mantissa, so each product is exact). The sums run in f32 over two 8-lane accumulators per row
