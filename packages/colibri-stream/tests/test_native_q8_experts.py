@@ -79,6 +79,15 @@ def test_a_tokens_experts_in_one_call_are_each_expert_alone_summed(tiny_q8):
         assert torch.equal(one_call, summed)
 
 
+def _recording(monkeypatch, library) -> tuple[list, list]:
+    """The calls of the whole-token q8 experts, and the layer spans of the decode call."""
+    ran, spans = [], []
+    experts, layers = library.colibri_q8_token_experts, library.colibri_decode_layers
+    monkeypatch.setattr(library, "colibri_q8_token_experts", lambda *a: ran.append(1) or experts(*a))
+    monkeypatch.setattr(library, "colibri_decode_layers", lambda *a: spans.append(a[1:3]) or layers(*a))
+    return ran, spans
+
+
 def test_the_decode_call_runs_int8_experts_with_the_per_layer_bits(tiny_q8, monkeypatch):
     """Every cached q8 expert of a token run inside the one decode call: the logits of the per-layer
     path, bit for bit."""
@@ -92,11 +101,7 @@ def test_the_decode_call_runs_int8_experts_with_the_per_layer_bits(tiny_q8, monk
                 eng.model.__dict__["_decode_stack"] = None
             session = eng.session()
             session.append(prompt)
-            ran, spans = [], []
-            library = native_kernel._library()
-            original, layers = library.colibri_q8_token_experts, library.colibri_decode_layers
-            monkeypatch.setattr(library, "colibri_q8_token_experts", lambda *a: ran.append(1) or original(*a))
-            monkeypatch.setattr(library, "colibri_decode_layers", lambda *a: spans.append(a[1:3]) or layers(*a))
+            ran, spans = _recording(monkeypatch, native_kernel._library())
             runs.append(torch.stack([session.append([t]).reshape(-1) for t in tokens]))
             monkeypatch.undo()
             assert ran  # the token's experts in one call, on both paths
