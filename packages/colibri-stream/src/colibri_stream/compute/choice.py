@@ -121,7 +121,8 @@ def _best_seconds(routes: dict, rounds: int = ROUNDS) -> dict[str, float]:
     return best
 
 
-def _routes(d_model: int, expert_dim: int, dtype: torch.dtype, kernel_dtype: torch.dtype, native: bool) -> dict:
+def _routes(d_model: int, expert_dim: int, dtype: torch.dtype, kernel_dtype: torch.dtype, native: bool,
+            int4: bool = True) -> dict:
     gen = torch.Generator().manual_seed(0)
 
     def int4_weight(rows: int, cols: int):
@@ -130,13 +131,14 @@ def _routes(d_model: int, expert_dim: int, dtype: torch.dtype, kernel_dtype: tor
         scales_and_zeros = torch.full((cols // GROUP, rows, 2), 0.01).to(kernel_dtype)
         return packed, scales_and_zeros
 
-    gate_up, gate_up_sz = int4_weight(2 * expert_dim, d_model)
-    down, down_sz = int4_weight(d_model, expert_dim)
+    if int4:
+        gate_up, gate_up_sz = int4_weight(2 * expert_dim, d_model)
+        down, down_sz = int4_weight(d_model, expert_dim)
     dense_gate_up = torch.randn(2 * expert_dim, d_model, generator=gen).to(dtype) * 0.01
     dense_down = torch.randn(d_model, expert_dim, generator=gen).to(dtype) * 0.01
     x = torch.randn(1, d_model, generator=gen)
 
-    def int4():
+    def int4_route():
         h = torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(kernel_dtype), gate_up, GROUP, gate_up_sz)
         gate, up = h.split(expert_dim, dim=-1)
         torch.ops.aten._weight_int4pack_mm_for_cpu((F.silu(gate) * up).contiguous(), down, GROUP, down_sz)
@@ -145,7 +147,7 @@ def _routes(d_model: int, expert_dim: int, dtype: torch.dtype, kernel_dtype: tor
         gate, up = F.linear(x.to(dtype), dense_gate_up).split(expert_dim, dim=-1)
         F.linear(F.silu(gate) * up, dense_down)
 
-    routes = {"int4": int4, "dequant": dequant}
+    routes = {"int4": int4_route, "dequant": dequant} if int4 else {"dequant": dequant}
     if native:
         routes["native"] = _native_route(d_model, expert_dim, gen)
     return routes
@@ -176,9 +178,10 @@ def _native_route(d_model: int, expert_dim: int, gen: torch.Generator):
 
 
 def time_compute(d_model: int, expert_dim: int, dtype: torch.dtype, kernel_dtype: torch.dtype,
-                 native: bool = False) -> ComputeTiming:
+                 native: bool = False, int4: bool = True) -> ComputeTiming:
     """Time the routes (cached per process, capability, shape and dtypes); `native`: time the
-    native kernel too (where it builds).
+    native kernel too (where it builds); `int4=False`: not torch's int4 kernel (a model without
+    experts has nothing for it; `int4_seconds` is then infinite).
 
     Timed on one thread whatever the engine runs: the question is which kernels are faster, and
     on a loaded machine a parallel region waits for its other threads' time slices (measured on a
@@ -187,16 +190,17 @@ def time_compute(d_model: int, expert_dim: int, dtype: torch.dtype, kernel_dtype
     shape = (max(d_model, MIN_SHAPE[0]), max(expert_dim, MIN_SHAPE[1]))
     shape = (-(-shape[0] // GROUP) * GROUP, -(-shape[1] // GROUP) * GROUP)  # the kernel's K % group
     capability = torch.backends.cpu.get_cpu_capability()
-    key = (capability, shape, dtype, kernel_dtype, native)
+    key = (capability, shape, dtype, kernel_dtype, native, int4)
     if key not in _timings:
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
-            best = _best_seconds(_routes(*shape, dtype, kernel_dtype, native))
+            best = _best_seconds(_routes(*shape, dtype, kernel_dtype, native, int4))
         finally:
             torch.set_num_threads(threads)
         per_expert = best["native"] / TOKEN_EXPERTS if "native" in best else None
-        _timings[key] = ComputeTiming(best["int4"], best["dequant"], capability, 1, shape, per_expert)
+        _timings[key] = ComputeTiming(best.get("int4", float("inf")), best["dequant"], capability, 1, shape,
+                                      per_expert)
     return _timings[key]
 
 
@@ -270,5 +274,5 @@ def _dense_route(opts: EngineOptions, config: ColibriConfig, dtype: torch.dtype)
         return "native"
     if reason or opts.compute != "auto":
         return "dequant"
-    timing = time_compute(config.d_model, config.dense_ffn_dim, dtype, opts.kernel_dtype, native=True)
+    timing = time_compute(config.d_model, config.dense_ffn_dim, dtype, opts.kernel_dtype, native=True, int4=False)
     return "native" if timing.native_seconds <= timing.dequant_seconds * NATIVE_MARGIN else "dequant"
