@@ -46,8 +46,8 @@ its size decoded 0.42 tok/s on torch's route (26 experts cached beside its f32 r
 A model without routed experts has no expert kernel to choose, only whether its projections stay
 as stored on the native kernel or are dequantized into torch's matmuls: "auto" takes the native
 route where the same timing finds the native kernel within `NATIVE_MARGIN` of the dequantized
-matmuls (on SmolLM2-135M, one thread, AVX-512 VNNI: decode 16.3 tok/s dequantized, 123 native, prefill 0.91x; the
-weights 538 MB in f32 against 139 MB as q8).
+matmuls (on SmolLM2-135M, one thread, AVX-512 VNNI: decode 16.3 tok/s dequantized, 123 native,
+prefill 0.91x; the weights 538 MB in f32 against 139 MB as q8).
 """
 
 from __future__ import annotations
