@@ -241,15 +241,19 @@ def choose_compute(opts: EngineOptions, layout: ExpertBlobLayout | None, config:
     route asked for cannot run on this container or device."""
     if opts.compute == "dequant":
         return "dequant"
-    if layout is None:
-        return _dense_route(opts, config, dtype)
-    native_reason = native_supported(layout, config.d_model, config.expert_dim)
+    native_reason = (native_supported(layout, config.d_model, config.expert_dim) if layout is not None
+                     else kernel_unavailable())
     if opts.device.type != "cpu":
         native_reason = native_reason or f"the native kernel is a CPU kernel (device {opts.device})"
     if opts.compute == "native":
         if native_reason:
             raise ValueError(f"compute='native' is not possible: {native_reason}")
         return "native"
+    if layout is None:  # a model without routed experts: its projections on the native kernel, or dequantized
+        if native_reason or opts.compute != "auto":
+            return "dequant"
+        return time_compute(config.d_model, config.dense_ffn_dim, dtype, opts.kernel_dtype, native=True,
+                            int4=False).choice
     reason = int4_supported(layout, config.d_model, config.expert_dim)
     if opts.device.type != "cpu":
         reason = reason or f"the int4 kernels used here are CPU kernels (device {opts.device})"
@@ -261,18 +265,3 @@ def choose_compute(opts: EngineOptions, layout: ExpertBlobLayout | None, config:
         return time_compute(config.d_model, config.expert_dim, dtype, opts.kernel_dtype, not native_reason).choice
     return "int4"
 
-
-def _dense_route(opts: EngineOptions, config: ColibriConfig, dtype: torch.dtype) -> str:
-    """A model without routed experts: "native" (its projections held as stored, on the native
-    kernel) where that kernel runs here and, under "auto", is timed fast enough; else "dequant"."""
-    reason = kernel_unavailable()
-    if opts.device.type != "cpu":
-        reason = reason or f"the native kernel is a CPU kernel (device {opts.device})"
-    if opts.compute == "native":
-        if reason:
-            raise ValueError(f"compute='native' is not possible: {reason}")
-        return "native"
-    if reason or opts.compute != "auto":
-        return "dequant"
-    timing = time_compute(config.d_model, config.dense_ffn_dim, dtype, opts.kernel_dtype, native=True, int4=False)
-    return "native" if timing.native_seconds <= timing.dequant_seconds * NATIVE_MARGIN else "dequant"

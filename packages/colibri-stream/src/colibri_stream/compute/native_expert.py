@@ -67,16 +67,18 @@ class NativeQ4Expert:
 
     __slots__ = _PARTS + ("group_gate_up", "group_down", "expert_dim", "fp16_scales", "glu", "nbytes", "addresses",
                           "token_addresses")
+    ENCODING = "q4"  # the kernel's name for the stored weights
 
     def __init__(self, blob: ExpertBlob, glu: ExpertGlu):
-        self.expert_dim = blob.packed["gate"].shape[0]
+        weights = blob.data if self.ENCODING == "q8" else blob.packed  # (q8 blobs have no zeros)
+        self.expert_dim = weights["gate"].shape[0]
         self.group_gate_up, self.group_down = blob.groups["gate"], blob.groups["down"]
         self.fp16_scales = blob.scale_dtype == "fp16"
         self.glu = glu
         both = ("gate", "up")
-        self.gate_up = torch.from_numpy(np.concatenate([blob.packed[p] for p in both]))
+        self.gate_up = torch.from_numpy(np.concatenate([weights[p] for p in both]))
         self.gate_up_scales = _bits(np.concatenate([blob.scales[p] for p in both]))
-        self.down = torch.from_numpy(np.array(blob.packed["down"]))
+        self.down = torch.from_numpy(np.array(weights["down"]))
         self.down_scales = _bits(blob.scales["down"])
         zeros = blob.zeros
         self.gate_up_zeros = _bits(np.concatenate([zeros[p] for p in both])) if zeros else None
@@ -113,12 +115,13 @@ class NativeQ4Expert:
 
     def forward(self, x: torch.Tensor | QuantizedActivations) -> torch.Tensor:
         """down(act(gate x, up x)) in f32, for x [M, d] (a tensor, or already quantized)."""
-        gate_up = matmul(x, self.gate_up, self.gate_up_scales, self.gate_up_zeros, self.group_gate_up, "q4",
+        gate_up = matmul(x, self.gate_up, self.gate_up_scales, self.gate_up_zeros, self.group_gate_up, self.ENCODING,
                          self.fp16_scales)
         if self.gate_up_bias is not None:
             gate_up += self.gate_up_bias
         hidden = self.activate(gate_up)
-        out = matmul(hidden, self.down, self.down_scales, self.down_zeros, self.group_down, "q4", self.fp16_scales)
+        out = matmul(hidden, self.down, self.down_scales, self.down_zeros, self.group_down, self.ENCODING,
+                     self.fp16_scales)
         return out if self.down_bias is None else out.add_(self.down_bias)
 
     def activate(self, gate_up: torch.Tensor) -> torch.Tensor:
@@ -180,38 +183,13 @@ class NativeQ8Expert(NativeQ4Expert):
     the q8 kernel; a token's experts one after another (module doc)."""
 
     __slots__ = ()
-
-    def __init__(self, blob: ExpertBlob, glu: ExpertGlu):
-        self.expert_dim = blob.data["gate"].shape[0]
-        self.group_gate_up, self.group_down = blob.groups["gate"], blob.groups["down"]
-        self.fp16_scales = blob.scale_dtype == "fp16"
-        self.glu = glu
-        both = ("gate", "up")
-        self.gate_up = torch.from_numpy(np.concatenate([blob.data[p] for p in both]))
-        self.gate_up_scales = _bits(np.concatenate([blob.scales[p] for p in both]))
-        self.down = torch.from_numpy(np.array(blob.data["down"]))
-        self.down_scales = _bits(blob.scales["down"])
-        self.gate_up_zeros = self.down_zeros = None  # q8 is symmetric
-        biases = blob.biases
-        self.gate_up_bias = torch.from_numpy(np.concatenate([biases["gate"], biases["up"]]).astype(np.float32)) \
-            if biases else None
-        self.down_bias = torch.from_numpy(np.array(biases["down"], dtype=np.float32)) if biases else None
-        self.nbytes = sum(aligned(t.nbytes) for t in self._parts().values())
-        self._point()
+    ENCODING = "q8"
 
     @property
     def one_call(self) -> tuple[int, int, int, bool, bool] | None:
         """As `NativeQ4Expert.one_call`, the last element saying q8."""
         shape = super().one_call
         return None if shape is None else (*shape, True)
-
-    def forward(self, x: torch.Tensor | QuantizedActivations) -> torch.Tensor:
-        gate_up = matmul(x, self.gate_up, self.gate_up_scales, None, self.group_gate_up, "q8", self.fp16_scales)
-        if self.gate_up_bias is not None:
-            gate_up += self.gate_up_bias
-        hidden = self.activate(gate_up)
-        out = matmul(hidden, self.down, self.down_scales, None, self.group_down, "q8", self.fp16_scales)
-        return out if self.down_bias is None else out.add_(self.down_bias)
 
     @staticmethod
     def forward_token(experts: list[NativeQ8Expert], x: torch.Tensor, weights: list[float], out: torch.Tensor) -> bool:
