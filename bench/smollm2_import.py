@@ -43,6 +43,9 @@ VARIANTS = [
                                                 embed_dtype="bf16")),
     ("int4 g32 asym, int4 embed too", dict(quant="int4", group_size=32, symmetric=False, resident_dtype="int4",
                                            embed_dtype="int4")),
+    # what `import-gguf --resident-dtype int4` keeps of a Q4_1 file by default: its own grid, fp16 scales
+    ("int4 g32 asym fp16 scales resident (the file's grid), bf16 embed",
+     dict(quant="int4", group_size=32, symmetric=False, scale_dtype="fp16", resident_dtype="int4", embed_dtype="bf16")),
 ]
 
 

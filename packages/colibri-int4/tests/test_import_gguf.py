@@ -233,17 +233,51 @@ def test_cli_writes_the_container_and_refuses_bad_input_in_one_line(tmp_path):
     assert len(result.output.strip().splitlines()) == 1
 
 
-def test_cli_suggests_asym_int4_for_a_grid_with_minimums(tmp_path):
+@pytest.mark.parametrize("kind, symmetric", [("Q4_0", True), ("Q4_1", False)])
+def test_the_default_import_keeps_the_files_own_4_bit_grid(tmp_path, kind, symmetric):
+    values = _write_gguf(tmp_path / "m.gguf", kind=kind)
+    report = import_gguf(tmp_path / "m.gguf", tmp_path / "m.coli")  # no scheme: the file's grid
+    assert report.grid.startswith(f"{kind} blocks (100% of the int4 bytes)"), report.grid
+    with Container.open(tmp_path / "m.coli") as container:
+        scheme = container.scheme
+        assert (scheme.group_size, scheme.symmetric, scheme.scale_dtype) == (32, symmetric, "fp16")
+        expert = container.read_expert(1, 2)
+    for part in ("gate", "up", "down"):
+        stored, source = expert[part], values[f"model.layers.1.mlp.experts.{part}_proj"][2]
+        # the file's own values come back (fp16 holds Q4_0's d exactly, Q4_1's zero m + 8d rounded)
+        np.testing.assert_allclose(stored, source, rtol=0, atol=1e-3 * np.abs(source).max())
+    # the scheme's grouping re-quantizes every block: the weights move by a quantization step
+    import_gguf(tmp_path / "m.gguf", tmp_path / "g64.coli", quant_scheme("int4"))
+    with Container.open(tmp_path / "g64.coli") as container:
+        moved = container.read_expert(1, 2)["gate"]
+    source = values["model.layers.1.mlp.experts.gate_proj"][2]
+    assert np.linalg.norm(moved - source) > 20 * np.linalg.norm(expert["gate"] - source)
+
+
+def test_a_file_without_a_4_bit_grid_keeps_the_schemes_grouping(tmp_path):
+    _write_gguf(tmp_path / "m.gguf", kind="Q8_0")
+    report = import_gguf(tmp_path / "m.gguf", tmp_path / "m.coli")
+    assert report.grid is None
+    with Container.open(tmp_path / "m.coli") as container:
+        assert (container.scheme.group_size, container.scheme.symmetric) == (64, True)
+
+
+def test_cli_keeps_the_files_grid_unless_asked_and_notes_a_symmetric_grid_on_minimums(tmp_path):
     _write_gguf(tmp_path / "q41.gguf", kind="Q4_1")
     runner = CliRunner()
-    for extra, hinted in (([], True), (["--asym", "--group", "32"], False), (["--quant", "bf16"], False)):
+    for extra, grid, hinted in (([], True, False), (["--sym"], False, True), (["--group", "64"], False, True),
+                                (["--asym", "--group", "32"], False, False), (["--quant", "bf16"], False, False)):
         result = runner.invoke(main, ["import-gguf", str(tmp_path / "q41.gguf"), str(tmp_path / "m.coli"), *extra])
         assert result.exit_code == 0, result.output
+        assert ("grid: Q4_1 blocks" in result.output) == grid, (extra, result.output)
         assert ("note: Q4_1 blocks have a minimum" in result.output) == hinted, (extra, result.output)
     _write_gguf(tmp_path / "dense.gguf", arch="llama", kind="Q4_1")  # --quant int4 leaves a dense model int8
     result = runner.invoke(main, ["import-gguf", str(tmp_path / "dense.gguf"), str(tmp_path / "d.coli")])
-    assert result.exit_code == 0 and "note:" not in result.output
+    assert result.exit_code == 0 and "note:" not in result.output and "grid:" not in result.output
     assert "no routed experts" in result.output and "experts int4" not in result.output  # nothing int4 in it
     result = runner.invoke(main, ["import-gguf", str(tmp_path / "dense.gguf"), str(tmp_path / "d.coli"),
                                   "--resident-dtype", "int4"])
+    assert result.exit_code == 0 and "grid: Q4_1 blocks" in result.output and "note:" not in result.output
+    result = runner.invoke(main, ["import-gguf", str(tmp_path / "dense.gguf"), str(tmp_path / "d.coli"),
+                                  "--resident-dtype", "int4", "--sym"])
     assert result.exit_code == 0 and "note: Q4_1 blocks have a minimum" in result.output

@@ -47,6 +47,41 @@ def test_q4_error_is_bounded_and_the_extreme_is_exact(group, symmetric):
         np.testing.assert_allclose(np.take_along_axis(back_groups, pick, -1), np.take_along_axis(groups, pick, -1), rtol=2e-3)
 
 
+def grid_blocks(rng, rows, cols, group, spans):
+    """Weights as a 4-bit file with a per-block minimum holds them (GGUF's Q4_1 / Q4_K): each
+    group is `minimum + step * q`, with q in 0..span (Q4_K's search often leaves span < 15)."""
+    n = cols // group
+    step = rng.uniform(0.01, 0.05, (rows, n, 1)).astype(np.float32)
+    minimum = rng.uniform(-0.4, -0.05, (rows, n, 1)).astype(np.float32)
+    span = rng.choice(spans, (rows, n, 1))
+    q = rng.integers(0, 16, (rows, n, group)) % (span + 1)
+    q[..., 0], q[..., 1] = 0, span[..., 0]  # both ends used
+    return (minimum + step * q.astype(np.float32)).reshape(rows, cols)
+
+
+@pytest.mark.parametrize("spans", [(15,), (12, 13, 14)])
+def test_asymmetric_groups_keep_the_grid_their_values_lie_on(spans):
+    rng = np.random.default_rng(len(spans))
+    w = grid_blocks(rng, 64, 256, 32, spans)
+    q = quantize_q4(w, 32, False, "fp16")
+    # exact up to the fp16 scale and zero (a step of 0.01-0.05 and a zero near 0.2 in fp16)
+    assert relative_rmse(dequantize_q4(q.data, q.scales, q.zeros, 32, "fp16"), w) < 2e-3
+    if spans != (15,):  # the min/max rule alone, (high - low) / 15, moves every weight of these groups
+        low = w.reshape(64, -1, 32).min(-1, keepdims=True)
+        wide = (w.reshape(64, -1, 32).max(-1, keepdims=True) - low) / 15
+        moved = low + np.rint((w.reshape(64, -1, 32) - low) / wide) * wide
+        assert relative_rmse(moved.reshape(w.shape), w) > 0.01
+
+
+def test_values_on_no_grid_keep_the_min_max_rule():
+    w = np.random.default_rng(3).standard_normal((16, 128)).astype(np.float32)
+    w[0, :32] = (w[0, :32] * 4).round() / 4  # few levels, but 33 apart in steps: no 16-level grid
+    q = quantize_q4(w, 32, False, "fp16")
+    groups = w.reshape(16, -1, 32)
+    expected = ((groups.max(-1) - groups.min(-1)) / 15).astype(np.float16)
+    np.testing.assert_array_equal(q.scales.view(np.float16), expected)
+
+
 def test_smaller_groups_are_more_accurate():
     w = np.random.default_rng(0).standard_normal((64, 512)).astype(np.float32)
     errs = []

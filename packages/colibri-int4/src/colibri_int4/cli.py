@@ -138,17 +138,21 @@ def _summary(container: Container, with_experts: bool) -> dict:
     return summary
 
 
-def _quant_options(bf16_note: str | None = None):
-    """The re-quantization options both importers take (the container's scheme)."""
+def _quant_options(bf16_note: str | None = None, file_grid: bool = False):
+    """The re-quantization options both importers take (the container's scheme). `file_grid`: a
+    GGUF's own 4-bit grid, where it has one, is the default grouping (import_gguf/file_grid.py)."""
     bf16 = f"bf16 (everything bf16: {bf16_note})" if bf16_note else "bf16 (everything bf16)"
+    from_file = (" [default: the file's own grid where int4 holds its blocks exactly (Q4_0: 32 --sym; Q4_1, "
+                 "Q4_K: 32 --asym; fp16 scales), else 64 --sym]") if file_grid else ""
     options = [
         click.option("--quant", type=_DTYPES, default="int4", show_default=True,
                      help=f"Routed experts: int4 (resident int8), int8 (resident int8) or {bf16}. "
                           "Embeddings and LM head: int8, bf16 under --quant bf16."),
-        click.option("--group", "group_size", type=click.Choice(["32", "64", "128"]), default="64", show_default=True,
-                     help="Weights per int4/int8 group (one 16-bit scale each)."),
-        click.option("--sym/--asym", "symmetric", default=True, show_default=True,
-                     help="int4 groups with or without a zero."),
+        click.option("--group", "group_size", type=click.Choice(["32", "64", "128"]),
+                     default=None if file_grid else "64", show_default=not file_grid,
+                     help="Weights per int4/int8 group (one 16-bit scale each)." + from_file),
+        click.option("--sym/--asym", "symmetric", default=None if file_grid else True, show_default=not file_grid,
+                     help="int4 groups with or without a zero." + from_file),
         click.option("--resident-dtype", type=_DTYPES, default=None,
                      help="Override --quant for attention, dense FFN, shared experts."),
         click.option("--embed-dtype", type=_DTYPES, default=None,
@@ -170,8 +174,8 @@ def _run_import(convert, out: Path, quant: str, group_size: str, symmetric: bool
     from .import_hf import quant_scheme
 
     try:
-        scheme = quant_scheme(quant, int(group_size), symmetric=symmetric, resident_dtype=resident_dtype,
-                              embed_dtype=embed_dtype)
+        scheme = quant_scheme(quant, int(group_size or 64), symmetric=True if symmetric is None else symmetric,
+                              resident_dtype=resident_dtype, embed_dtype=embed_dtype)
         report = convert(scheme)
         with Container.open(out) as container:
             if not container.header.experts.entries:  # a dense model: no expert bits to report
@@ -213,10 +217,10 @@ def import_hf_command(hf_dir: Path, out: Path, quant: str, group_size: str, symm
 @main.command("import-gguf")
 @click.argument("gguf_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.argument("out", type=click.Path(dir_okay=False, path_type=Path))
-@_quant_options()
+@_quant_options(file_grid=True)
 @click.option("--name", default=None, help="The model name stored in the config [default: MODEL_TYPE:general.name].")
 @PROGRESS
-def import_gguf_command(gguf_file: Path, out: Path, quant: str, group_size: str, symmetric: bool,
+def import_gguf_command(gguf_file: Path, out: Path, quant: str, group_size: str | None, symmetric: bool | None,
                         resident_dtype: str | None, embed_dtype: str | None, name: str | None, progress: bool) -> None:
     """Convert a GGUF file (llama.cpp's format) into the container OUT, one tensor at a time.
     Needs the gguf package: pip install 'colibri-int4[gguf]'.
@@ -224,21 +228,28 @@ def import_gguf_command(gguf_file: Path, out: Path, quant: str, group_size: str,
     Architectures: llama (dense, and Mixtral's experts), qwen3moe, qwen2moe, olmoe, gpt-oss,
     deepseek2 (DeepSeek-V2/V3).
     Tensors in F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, the K-quants Q2_K..Q6_K or MXFP4 are
-    dequantized by gguf-py, then re-quantized to --quant. The tokenizer and chat template come from the file's
-    metadata. A metadata key, tensor or tensor type Colibri has no place for is refused by name (exit 2).
+    dequantized by gguf-py, then re-quantized to --quant; without --group and --sym/--asym, on the
+    file's own grid where int4 holds its blocks exactly (Q4_0, Q4_1, Q4_K: no weight moves). The
+    tokenizer and chat template come from the file's metadata. A metadata key, tensor or tensor type
+    Colibri has no place for is refused by name (exit 2).
     """
     from .import_gguf import import_gguf
 
-    report, weights = _run_import(lambda scheme: import_gguf(gguf_file, out, scheme, name=name, progress=progress),
-                                  out, quant, group_size, symmetric, resident_dtype, embed_dtype)
+    keep_grid = group_size is None and symmetric is None
+    report, weights = _run_import(
+        lambda scheme: import_gguf(gguf_file, out, scheme, name=name, progress=progress, keep_file_grid=keep_grid),
+        out, quant, group_size, symmetric, resident_dtype, embed_dtype)
     types = ", ".join(f"{n} {kind}" for kind, n in sorted(report.tensor_types.items()))
     click.echo(
         f"wrote {out}: {report.architecture} as {report.model_type}, {_mb(report.file_size)} from "
         f"{_mb(report.gguf_tensor_bytes)} of GGUF tensors ({types}; {weights}) in {report.seconds:.1f} s"
     )
+    if report.grid:
+        click.echo(f"grid: {report.grid}")
     offset = sorted(set(report.tensor_types) & {"Q4_1", "Q5_1", "Q2_K", "Q4_K", "Q5_K"})
     moe = report.config["n_dense_layers"] < report.config["n_layers"]
-    if offset and symmetric and ((quant == "int4" and moe) or "int4" in (resident_dtype, embed_dtype)):
+    if (offset and symmetric is not False and report.grid is None
+            and ((quant == "int4" and moe) or "int4" in (resident_dtype, embed_dtype))):
         # symmetric int4 cannot hold a grid with a per-block minimum: measured on SmolLM2's Q4_1
         # file, KL 0.56 nats with --sym against 0.0019 with --asym --group 32 (bench/RESULTS.md)
         click.echo(f"note: {', '.join(offset)} blocks have a minimum (an asymmetric grid); "

@@ -3,7 +3,9 @@
 - int4 (`q4`): groups of G consecutive input columns share a 16-bit scale (and a 16-bit float
   zero when asymmetric); nibbles dequantize as `(q - 8) * s (+ z)`, torch's int4pack
   convention. Symmetric groups use llama.cpp's Q4_0 rule (scale = signed max-magnitude / -8),
-  which keeps the largest weight exact and gives 16 levels instead of 15.
+  which keeps the largest weight exact and gives 16 levels instead of 15. Asymmetric groups span
+  min..max in 15 steps, or keep the grid their values already lie on (`_grid_steps`: weights
+  decoded from a 4-bit file).
 - int8 (`q8`): symmetric, `s = absmax / 127` per group.
 - bf16: numpy has no bfloat16, so we carry bit patterns as uint16 and convert with
   round-to-nearest-even; exact in the bf16 -> fp32 direction.
@@ -106,7 +108,7 @@ def quantize_q4(
             offset = np.zeros_like(scale)
         else:
             low, high = groups.min(axis=-1), groups.max(axis=-1)
-            scale_bits = encode_half((high - low) / 15.0, scale_dtype)
+            scale_bits = encode_half(_grid_steps(groups, low, high), scale_dtype)
             scale = decode_half(scale_bits, scale_dtype)
             zero_bits = encode_half(low + 8.0 * scale, scale_dtype)
             offset = decode_half(zero_bits, scale_dtype)
@@ -120,6 +122,33 @@ def quantize_q4(
     if not np.all(np.isfinite(decode_half(scales, scale_dtype))):
         raise ValueError(f"a group scale overflows {scale_dtype} (weights too large or not finite)")
     return QuantizedMatrix(packed, scales, zeros)
+
+
+def _grid_steps(groups: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:
+    """Each asymmetric group's scale: the step of the grid its values already lie on, where they
+    lie on one of at most 16 levels, else `(high - low) / 15`.
+
+    Weights dequantized from a 4-bit file with a per-block minimum (GGUF's Q4_1, Q4_K) lie on
+    `m + d * q`, q in 0..15, but a block need not use both ends of its range: Q4_K's quantizer
+    searches scale and minimum, and about a fifth of its 32-weight blocks span 14 or fewer steps.
+    `(high - low) / 15` then puts those blocks on a finer, different grid, and every weight moves
+    (4.3% relative RMS error on Q4_K blocks, where keeping the step is exact up to the 16-bit
+    scale). The step is the least gap between a group's distinct values; it is taken only when
+    every value is a whole number of steps from the minimum and the span is at most 15 steps.
+    Values not on such a grid (a bf16 checkpoint's) keep the min/max rule."""
+    span = high - low
+    wide = (span / 15.0).astype(np.float32)
+    gaps = np.diff(np.sort(groups, axis=-1), axis=-1)
+    # a level's weights decode to the very same float, so a group on at most 16 levels has at most
+    # 15 non-zero gaps (a checkpoint's groups hardly repeat a value: they cost a sort and a count)
+    distinct = gaps > 0
+    candidates = np.nonzero((np.count_nonzero(distinct, axis=-1) <= 15) & (span > 0))
+    if candidates[0].size:
+        step = np.where(distinct[candidates], gaps[candidates], np.inf).min(axis=-1)
+        offsets = (groups[candidates] - low[candidates][..., None]) / step[..., None]
+        on_grid = (np.abs(offsets - np.rint(offsets)).max(axis=-1) < 1e-3) & (np.rint(span[candidates] / step) <= 15)
+        wide[tuple(c[on_grid] for c in candidates)] = step[on_grid]
+    return wide
 
 
 def unpack_nibbles(packed: np.ndarray) -> np.ndarray:

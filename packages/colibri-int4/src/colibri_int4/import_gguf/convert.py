@@ -32,6 +32,7 @@ from ..header import model_shape
 from ..import_hf import FAMILIES, colibri_config_from_hf, quant_scheme
 from ..model_shape import checkpoint_tensor_shapes
 from ..scheme import QuantScheme
+from .file_grid import file_grid
 from .gguf_file import GGUFFile, gguf_module
 from .metadata import hf_config_from_gguf
 from .tokenizer_json import tokenizer_from_gguf
@@ -47,6 +48,7 @@ class GGUFImportReport:
     tensor_types: dict[str, int]  # GGUF tensor type -> how many tensors
     seconds: float
     config: dict
+    grid: str | None = None  # the file's own int4 grid, when the import kept it (file_grid.py)
 
 
 def _q_k_rows(rows: int, n_heads: int) -> np.ndarray:
@@ -194,12 +196,18 @@ def colibri_config_from_gguf(file: GGUFFile, name: str | None = None) -> tuple[d
 
 def import_gguf(
     gguf_path: str | os.PathLike, out_path: str | os.PathLike, scheme: QuantScheme | None = None,
-    name: str | None = None, progress: bool = False,
+    name: str | None = None, progress: bool = False, *, keep_file_grid: bool | None = None,
 ) -> GGUFImportReport:
     """Convert a GGUF file into a container at `out_path`.
 
+    `keep_file_grid` (default: True when no `scheme` is given): where most of the bytes that
+    become int4 are Q4_0, Q4_1 or Q4_K blocks, take the int4 grouping that holds them exactly
+    instead of the scheme's (file_grid.py); the report's `grid` says what was kept.
+
     >>> import_gguf("SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2.coli", quant_scheme("int4"))  # doctest: +SKIP
     """
+    if keep_file_grid is None:
+        keep_file_grid = scheme is None
     scheme = scheme or quant_scheme("int4")
     started = time.perf_counter()
     with GGUFFile(gguf_path) as file:
@@ -209,6 +217,9 @@ def import_gguf(
         table = checkpoint_tensor_shapes(shape)
         source = GGUFTensors(file, arch, hf_config["model_type"], table, shape)
         tokenizer, tokenizer_config = tokenizer_from_gguf(file.metadata, str(file.path))
+        grid = file_grid(file, source.experts, source.resident, scheme) if keep_file_grid else None
+        if grid is not None:
+            scheme = grid.scheme
         try:
             plan, json_length = plan_with_header(config, shape, scheme, len(tokenizer), tokenizer_config)
         except ValueError as exc:
@@ -222,4 +233,4 @@ def import_gguf(
             writer.crcs.update(write_body(writer.fd, source, plan, scheme, tokenizer, bar))
             bar.close()
     return GGUFImportReport(Path(out_path), arch, hf_config["model_type"], plan.file_size, total, types,
-                            time.perf_counter() - started, config)
+                            time.perf_counter() - started, config, grid.describe() if grid else None)
