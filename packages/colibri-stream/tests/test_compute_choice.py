@@ -157,3 +157,5 @@ def test_a_model_without_experts_takes_the_native_route_where_it_is_timed_fast(d
             assert eng.opened_plan.footprint.compute == mode, compute
             held = {type(eng.model.layers[0].attn.q_proj).__name__}
             assert held == ({"NativeLinear"} if mode == "native" else {"Linear"})
+    with pytest.raises(ValueError, match="compute='int4' is not possible: the model has no routed experts"):
+        Engine.open(dense_model, ram_budget="200MB", compute="int4")

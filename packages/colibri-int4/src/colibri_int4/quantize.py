@@ -142,13 +142,13 @@ def _grid_steps(groups: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.nda
     # a level's weights decode to the very same float, so a group on at most 16 levels has at most
     # 15 non-zero gaps (a checkpoint's groups hardly repeat a value: they cost a sort and a count)
     distinct = gaps > 0
-    candidates = np.nonzero((np.count_nonzero(distinct, axis=-1) <= 15) & (span > 0))
-    if candidates[0].size:
-        step = np.where(distinct[candidates], gaps[candidates], np.inf).min(axis=-1)
-        offsets = (groups[candidates] - low[candidates][..., None]) / step[..., None]
-        on_grid = (np.abs(offsets - np.rint(offsets)).max(axis=-1) < 1e-3) & (np.rint(span[candidates] / step) <= 15)
-        wide[tuple(c[on_grid] for c in candidates)] = step[on_grid]
-    return wide
+    few = (np.count_nonzero(distinct, axis=-1) <= 15) & (span > 0)
+    if not few.any():
+        return wide
+    step = np.where(few, np.where(distinct, gaps, np.inf).min(axis=-1), 1.0).astype(np.float32)
+    offsets = (groups - low[..., None]) / step[..., None]
+    on_grid = few & (np.abs(offsets - np.rint(offsets)).max(axis=-1) < 1e-3) & (np.rint(span / step) <= 15)
+    return np.where(on_grid, step, wide)
 
 
 def unpack_nibbles(packed: np.ndarray) -> np.ndarray:

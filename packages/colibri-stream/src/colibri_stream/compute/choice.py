@@ -250,7 +250,10 @@ def choose_compute(opts: EngineOptions, layout: ExpertBlobLayout | None, config:
             raise ValueError(f"compute='native' is not possible: {native_reason}")
         return "native"
     if layout is None:  # a model without routed experts: its projections on the native kernel, or dequantized
-        if native_reason or opts.compute != "auto":
+        if opts.compute == "int4":  # torch's int4 kernels serve routed experts only
+            raise ValueError("compute='int4' is not possible: the model has no routed experts (torch's int4 "
+                             "kernels run experts only); compute='native' or 'dequant' runs its projections")
+        if native_reason:
             return "dequant"
         return time_compute(config.d_model, config.dense_ffn_dim, dtype, opts.kernel_dtype, native=True,
                             int4=False).choice
