@@ -43,9 +43,13 @@ def test_the_vnni_level_gives_the_avx2_bits():
     if AVX512_VNNI not in LEVELS:
         pytest.skip("this CPU has no AVX-512 VNNI (the AVX2 path is tested on its own)")
     rng = np.random.default_rng(3)
-    for cols in (256, 1024):  # 1024 in groups of 64 or 128: the 512-bit paths' epilogue in vector lanes
+    # 1024 in groups of 64 or 128: the 512-bit paths' epilogue in vector lanes; 576 (SmolLM2's width,
+    # 18 blocks): the 512-bit paths end on a step of two blocks
+    for cols in (256, 576, 1024):
         x = QuantizedActivations(torch.from_numpy(rng.normal(0, 1, (6, cols)).astype(np.float32)))
-        for group, zeros in ((32, False), (64, True), (64, False), (128, False), (128, True)):
+        for group, zeros in ((32, False), (32, True), (64, True), (64, False), (128, False), (128, True)):
+            if cols % group:
+                continue
             packed, scales, zero, _ = _random_q4(40, cols, group, rng, zeros, False)
             avx2 = q4_matmul(x, packed, scales, zero, group, level=AVX2)
             assert torch.equal(avx2, q4_matmul(x, packed, scales, zero, group, level=AVX512_VNNI))
@@ -95,11 +99,13 @@ def _random_q4(rows: int, cols: int, group: int, rng, zeros: bool, fp16: bool):
 
 
 @pytest.mark.parametrize("level", LEVELS)
-@pytest.mark.parametrize(("group", "zeros", "fp16"), [(32, False, False), (32, True, True), (64, True, True),
-                                                      (128, False, True), (256, True, False)])
-def test_matmul_is_the_q4_times_q8_definition(level, group, zeros, fp16):
+@pytest.mark.parametrize(("group", "zeros", "fp16", "cols"), [
+    (32, False, False, 512), (32, True, True, 512), (64, True, True, 512), (128, False, True, 512),
+    (256, True, False, 512),
+    (32, True, True, 576), (64, False, False, 576)])  # 576: 18 blocks, the 512-bit paths' last step of two
+def test_matmul_is_the_q4_times_q8_definition(level, group, zeros, fp16, cols):
     rng = np.random.default_rng(group)
-    rows, cols = 48, 512
+    rows = 48
     packed, scales, zero, weight = _random_q4(rows, cols, group, rng, zeros, fp16)
     x = torch.from_numpy(rng.normal(0, 1, (5, cols)).astype(np.float32))
     q, xscale = _q8_definition(x.double().numpy())
@@ -118,13 +124,15 @@ def test_matmul_is_the_q4_times_q8_definition(level, group, zeros, fp16):
 
 
 @pytest.mark.parametrize("level", LEVELS)
-@pytest.mark.parametrize(("group", "fp16"), [(32, False), (128, True)])
-def test_q8_weights_are_the_q8_times_q8_definition(level, group, fp16):
+@pytest.mark.parametrize(("group", "fp16", "tiny"), [(32, False, False), (128, True, False), (32, True, True)])
+def test_q8_weights_are_the_q8_times_q8_definition(level, group, fp16, tiny):
     rng = np.random.default_rng(group + 1)
     rows, cols = 40, 256
     weights = rng.integers(-128, 128, (rows, cols)).astype(np.int8)  # -128 included: the sign trick's edge
     dtype = torch.float16 if fp16 else torch.bfloat16
-    scales = torch.from_numpy(rng.uniform(0.001, 0.01, (rows, cols // group)).astype(np.float32)).to(dtype)
+    # tiny: fp16 scales from subnormal (under 6.1e-5) to normal, each converted exactly
+    low, high = (1e-7, 2e-4) if tiny else (0.001, 0.01)
+    scales = torch.from_numpy(rng.uniform(low, high, (rows, cols // group)).astype(np.float32)).to(dtype)
     weight = weights * np.repeat(scales.double().numpy(), group, 1)
     x = torch.from_numpy(rng.normal(0, 1, (3, cols)).astype(np.float32))
     q, xscale = _q8_definition(x.double().numpy())
@@ -153,8 +161,10 @@ def test_levels_agree_and_threads_do_not_change_a_bit():
 
 
 @pytest.mark.parametrize("level", LEVELS)
-@pytest.mark.parametrize(("group", "zeros"), [(32, False), (32, True), (64, True), (128, False)])
-@pytest.mark.parametrize("cols", [256, 1024])  # 1024: 8 or 16 groups, the epilogue in vector lanes
+# 1024: 8 or 16 groups, the epilogue in vector lanes; 576: 18 blocks, a last step of two
+@pytest.mark.parametrize(("group", "zeros", "cols"), [
+    (group, zeros, cols) for group, zeros in [(32, False), (32, True), (64, True), (128, False)]
+    for cols in (256, 576, 1024) if cols % group == 0])
 def test_rows_in_tiles_and_experts_together_are_bitwise_each_alone(level, group, zeros, cols):
     """Rows share weight loads 4 at a time (on AVX-512 cores 4 rows take 8 weight rows at a time in
     512-bit vectors), one row takes weight rows 4 at a time (8 in 512-bit vectors; 42: a short group

@@ -57,21 +57,19 @@ static inline float bf16_to_f32(uint16_t bits) {
     return f;
 }
 
+/* IEEE half -> single, exactly: a normal half is an integer add on its bits, a subnormal one (or
+ * zero) a multiply of its mantissa by 2^-24, whose result is a normal float (nothing here depends
+ * on the denormals-are-zero mode torch may set); infinity and NaN keep their bits. */
 static inline float fp16_to_f32(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ff, u;
-    if (exp == 0) {
-        if (mant == 0) { u = sign; }
-        else {  /* subnormal: renormalise */
-            exp = 127 - 15 + 1;
-            while (!(mant & 0x400)) { mant <<= 1; exp--; }
-            u = sign | (exp << 23) | ((mant & 0x3ff) << 13);
-        }
-    } else if (exp == 31) {
-        u = sign | 0x7f800000u | (mant << 13);
-    } else {
-        u = sign | ((exp + 127 - 15) << 23) | (mant << 13);
-    }
+    uint32_t rest = h & 0x7fffu, u;
     float f;
+    if (rest >= 0x7c00u) u = 0x7f800000u | ((rest & 0x3ffu) << 13);
+    else if (rest >= 0x0400u) u = (rest << 13) + ((127u - 15u) << 23);
+    else {
+        f = (float)rest * 0x1p-24f;
+        memcpy(&u, &f, 4);
+    }
+    u |= (uint32_t)(h & 0x8000u) << 16;
     memcpy(&f, &u, 4);
     return f;
 }
@@ -196,6 +194,19 @@ static float row8_scalar(const int8_t *w, const uint16_t *s, int fp16, int64_t b
 }
 
 #ifdef COLIBRI_X86
+/* 16-bit scales of one row -> f32, 8 at a time where they can be (bf16: a shift; fp16: F16C) */
+__attribute__((target("avx2,fma,f16c")))
+static void row_scales_avx2(const uint16_t *s, int64_t groups, int fp16, float *out) {
+    int64_t g = 0;
+    for (; g + 8 <= groups; g += 8) {
+        __m128i bits = _mm_loadu_si128((const __m128i *)(s + g));
+        __m256 f = fp16 ? _mm256_cvtph_ps(bits)
+                        : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
+        _mm256_storeu_ps(out + g, f);
+    }
+    for (; g < groups; g++) out[g] = half_to_f32(s[g], fp16);
+}
+
 /* |w| * (x with w's sign): unsigned by signed, as vpmaddubsw and vpdpbusd need (a -128 reads as
  * 128); the same int32 sums either way (2 x 128 x 127 < 2^15) */
 #define Q8_DOT_AVX2(magnitude, signed_x) _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, signed_x), ones)
@@ -209,6 +220,8 @@ static float row8_scalar(const int8_t *w, const uint16_t *s, int fp16, int64_t b
         const __m256i ones = _mm256_set1_epi16(1);                                                              \
         (void)ones;                                                                                             \
         __m256 acc[4];                                                                                          \
+        float scales[blocks / per_group];                                                                       \
+        row_scales_avx2(s, blocks / per_group, fp16, scales);                                                   \
         for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();                                               \
         for (int64_t g = 0; g * per_group < blocks; g++) {                                                      \
             __m256 group[4];                                                                                    \
@@ -222,7 +235,7 @@ static float row8_scalar(const int8_t *w, const uint16_t *s, int fp16, int64_t b
                     group[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_set1_ps(dx[r][b]), group[r]);   \
                 }                                                                                               \
             }                                                                                                   \
-            __m256 scale = _mm256_set1_ps(half_to_f32(s[g], fp16));                                             \
+            __m256 scale = _mm256_set1_ps(scales[g]);                                                           \
             for (int r = 0; r < R; r++) acc[r] = _mm256_fmadd_ps(group[r], scale, acc[r]);                      \
         }                                                                                                       \
         for (int r = 0; r < R; r++) {                                                                           \
@@ -260,6 +273,8 @@ static float row8_scalar(const int8_t *w, const uint16_t *s, int fp16, int64_t b
         (void)ones;                                                                                             \
         int64_t groups = blocks / per_group;                                                                    \
         __m256 acc[Q8_WROWS];                                                                                   \
+        float scales[Q8_WROWS * groups]; /* the rows' scales, converted once (not once a group) */              \
+        row_scales_avx2(s, Q8_WROWS * groups, fp16, scales);                                                    \
         for (int r = 0; r < Q8_WROWS; r++) acc[r] = _mm256_setzero_ps();                                        \
         for (int64_t g = 0; g < groups; g++) {                                                                  \
             __m256 group[Q8_WROWS];                                                                             \
@@ -277,8 +292,7 @@ static float row8_scalar(const int8_t *w, const uint16_t *s, int fp16, int64_t b
                 }                                                                                               \
             }                                                                                                   \
             for (int r = 0; r < Q8_WROWS; r++)                                                                  \
-                acc[r] = _mm256_fmadd_ps(group[r], _mm256_set1_ps(half_to_f32(s[r * groups + g], fp16)),        \
-                                         acc[r]);                                                               \
+                acc[r] = _mm256_fmadd_ps(group[r], _mm256_set1_ps(scales[r * groups + g]), acc[r]);             \
         }                                                                                                       \
         for (int r = 0; r < Q8_WROWS; r++) {                                                                    \
             __m128 lo = _mm_add_ps(_mm256_castps256_ps128(acc[r]), _mm256_extractf128_ps(acc[r], 1));           \
@@ -309,6 +323,10 @@ __attribute__((target(ZMM_TARGET))) static void q8_row_pairs_zmm(const int8_t *w
                                                                  const float *dx, float *out0, float *out1) {
     const __m512i zero = _mm512_setzero_si512();
     __m512 acc = _mm512_setzero_ps();
+    int64_t groups = blocks / per_group;
+    float scales[2 * groups]; /* both rows' scales, converted once (fp16 one by one cost a fifth of a token) */
+    row_scales_avx2(s0, groups, fp16, scales);
+    row_scales_avx2(s1, groups, fp16, scales + groups);
     for (int64_t g = 0; g * per_group < blocks; g++) {
         __m512 group = _mm512_setzero_ps();
         for (int64_t b = g * per_group; b < (g + 1) * per_group; b++) {
@@ -324,8 +342,7 @@ __attribute__((target(ZMM_TARGET))) static void q8_row_pairs_zmm(const int8_t *w
             __m512i sums = _mm512_dpbusd_epi32(zero, _mm512_abs_epi8(wv), signed_x);
             group = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), _mm512_set1_ps(dx[b]), group);
         }
-        __m512 scale = _mm512_insertf32x8(_mm512_set1_ps(half_to_f32(s0[g], fp16)),
-                                          _mm256_set1_ps(half_to_f32(s1[g], fp16)), 1);
+        __m512 scale = _mm512_insertf32x8(_mm512_set1_ps(scales[g]), _mm256_set1_ps(scales[groups + g]), 1);
         acc = _mm512_fmadd_ps(group, scale, acc);
     }
     *out0 = hsum256(_mm512_castps512_ps256(acc));
@@ -385,18 +402,6 @@ int colibri_q8w_matmul(const int8_t *xq, const float *dx, int64_t M, int64_t K, 
 }
 
 #ifdef COLIBRI_X86
-/* 16-bit scales of one row -> f32, 8 at a time where they can be (bf16: a shift; fp16: F16C) */
-__attribute__((target("avx2,fma,f16c")))
-static void row_scales_avx2(const uint16_t *s, int64_t groups, int fp16, float *out) {
-    int64_t g = 0;
-    for (; g + 8 <= groups; g += 8) {
-        __m128i bits = _mm_loadu_si128((const __m128i *)(s + g));
-        __m256 f = fp16 ? _mm256_cvtph_ps(bits)
-                        : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
-        _mm256_storeu_ps(out + g, f);
-    }
-    for (; g < groups; g++) out[g] = half_to_f32(s[g], fp16);
-}
 
 /* Two blocks per step (a 32-byte load): for groups of 64 columns or more, with the activations
  * in pair order (colibri_q8_quantize's `pairs`). The row's scales are converted up front and
@@ -620,7 +625,8 @@ WEIGHT_ROWS_PAIRS(weight_rows_vnni, VNNI_TARGET, PAIR_DOT_VNNI)
  * zmm holds two steps of `weight_rows_*` (blocks b, b + 1 in its low half, b + 2, b + 3 in its high
  * half), and its low and high halves are exactly that path's acc0 and acc1, so every lane runs the
  * same operations in the same order and a row's result is the same bits. Half the instructions a
- * weight row, and ZROWS rows share each activation load. Needs blocks % 4 == 0. */
+ * weight row, and ZROWS rows share each activation load. A last step of two blocks (blocks % 4 == 2)
+ * runs in the low lanes alone, as that path's acc0 step. */
 #define ZROWS 8
 
 /* The epilogue of ZROWS weight rows with the rows in the lanes of one vector: lane r runs exactly
@@ -680,7 +686,8 @@ __attribute__((target(ZMM_TARGET), always_inline)) static inline void weight_row
     __m512 acc[ZACTS][ZROWS];
     for (int a = 0; a < R; a++)
         for (int r = 0; r < ZROWS; r++) acc[a][r] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < blocks; b += 4) {
+    int64_t b = 0;
+    for (; b + 4 <= blocks; b += 4) {
         __m512i x0[ZACTS], x1[ZACTS];
         __m512 ps[ZACTS];
         for (int a = 0; a < R; a++) {
@@ -704,6 +711,31 @@ __attribute__((target(ZMM_TARGET), always_inline)) static inline void weight_row
                 __m512i dot = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), even, x0[a]), odd,
                                                   x1[a]);
                 acc[a][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(ps[a], scale), acc[a][r]);
+            }
+        }
+    }
+    if (b < blocks) {
+        /* a last step of two blocks (blocks % 4 == 2: SmolLM2's 576 columns are 18): the 256-bit
+         * path's acc0 step, so the low lanes only, loaded 256 bits wide (nothing read past a row) */
+        __m512i x0[ZACTS], x1[ZACTS];
+        __m512 ps[ZACTS];
+        for (int a = 0; a < R; a++) {
+            const int8_t *x = pairs[a] + b * BLOCK;
+            x0[a] = _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)x));
+            x1[a] = _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)(x + 32)));
+            ps[a] = _mm512_zextps256_ps512(_mm256_loadu_ps(pair_scales[a] + (b / 2) * 8));
+        }
+        int64_t g0 = b / per_group;
+        for (int r = 0; r < ZROWS; r++) {
+            __m512i raw = _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)(p + r * row_bytes + b * 16)));
+            __m512i even = _mm512_and_si512(raw, low), odd = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low);
+            __m512 scale = _mm512_permutexvar_ps(per_group == 1 ? four_groups : one_group,
+                                                 _mm512_loadu_ps(scales + r * groups + g0));
+            for (int a = 0; a < R; a++) {
+                __m512i dot = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), even, x0[a]), odd,
+                                                  x1[a]);
+                acc[a][r] = _mm512_mask3_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(ps[a], scale), acc[a][r],
+                                                  0x00FF);
             }
         }
     }
@@ -889,7 +921,7 @@ static int q4_products(const int8_t *xq, const float *dx, const int32_t *xs, con
         int64_t e = task / row_blocks, n0 = (task % row_blocks) * ROW_BLOCK;
         int64_t n1 = n0 + ROW_BLOCK < N ? n0 + ROW_BLOCK : N;
 #ifdef COLIBRI_X86
-        if (level >= 2 && row_start[e + 1] - row_start[e] > 1 && n1 - n0 == ROW_BLOCK && blocks % 4 == 0
+        if (level >= 2 && row_start[e + 1] - row_start[e] > 1 && n1 - n0 == ROW_BLOCK && blocks % 2 == 0
             && PAIRED_GROUPS(per_group) && acts[0].pairs && zmm_ok()) {
             for (int64_t i = row_start[e]; i < row_start[e + 1]; i += ZACTS) {
                 int R = row_start[e + 1] - i < ZACTS ? (int)(row_start[e + 1] - i) : ZACTS;
@@ -920,7 +952,7 @@ static int q4_products(const int8_t *xq, const float *dx, const int32_t *xs, con
 #ifdef COLIBRI_X86
             if (R == 1 && level >= 1 && tile[0]->pairs && PAIRED_GROUPS(per_group)) {
                 const act_row *a = tile[0];
-                if (level >= 2 && blocks % 4 == 0 && zmm_ok())
+                if (level >= 2 && blocks % 2 == 0 && zmm_ok())
                     for (; n + ZROWS <= n1; n += ZROWS)
                         weight_rows_zmm(packed[e] + n * (K / 2), K / 2, scales[e] + n * groups,
                                         zeros[e] ? zeros[e] + n * groups : 0, fp16, blocks, per_group, a->pairs,
