@@ -151,6 +151,35 @@ static inline float hsum256(__m256 v) {
     return _mm_cvtss_f32(lo);
 }
 
+/* 16-bit scales of one row -> f32, 8 at a time where they can be (bf16: a shift; fp16: F16C) */
+__attribute__((target("avx2,fma,f16c")))
+static void row_scales_avx2(const uint16_t *s, int64_t groups, int fp16, float *out) {
+    int64_t g = 0;
+    for (; g + 8 <= groups; g += 8) {
+        __m128i bits = _mm_loadu_si128((const __m128i *)(s + g));
+        __m256 f = fp16 ? _mm256_cvtph_ps(bits)
+                        : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
+        _mm256_storeu_ps(out + g, f);
+    }
+    for (; g < groups; g++) out[g] = half_to_f32(s[g], fp16);
+}
+
+/* The zeros' share of a row, sum over groups of zero[g] * xgroup[g] (xgroup: the activation row's
+ * per-group sums), eight groups a step and the last groups % 8 one by one. Every path adds it to the
+ * row's scale epilogue the same way (after the -8 terms, before the row's dot sums), so a row's
+ * result is the same bits on every path: in 8-row lanes the zeros had to be transposed like the
+ * scales, a fifth of an asymmetric decode token's expert time. */
+__attribute__((target("avx2,fma"))) static inline float zero_dot(const float *zeros, const float *xgroup,
+                                                                 int64_t groups) {
+    __m256 acc = _mm256_setzero_ps();
+    int64_t g = 0;
+    for (; g + 8 <= groups; g += 8)
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(zeros + g), _mm256_loadu_ps(xgroup + g), acc);
+    float total = hsum256(acc);
+    for (; g < groups; g++) total += zeros[g] * xgroup[g];
+    return total;
+}
+
 __attribute__((target("avx2,fma")))
 static float row_avx2(const uint8_t *p, const uint16_t *s, const uint16_t *z, int fp16, int64_t blocks,
                       int64_t per_group, const int8_t *xq, const float *dx, const float *offset, const float *xgroup) {
@@ -172,7 +201,11 @@ static float row_avx2(const uint8_t *p, const uint16_t *s, const uint16_t *z, in
         }
         acc = _mm256_fmadd_ps(group, _mm256_set1_ps(scale), acc);
         scalar -= scale * offset[g];  /* the -8 of every nibble: 8 * sum(dx * xs) over the group */
-        if (z) scalar += half_to_f32(z[g], fp16) * xgroup[g];
+    }
+    if (z) {
+        float zeros[blocks / per_group];
+        row_scales_avx2(z, blocks / per_group, fp16, zeros);
+        scalar += zero_dot(zeros, xgroup, blocks / per_group);
     }
     return hsum256(acc) + scalar;
 }
@@ -194,18 +227,6 @@ static float row8_scalar(const int8_t *w, const uint16_t *s, int fp16, int64_t b
 }
 
 #ifdef COLIBRI_X86
-/* 16-bit scales of one row -> f32, 8 at a time where they can be (bf16: a shift; fp16: F16C) */
-__attribute__((target("avx2,fma,f16c")))
-static void row_scales_avx2(const uint16_t *s, int64_t groups, int fp16, float *out) {
-    int64_t g = 0;
-    for (; g + 8 <= groups; g += 8) {
-        __m128i bits = _mm_loadu_si128((const __m128i *)(s + g));
-        __m256 f = fp16 ? _mm256_cvtph_ps(bits)
-                        : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
-        _mm256_storeu_ps(out + g, f);
-    }
-    for (; g < groups; g++) out[g] = half_to_f32(s[g], fp16);
-}
 
 /* |w| * (x with w's sign): unsigned by signed, as vpmaddubsw and vpdpbusd need (a -128 reads as
  * 128); the same int32 sums either way (2 x 128 x 127 < 2^15) */
@@ -488,10 +509,9 @@ int colibri_q8w_matmul(const int8_t *xq, const float *dx, int64_t M, int64_t K, 
         }                                                                                                       \
         for (int r = 0; r < R; r++) {                                                                           \
             float scalar = 0.f;                                                                                 \
-            for (int64_t g = 0; with_epilogue && g < groups; g++) {                                             \
+            for (int64_t g = 0; with_epilogue && g < groups; g++)                                               \
                 scalar -= scales[g] * offset[r][g]; /* the -8 of every nibble */                                \
-                if (zeros) scalar += zeros[g] * xgroup[r][g];                                                   \
-            }                                                                                                   \
+            if (with_epilogue && zeros) scalar += zero_dot(zeros, xgroup[r], groups);                           \
             __m256 both = _mm256_add_ps(acc0[r], acc1[r]);                                                      \
             __m128 lo = _mm_add_ps(_mm256_castps256_ps128(both), _mm256_extractf128_ps(both, 1));               \
             lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));                                                         \
@@ -605,10 +625,9 @@ TILE_DOTS(tile_dots_vnni, VNNI_TARGET, rows_pairs_vnni)
         }                                                                                                       \
         float scalar[WROWS] = {0.f};                                                                            \
         for (int64_t g = 0; g < groups; g++)                                                                    \
-            for (int r = 0; r < WROWS; r++) {                                                                   \
+            for (int r = 0; r < WROWS; r++)                                                                     \
                 scalar[r] -= scales[r * groups + g] * offset[g]; /* the -8 of every nibble */                   \
-                if (z) scalar[r] += zeros[r * groups + g] * xgroup[g];                                          \
-            }                                                                                                   \
+        for (int r = 0; z && r < WROWS; r++) scalar[r] += zero_dot(zeros + r * groups, xgroup, groups);         \
         for (int r = 0; r < WROWS; r++) {                                                                       \
             __m256 both = _mm256_add_ps(acc0[r], acc1[r]);                                                      \
             __m128 lo = _mm_add_ps(_mm256_castps256_ps128(both), _mm256_extractf128_ps(both, 1));               \
@@ -647,17 +666,16 @@ __attribute__((target("avx2,fma"))) static void transpose_rows8(const float *row
         for (int r = 0; r < 8; r++) out[g * ZROWS + r] = rows[r * groups + g];
 }
 
-/* scalar[r] = the epilogue sum of row r: from the transposed scales (and zeros, or NULL) */
-__attribute__((target("avx2,fma"))) static void epilogue_lanes(const float *scales_t, const float *zeros_t,
+/* scalar[r] = the epilogue sum of row r from the transposed scales, then its zeros' share (zero_dot;
+ * zeros [8][groups] as stored, or NULL) */
+__attribute__((target("avx2,fma"))) static void epilogue_lanes(const float *scales_t, const float *zeros,
                                                               int64_t groups, const float *offset,
                                                               const float *xgroup, float *scalar) {
     __m256 lanes = _mm256_setzero_ps();
-    for (int64_t g = 0; g < groups; g++) {
+    for (int64_t g = 0; g < groups; g++)
         lanes = _mm256_sub_ps(lanes, _mm256_mul_ps(_mm256_loadu_ps(scales_t + g * ZROWS), _mm256_set1_ps(offset[g])));
-        if (zeros_t)
-            lanes = _mm256_add_ps(lanes, _mm256_mul_ps(_mm256_loadu_ps(zeros_t + g * ZROWS), _mm256_set1_ps(xgroup[g])));
-    }
     _mm256_storeu_ps(scalar, lanes);
+    for (int r = 0; zeros && r < ZROWS; r++) scalar[r] += zero_dot(zeros + r * groups, xgroup, groups);
 }
 
 /* ZROWS weight rows times R activation rows (R <= ZACTS) in 512-bit vectors. One row (a decode
@@ -739,12 +757,11 @@ __attribute__((target(ZMM_TARGET), always_inline)) static inline void weight_row
             }
         }
     }
-    float scales_t[ZROWS * groups], zeros_t[ZROWS * groups];
+    float scales_t[ZROWS * groups];
     transpose_rows8(scales, groups, scales_t);
-    if (z) transpose_rows8(zeros, groups, zeros_t);
     for (int a = 0; a < R; a++) {
         float scalar[ZROWS];
-        epilogue_lanes(scales_t, z ? zeros_t : 0, groups, offset[a], xgroup[a], scalar);
+        epilogue_lanes(scales_t, z ? zeros : 0, groups, offset[a], xgroup[a], scalar);
         for (int r = 0; r < ZROWS; r++)
             out[a][r] = hsum256(_mm256_add_ps(_mm512_castps512_ps256(acc[a][r]), _mm512_extractf32x8_ps(acc[a][r], 1)))
                         + scalar[r];
@@ -860,13 +877,10 @@ static void block_rows(const uint8_t *p, int64_t row_bytes, const uint16_t *s, c
                        int64_t blocks, int64_t per_group, const act_row *acts, const int64_t *rows, int64_t count,
                        float *y, int64_t N, int level) {
     int64_t groups = blocks / per_group, size = ROW_BLOCK * groups;
-    float scales[size], zeros[size], scales_t[size], zeros_t[size];
+    float scales[size], zeros[size], scales_t[size];
     row_scales_avx2(s, size, fp16, scales); /* the block's rows' scales are consecutive */
     if (z) row_scales_avx2(z, size, fp16, zeros);
-    for (int64_t h = 0; h < ROW_BLOCK; h += 8) {
-        transpose_rows8(scales + h * groups, groups, scales_t + h * groups);
-        if (z) transpose_rows8(zeros + h * groups, groups, zeros_t + h * groups);
-    }
+    for (int64_t h = 0; h < ROW_BLOCK; h += 8) transpose_rows8(scales + h * groups, groups, scales_t + h * groups);
     for (int64_t i = 0; i < count; i += TILE) {
         int R = count - i < TILE ? (int)(count - i) : TILE;
         const int8_t *pairs[TILE];
@@ -887,7 +901,7 @@ static void block_rows(const uint8_t *p, int64_t row_bytes, const uint16_t *s, c
             const act_row *a = &acts[rows[i + r]];
             for (int64_t h = 0; h < ROW_BLOCK; h += 8) {
                 float scalar[8], *row = y + (i + r) * N + h;
-                epilogue_lanes(scales_t + h * groups, z ? zeros_t + h * groups : 0, groups, a->offset, a->xgroup,
+                epilogue_lanes(scales_t + h * groups, z ? zeros + h * groups : 0, groups, a->offset, a->xgroup,
                                scalar);
                 for (int l = 0; l < 8; l++) row[l] += scalar[l];
             }
