@@ -7,7 +7,8 @@
 - `kernels`: one token through a [rows x 1024] matrix, best of N calls, each route: native q4
   and q8 (container layout), torch's int4 kernel (bf16 activations, its own layout), dense f32;
   then 1, 4 and 64 activation rows through the native kernel at each level this CPU runs
-  (0 portable C, 1 AVX2, 2 AVX-512 VNNI).
+  (0 portable C, 1 AVX2, 2 AVX-512 VNNI); then `groupings`: q4 (symmetric and with zeros) and q8 in
+  groups of 64 and 32 with bf16 and fp16 scales, one row and 64 rows.
 - `decode`: a synthetic container of an HF config's shapes (random weights, deleted after),
   opened four ways at a budget that holds every expert (full RAM): compute "native" (experts
   and resident projections from the stored bytes), "native" without its decode fast paths
@@ -28,6 +29,7 @@ import argparse
 import json
 import statistics
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -87,6 +89,32 @@ def kernels(args) -> dict:
             for level in levels if level > nk.SCALAR or m == 1
             for kind, call in (("q4", lambda x=x, level=level: nk.q4_matmul(x, packed, bits, None, group, level=level)),
                                ("q8", lambda x=x, level=level: nk.q8_matmul(x, weights8, bits, group, level=level)))}
+    out["groupings"] = groupings(nk, gen)
+    return out
+
+
+def groupings(nk, gen) -> dict:
+    """One token (and 64 rows) through the groupings a container can hold: groups of 64 or 32,
+    symmetric or with zeros, bf16 or fp16 scales (import-gguf keeps a Q4_0 file as g32 sym fp16,
+    Q4_1 / Q4_K as g32 asym fp16, and the int8 head and attention then share the grouping)."""
+    out = {}
+    for rows, cols in ((4096, 1024), (2048, 1024)):
+        packed = torch.randint(0, 256, (rows, cols // 2), dtype=torch.uint8, generator=gen)
+        weights8 = torch.randint(-127, 128, (rows, cols), dtype=torch.int8, generator=gen)
+        for m in (1, 64):
+            x = nk.QuantizedActivations(torch.randn(m, cols, generator=gen))
+            calls = 200 if m == 1 else 30
+            row = {}
+            for group in (64, 32):
+                for fp16 in (False, True):
+                    bits = torch.full((rows, cols // group), 0.01).to(torch.float16 if fp16 else torch.bfloat16)
+                    bits = bits.view(torch.int16)
+                    name = f"g{group} {'fp16' if fp16 else 'bf16'}"
+                    for label, call in ((f"q4 sym {name}", partial(nk.q4_matmul, x, packed, bits, None, group, fp16)),
+                                        (f"q4 asym {name}", partial(nk.q4_matmul, x, packed, bits, bits, group, fp16)),
+                                        (f"q8 {name}", partial(nk.q8_matmul, x, weights8, bits, group, fp16))):
+                        row[f"{label}_us"] = _best_us(call, calls)
+            out[f"{m} rows x {rows}x{cols}"] = row
     return out
 
 
