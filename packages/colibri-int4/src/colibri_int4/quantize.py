@@ -24,6 +24,7 @@ import numpy as np
 from .scheme import ScaleDtype
 
 _BLOCK_ELEMENTS = 1 << 22
+_GRID_SAMPLE = 256  # groups looked at before sorting a block's groups (`_grid_steps`)
 
 
 def f32_to_bf16_bits(values: np.ndarray) -> np.ndarray:
@@ -138,6 +139,11 @@ def _grid_steps(groups: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.nda
     Values not on such a grid (a bf16 checkpoint's) keep the min/max rule."""
     span = high - low
     wide = (span / 15.0).astype(np.float32)
+    # a matrix is all on a grid (decoded from a 4-bit file) or all off it (a checkpoint): where its
+    # first groups are on none, the min/max rule serves without sorting the rest
+    sample = groups.reshape(-1, groups.shape[-1])[:_GRID_SAMPLE]
+    if not (np.count_nonzero(np.diff(np.sort(sample, axis=-1), axis=-1) > 0, axis=-1) <= 15).any():
+        return wide
     gaps = np.diff(np.sort(groups, axis=-1), axis=-1)
     # a level's weights decode to the very same float, so a group on at most 16 levels has at most
     # 15 non-zero gaps (a checkpoint's groups hardly repeat a value: they cost a sort and a count)
