@@ -174,8 +174,10 @@ def _run_import(convert, out: Path, quant: str, group_size: str, symmetric: bool
     from .import_hf import quant_scheme
 
     try:
-        scheme = quant_scheme(quant, int(group_size or 64), symmetric=True if symmetric is None else symmetric,
-                              resident_dtype=resident_dtype, embed_dtype=embed_dtype)
+        # an option left unset (import-gguf's grouping) is the scheme's default (quant_scheme drops None)
+        grouping = {"group_size": int(group_size)} if group_size else {}
+        scheme = quant_scheme(quant, symmetric=symmetric, resident_dtype=resident_dtype, embed_dtype=embed_dtype,
+                              **grouping)
         report = convert(scheme)
         with Container.open(out) as container:
             if not container.header.experts.entries:  # a dense model: no expert bits to report

@@ -217,7 +217,7 @@ def import_gguf(
         table = checkpoint_tensor_shapes(shape)
         source = GGUFTensors(file, arch, hf_config["model_type"], table, shape)
         tokenizer, tokenizer_config = tokenizer_from_gguf(file.metadata, str(file.path))
-        grid = file_grid(file, source.experts, source.resident, scheme) if keep_file_grid else None
+        grid = file_grid(source, scheme) if keep_file_grid else None
         if grid is not None:
             scheme = grid.scheme
         try:

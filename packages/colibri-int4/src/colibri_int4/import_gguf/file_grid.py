@@ -22,11 +22,11 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
+from ..layout import resident_encoding
 from ..scheme import QuantScheme
 
 # block type -> (group_size, symmetric) of the int4 group that holds it exactly
 EXACT_GRIDS = {"Q4_0": (32, True), "Q4_1": (32, False), "Q4_K": (32, False)}
-EMBEDDINGS = ("token_embd.weight", "output.weight")
 
 
 @dataclass(frozen=True)
@@ -43,28 +43,25 @@ class FileGrid:
                 f"int4 in groups of {self.scheme.group_size}, {self.scheme.scale_dtype} scales")
 
 
-def int4_bytes_by_type(file, experts: dict[int, tuple[str, ...]], resident: dict[str, str],
-                       scheme: QuantScheme) -> Counter:
+def int4_bytes_by_type(source, scheme: QuantScheme) -> Counter:
     """Bytes of the file, by block type, of the tensors `scheme` stores as int4: the routed experts
-    (`expert_dtype`), the embeddings (`embed_dtype`) and the other resident tensors (`resident_dtype`)."""
+    under `expert_dtype`, and each resident tensor the exporter's own rule (`resident_encoding`)
+    makes q4. `source`: convert.py's `GGUFTensors` (the file, and the Colibri names of its tensors)."""
     chosen: set[str] = set()
     if scheme.expert_dtype == "int4":
-        chosen |= {name for names in experts.values() for name in names if name.endswith(".weight")}
-    for gguf_name in resident.values():
-        dtype = scheme.embed_dtype if gguf_name in EMBEDDINGS else scheme.resident_dtype
-        if dtype == "int4":
-            chosen.add(gguf_name)
+        chosen |= {name for names in source.experts.values() for name in names if name.endswith(".weight")}
+    chosen |= {gguf_name for name, gguf_name in source.resident.items()
+               if resident_encoding(name, len(source.table[name]), scheme) == "q4"}
     found: Counter = Counter()
     for name in chosen:
-        found[file.type_name(name)] += file.tensors[name].n_bytes
+        found[source.file.type_name(name)] += source.file.tensors[name].n_bytes
     return found
 
 
-def file_grid(file, experts: dict[int, tuple[str, ...]], resident: dict[str, str],
-              scheme: QuantScheme) -> FileGrid | None:
+def file_grid(source, scheme: QuantScheme) -> FileGrid | None:
     """`scheme` on the grid of the file's main int4-bound block type (module doc), or None where
     that type has no exact int4 grid or nothing becomes int4."""
-    found = int4_bytes_by_type(file, experts, resident, scheme)
+    found = int4_bytes_by_type(source, scheme)
     if not found:
         return None
     block_type, size = found.most_common(1)[0]

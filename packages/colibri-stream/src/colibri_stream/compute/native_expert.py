@@ -68,9 +68,10 @@ class NativeQ4Expert:
     __slots__ = _PARTS + ("group_gate_up", "group_down", "expert_dim", "fp16_scales", "glu", "nbytes", "addresses",
                           "token_addresses")
     ENCODING = "q4"  # the kernel's name for the stored weights
+    WEIGHTS = "packed"  # the blob's field holding them (q8 blobs: `data`, and no zeros)
 
     def __init__(self, blob: ExpertBlob, glu: ExpertGlu):
-        weights = blob.data if self.ENCODING == "q8" else blob.packed  # (q8 blobs have no zeros)
+        weights = getattr(blob, self.WEIGHTS)
         self.expert_dim = weights["gate"].shape[0]
         self.group_gate_up, self.group_down = blob.groups["gate"], blob.groups["down"]
         self.fp16_scales = blob.scale_dtype == "fp16"
@@ -184,6 +185,7 @@ class NativeQ8Expert(NativeQ4Expert):
 
     __slots__ = ()
     ENCODING = "q8"
+    WEIGHTS = "data"
 
     @property
     def one_call(self) -> tuple[int, int, int, bool, bool] | None:
