@@ -73,6 +73,36 @@ def test_asymmetric_groups_keep_the_grid_their_values_lie_on(spans):
         assert relative_rmse(moved.reshape(w.shape), w) > 0.01
 
 
+@pytest.mark.parametrize("low, high", [(-8, 7), (-7, 8), (-7, 7), (-6, 5), (-3, 6), (0, 5)])
+def test_symmetric_groups_keep_the_grid_their_values_lie_on(low, high):
+    """Q4_0 blocks from an importance-weighted (imatrix) search: `d * k` with the extreme anywhere,
+    not at -8 steps where the max-magnitude rule would look for it."""
+    rng = np.random.default_rng(high - low)
+    rows, group = 64, 32
+    step = rng.uniform(0.005, 0.05, (rows, 8, 1)).astype(np.float16).astype(np.float32)
+    k = rng.integers(low, high + 1, (rows, 8, group))
+    k[..., 0], k[..., 1] = low, high  # both ends used
+    w = (step * k).reshape(rows, 8 * group)
+    q = quantize_q4(w, group, True, "fp16")
+    np.testing.assert_array_equal(dequantize_q4(q.data, q.scales, q.zeros, group, "fp16"), w)
+    if low != -8 and high != 8:  # the extreme at neither -8 nor +8 steps: the rule moves the weights
+        groups = w.reshape(rows, 8, group)
+        pick = np.argmax(np.abs(groups), axis=-1)[..., None]
+        rule = np.take_along_axis(groups, pick, axis=-1) / -8.0
+        moved = (np.clip(np.rint(groups / rule), -8, 7) * rule).reshape(w.shape)
+        assert relative_rmse(moved, w) > 0.01
+
+
+def test_symmetric_groups_on_no_grid_keep_the_max_magnitude_rule():
+    w = np.random.default_rng(4).standard_normal((16, 128)).astype(np.float32)
+    w[0, :32] = (w[0, :32] * 4).round() / 4  # few levels, but more than 8 steps either side of zero
+    q = quantize_q4(w, 32, True, "fp16")
+    groups = w.reshape(16, -1, 32)
+    pick = np.argmax(np.abs(groups), axis=-1)[..., None]
+    expected = (np.take_along_axis(groups, pick, axis=-1)[..., 0] / -8.0).astype(np.float16)
+    np.testing.assert_array_equal(q.scales.view(np.float16), expected)
+
+
 def test_values_on_no_grid_keep_the_min_max_rule():
     w = np.random.default_rng(3).standard_normal((16, 128)).astype(np.float32)
     w[0, :32] = (w[0, :32] * 4).round() / 4  # few levels, but 33 apart in steps: no 16-level grid
