@@ -83,6 +83,23 @@ def test_activations_are_int8_blocks():
     assert torch.equal(picked.q, got.q[[2, 0]]) and picked.rows == 2
 
 
+@pytest.mark.parametrize("cols", [32, 96, 1024])
+def test_every_level_quantizes_activations_to_the_same_bits(cols):
+    """The AVX2 quantizer keeps the scalar one's order (lanes of 8, one reduction order), so a row
+    quantized at any level feeds every kernel the same bytes and sums."""
+    rng = np.random.default_rng(cols)
+    x = torch.from_numpy(rng.normal(0, 1, (5, cols)).astype(np.float32))
+    x[0, :32] = 0  # scale 0
+    x[1, :32] = -0.0
+    x[2, 5] = 1e4  # one block's scale set by one large value
+    x[3, :32] = torch.arange(32) - 15.5  # products on .5 ties: rounding to even on every level
+    reference = QuantizedActivations(x, level=SCALAR)
+    for level in LEVELS[1:]:
+        got = QuantizedActivations(x, level=level)
+        assert torch.equal(got.bytes_, reference.bytes_), level
+        assert torch.equal(got.words.view(torch.int32), reference.words.view(torch.int32)), level
+
+
 def _random_q4(rows: int, cols: int, group: int, rng, zeros: bool, fp16: bool):
     nibbles = rng.integers(0, 16, (rows, cols))
     packed = torch.from_numpy((nibbles[:, 0::2] | (nibbles[:, 1::2] << 4)).astype(np.uint8))

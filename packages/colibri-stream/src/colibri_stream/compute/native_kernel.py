@@ -78,7 +78,8 @@ def _library() -> ctypes.CDLL:
             os.replace(built, target)  # atomic: a concurrent build of the same digest is identical
     library = ctypes.CDLL(str(target))
     pointer, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-    library.colibri_q8_quantize.argtypes = [pointer, i64, i64, pointer, pointer, pointer, pointer, pointer, pointer]
+    library.colibri_q8_quantize.argtypes = [pointer, i64, i64, pointer, pointer, pointer, pointer, pointer, pointer,
+                                            i32]
     library.colibri_q4_matmul.argtypes = [pointer, pointer, pointer, pointer, pointer, pointer, i64, i64, pointer,
                                           pointer, pointer, i32, i64, i64, pointer, i32, i32]
     library.colibri_q4_experts.argtypes = [pointer, pointer, pointer, pointer, pointer, pointer, i64, i64, i64,
@@ -162,7 +163,9 @@ class QuantizedActivations:
 
     __slots__ = ("rows", "cols", "paired", "bytes_", "words", "pointers")
 
-    def __init__(self, x: torch.Tensor | None):
+    def __init__(self, x: torch.Tensor | None, level: int | None = None):
+        """`level`: the kernel level that quantizes (default `cpu_level()`; every level gives the
+        same bits)."""
         if x is None:  # filled in by __getitem__
             return
         x = x.detach().to(torch.float32).contiguous()
@@ -174,7 +177,8 @@ class QuantizedActivations:
         self.bytes_ = torch.empty(2 if self.paired else 1, m, self.cols, dtype=torch.int8)
         self.words = torch.empty(m * blocks * (7 if self.paired else 3), dtype=torch.float32)
         self._point()
-        _library().colibri_q8_quantize(x.data_ptr(), m, self.cols, *self.pointers[:4], *self.pointers[4:6])
+        _library().colibri_q8_quantize(x.data_ptr(), m, self.cols, *self.pointers[:4], *self.pointers[4:6],
+                                       cpu_level() if level is None else level)
 
     def _point(self) -> None:
         m, cols, blocks = self.rows, self.cols, self.cols // BLOCK

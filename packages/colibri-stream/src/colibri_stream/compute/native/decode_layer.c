@@ -15,7 +15,7 @@
 #include <time.h>
 
 int colibri_q8_quantize(const float *x, int64_t M, int64_t K, int8_t *xq, float *dx, int32_t *xs, float *xf,
-                        int8_t *pairs, float *pair_scales);
+                        int8_t *pairs, float *pair_scales, int level);
 int colibri_q4_matmul(const int8_t *xq, const float *dx, const int32_t *xs, const float *xf, const int8_t *pairs,
                       const float *pair_scales, int64_t M, int64_t K, const uint8_t *packed, const uint16_t *scales,
                       const uint16_t *zeros, int fp16, int64_t N, int64_t G, float *y, int threads, int level);
@@ -41,7 +41,7 @@ typedef struct {
     void *buffer;
 } quantized_row;
 
-static int quantize_row(const float *x, int64_t K, quantized_row *a) {
+static int quantize_row(const float *x, int64_t K, quantized_row *a, int level) {
     int64_t blocks = K / 32;
     int paired = K % 64 == 0;
     a->buffer = malloc((size_t)(2 * K) + sizeof(float) * (size_t)(7 * blocks));
@@ -52,7 +52,7 @@ static int quantize_row(const float *x, int64_t K, quantized_row *a) {
     a->xf = a->dx + blocks;
     a->xs = (int32_t *)(a->dx + 2 * blocks);
     a->pair_scales = paired ? a->dx + 3 * blocks : 0;
-    return colibri_q8_quantize(x, 1, K, a->q, a->dx, a->xs, a->xf, a->pairs, a->pair_scales);
+    return colibri_q8_quantize(x, 1, K, a->q, a->dx, a->xs, a->xf, a->pairs, a->pair_scales, level);
 }
 
 static int project(const quantized_row *a, const colibri_projection *p, float *y, int threads, int level) {
@@ -75,7 +75,7 @@ int colibri_attention_in(const float *h, int64_t D, const float *norm, float eps
     if (!x) return -2;
     quantized_row a = {0};
     int status = colibri_rms_norm(h, D, norm, eps, x);
-    if (status == 0) status = quantize_row(x, D, &a);
+    if (status == 0) status = quantize_row(x, D, &a, level);
     if (status == 0) status = project(&a, &qkv[0], q, threads, level);
     if (status == 0) status = project(&a, &qkv[1], k, threads, level);
     if (status == 0) status = project(&a, &qkv[2], v, threads, level);
@@ -92,7 +92,7 @@ int colibri_attention_out(const float *attn, const colibri_projection *o, const 
                           const float *norm, float eps, float *x_out, int threads, int level) {
     if (o->cols % 32) return -1;
     quantized_row a = {0};
-    int status = quantize_row(attn, o->cols, &a);
+    int status = quantize_row(attn, o->cols, &a, level);
     if (status == 0) status = project(&a, o, h_out, threads, level);
     if (status == 0) {
         for (int64_t i = 0; i < o->rows; i++) h_out[i] = h[i] + h_out[i];
@@ -121,11 +121,11 @@ static int swiglu_ffn(const colibri_projection *ffn, const float *x, float *y, i
     if (!gate_up) return -2;
     float *hidden = gate_up + 2 * F;
     quantized_row a = {0}, b = {0};
-    int status = quantize_row(x, ffn[0].cols, &a);
+    int status = quantize_row(x, ffn[0].cols, &a, level);
     if (status == 0) status = project(&a, &ffn[0], gate_up, threads, level);
     if (status == 0) status = project(&a, &ffn[1], gate_up + F, threads, level);
     if (status == 0) status = colibri_swiglu_rows(gate_up, 1, F, hidden, level);
-    if (status == 0) status = quantize_row(hidden, F, &b);
+    if (status == 0) status = quantize_row(hidden, F, &b, level);
     if (status == 0) status = project(&b, &ffn[2], y, threads, level);
     free(a.buffer);
     free(b.buffer);

@@ -76,25 +76,91 @@ static inline float fp16_to_f32(uint16_t h) {
 
 static inline float half_to_f32(uint16_t bits, int fp16) { return fp16 ? fp16_to_f32(bits) : bf16_to_f32(bits); }
 
+/* Round to nearest, ties to even, for |v| < 2^22: adding 1.5 * 2^23 leaves no fraction bits, and the
+ * default rounding mode rounds exactly as lrintf does (which gcc leaves a library call per value). */
+static inline float round_even(float v) {
+    const float magic = 12582912.0f;
+    return (v + magic) - magic;
+}
+
+#ifdef COLIBRI_X86
+/* One block of colibri_q8_quantize in AVX2, with the scalar path's bits: lane j of the vectors is its
+ * lane j (columns j, 8 + j, 16 + j, 24 + j added in that order), the sum reduced in its order, the
+ * products rounded by the same mode (cvtps2dq: nearest, ties to even) and clamped before packing. */
+__attribute__((target("avx2,fma"))) static void quantize_block_avx2(const float *v, int8_t *q, float *dx,
+                                                                     int32_t *xs, float *xf) {
+    const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256 v0 = _mm256_loadu_ps(v), v1 = _mm256_loadu_ps(v + 8), v2 = _mm256_loadu_ps(v + 16),
+           v3 = _mm256_loadu_ps(v + 24);
+    __m256 top = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v0, magnitude), _mm256_and_ps(v1, magnitude)),
+                               _mm256_max_ps(_mm256_and_ps(v2, magnitude), _mm256_and_ps(v3, magnitude)));
+    __m256 lanes = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(_mm256_add_ps(_mm256_setzero_ps(), v0), v1), v2), v3);
+    __m128 top4 = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
+    top4 = _mm_max_ps(top4, _mm_movehl_ps(top4, top4));
+    float amax = _mm_cvtss_f32(_mm_max_ss(top4, _mm_shuffle_ps(top4, top4, 1)));
+    __m128 half = _mm_add_ps(_mm256_castps256_ps128(lanes), _mm256_extractf128_ps(lanes, 1));
+    half = _mm_add_ps(half, _mm_movehl_ps(half, half));
+    float total = _mm_cvtss_f32(_mm_add_ss(half, _mm_shuffle_ps(half, half, 1)));
+    float d = amax / 127.f, inv = d > 0.f ? 1.f / d : 0.f;
+    const __m256 scale = _mm256_set1_ps(inv);
+    const __m256i high = _mm256_set1_epi32(127), low = _mm256_set1_epi32(-127);
+    __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(v0, scale)), i1 = _mm256_cvtps_epi32(_mm256_mul_ps(v1, scale)),
+            i2 = _mm256_cvtps_epi32(_mm256_mul_ps(v2, scale)), i3 = _mm256_cvtps_epi32(_mm256_mul_ps(v3, scale));
+    i0 = _mm256_max_epi32(_mm256_min_epi32(i0, high), low);
+    i1 = _mm256_max_epi32(_mm256_min_epi32(i1, high), low);
+    i2 = _mm256_max_epi32(_mm256_min_epi32(i2, high), low);
+    i3 = _mm256_max_epi32(_mm256_min_epi32(i3, high), low);
+    __m256i sums = _mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3));
+    __m128i sum4 = _mm_add_epi32(_mm256_castsi256_si128(sums), _mm256_extracti128_si256(sums, 1));
+    sum4 = _mm_add_epi32(sum4, _mm_shuffle_epi32(sum4, 0x4e));
+    sum4 = _mm_add_epi32(sum4, _mm_shuffle_epi32(sum4, 0xb1));
+    /* packs work within 128-bit halves: the permute puts the 32 bytes back in column order */
+    __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
+    bytes = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256((__m256i *)q, bytes);
+    *dx = d;
+    *xs = _mm_cvtsi128_si32(sum4);
+    *xf = total;
+}
+#endif
+
 /* x [M, K] f32 -> xq [M, K] int8, dx [M, K/32] scales, xs [M, K/32] sums of xq,
- * xf [M, K/32] sums of x (for the zeros). K is a multiple of 32. */
+ * xf [M, K/32] sums of x (for the zeros). K is a multiple of 32. A block's max and sum run in 8
+ * lanes (column i in lane i % 8; sum = ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))), a fixed
+ * order every level shares, which the compiler can keep in vector registers. */
 int colibri_q8_quantize(const float *x, int64_t M, int64_t K, int8_t *xq, float *dx, int32_t *xs, float *xf,
-                        int8_t *pairs, float *pair_scales) {
+                        int8_t *pairs, float *pair_scales, int level) {
     if (K % BLOCK) return -1;
     int64_t blocks = K / BLOCK;
     for (int64_t m = 0; m < M; m++) {
+#ifdef COLIBRI_X86
+        if (level >= 1) {
+            for (int64_t b = 0; b < blocks; b++)
+                quantize_block_avx2(x + m * K + b * BLOCK, xq + m * K + b * BLOCK, dx + m * blocks + b,
+                                    xs + m * blocks + b, xf + m * blocks + b);
+        } else
+#endif
         for (int64_t b = 0; b < blocks; b++) {
             const float *v = x + m * K + b * BLOCK;
-            float amax = 0.f, total = 0.f;
-            for (int i = 0; i < BLOCK; i++) { float a = fabsf(v[i]); if (a > amax) amax = a; total += v[i]; }
+            float lane_max[8] = {0}, lane_sum[8] = {0};
+            for (int i = 0; i < BLOCK; i += 8)
+                for (int j = 0; j < 8; j++) {
+                    float a = fabsf(v[i + j]);
+                    lane_max[j] = a > lane_max[j] ? a : lane_max[j];
+                    lane_sum[j] += v[i + j];
+                }
+            float amax = lane_max[0];
+            for (int j = 1; j < 8; j++) amax = lane_max[j] > amax ? lane_max[j] : amax;
+            float total = ((lane_sum[0] + lane_sum[4]) + (lane_sum[2] + lane_sum[6]))
+                          + ((lane_sum[1] + lane_sum[5]) + (lane_sum[3] + lane_sum[7]));
             float d = amax / 127.f, inv = d > 0.f ? 1.f / d : 0.f;
             int8_t *q = xq + m * K + b * BLOCK;
             int32_t sum = 0;
             for (int i = 0; i < BLOCK; i++) {
-                int r = (int)lrintf(v[i] * inv);
-                r = r > 127 ? 127 : (r < -127 ? -127 : r);
+                float r = round_even(v[i] * inv);
+                r = r > 127.f ? 127.f : (r < -127.f ? -127.f : r);
                 q[i] = (int8_t)r;
-                sum += r;
+                sum += (int32_t)r;
             }
             dx[m * blocks + b] = d;
             xs[m * blocks + b] = sum;
@@ -1045,7 +1111,7 @@ int colibri_token_experts_in(const float *x, int64_t K, int64_t E, const uint8_t
     if (q && words && rows && none) {
         float *dx = words, *xf = words + blocks, *pair_scales = words + 3 * blocks;
         int32_t *xs = (int32_t *)(words + 2 * blocks);
-        colibri_q8_quantize(x, 1, K, q, dx, xs, xf, paired ? q + K : 0, paired ? pair_scales : 0);
+        colibri_q8_quantize(x, 1, K, q, dx, xs, xf, paired ? q + K : 0, paired ? pair_scales : 0, level);
         for (int64_t e = 0; e < E; e++) { rows[e] = 0; rows[E + e] = e; }
         rows[2 * E] = E;
         status = q4_products(q, dx, xs, xf, paired ? q + K : 0, paired ? pair_scales : 0, 1, K, E, packed, scales,
@@ -1074,7 +1140,7 @@ int colibri_token_experts_out(const float *hidden, int64_t K, int64_t E, const u
     if (q && words && y && rows && none) {
         float *dx = words, *xf = words + E * blocks, *pair_scales = words + 3 * E * blocks;
         int32_t *xs = (int32_t *)(words + 2 * E * blocks);
-        colibri_q8_quantize(hidden, E, K, q, dx, xs, xf, paired ? q + E * K : 0, paired ? pair_scales : 0);
+        colibri_q8_quantize(hidden, E, K, q, dx, xs, xf, paired ? q + E * K : 0, paired ? pair_scales : 0, level);
         for (int64_t e = 0; e < E; e++) { rows[e] = e; rows[E + e] = e; }
         rows[2 * E] = E;
         status = q4_products(q, dx, xs, xf, paired ? q + E * K : 0, paired ? pair_scales : 0, E, K, E, packed, scales,
@@ -1179,13 +1245,14 @@ int colibri_q8_token_experts(const float *x, int64_t K, int64_t E, const void *c
     int status = -2;
     if (xq && hq && xw && hw && gate_up && y) {
         float *hidden = gate_up + 2 * F;
-        status = colibri_q8_quantize(x, 1, K, xq, xw, (int32_t *)(xw + 2 * kb), xw + kb, 0, 0);
+        status = colibri_q8_quantize(x, 1, K, xq, xw, (int32_t *)(xw + 2 * kb), xw + kb, 0, 0, level);
         for (int64_t e = 0; e < E && status == 0; e++) {
             const void *const *a = experts + 6 * e;
             status = colibri_q8w_matmul(xq, xw, 1, K, (const int8_t *)a[0], (const uint16_t *)a[1], fp16, 2 * F,
                                         G_gate_up, gate_up, threads, level);
             if (status == 0) status = colibri_swiglu_rows(gate_up, 1, F, hidden, level);
-            if (status == 0) status = colibri_q8_quantize(hidden, 1, F, hq, hw, (int32_t *)(hw + 2 * fb), hw + fb, 0, 0);
+            if (status == 0)
+                status = colibri_q8_quantize(hidden, 1, F, hq, hw, (int32_t *)(hw + 2 * fb), hw + fb, 0, 0, level);
             if (status == 0)
                 status = colibri_q8w_matmul(hq, hw, 1, F, (const int8_t *)a[3], (const uint16_t *)a[4], fp16, K,
                                             G_down, y + e * K, threads, level);
