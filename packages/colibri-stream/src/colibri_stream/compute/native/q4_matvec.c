@@ -752,10 +752,22 @@ __attribute__((target("avx2,fma"))) static void epilogue_lanes(const float *scal
  * scales. On a Zen 4 core, one thread, a 1024 x 1024 matrix in groups of 64 times 64 rows: 39.5
  * GMAC/s with the 256-bit tiles, 69.3 with 4 rows a call (2: 61.8; 6: 68.7). */
 #define ZACTS 4
+/* ZROWS weight rows' scales and zeros as weight_rows_zmm_body reads them: f32 (scales padded with 16
+ * zeros: a step's scales load 16 from its group), and the scales transposed for epilogue_lanes. A
+ * prefill chunk's activation tiles share one conversion per block of weight rows. */
+__attribute__((target("avx2,fma,f16c"))) static void zmm_row_scales(const uint16_t *s, const uint16_t *z, int fp16,
+                                                                    int64_t groups, float *scales, float *zeros,
+                                                                    float *scales_t) {
+    row_scales_avx2(s, ZROWS * groups, fp16, scales);
+    for (int i = 0; i < 16; i++) scales[ZROWS * groups + i] = 0.f;
+    if (z) row_scales_avx2(z, ZROWS * groups, fp16, zeros);
+    transpose_rows8(scales, groups, scales_t);
+}
+
 __attribute__((target(ZMM_TARGET), always_inline)) static inline void weight_rows_zmm_body(
-    const uint8_t *p, int64_t row_bytes, const uint16_t *s, const uint16_t *z, int fp16, int64_t blocks,
-    int64_t per_group, const int8_t *const *pairs, const float *const *pair_scales, const float *const *offset,
-    const float *const *xgroup, float *const *out, const int R, const int prefetch) {
+    const uint8_t *p, int64_t row_bytes, const float *scales, const float *zeros, const float *scales_t,
+    int64_t blocks, int64_t per_group, const int8_t *const *pairs, const float *const *pair_scales,
+    const float *const *offset, const float *const *xgroup, float *const *out, const int R, const int prefetch) {
     const __m512i low = _mm512_set1_epi8(15);
     /* a step's scales: lanes 0-7 group g0's, 8-15 group g1's (g0 or the next); in groups of 32,
      * lanes 4k..4k+3 block b + k's */
@@ -763,10 +775,6 @@ __attribute__((target(ZMM_TARGET), always_inline)) static inline void weight_row
     const __m512i two_groups = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi32(1), 1);
     const __m512i four_groups = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
     int64_t groups = blocks / per_group;
-    float scales[ZROWS * groups + 16], zeros[ZROWS * groups]; /* + 16: a step's scales load 16 from its group */
-    row_scales_avx2(s, ZROWS * groups, fp16, scales);
-    for (int i = 0; i < 16; i++) scales[ZROWS * groups + i] = 0.f;
-    if (z) row_scales_avx2(z, ZROWS * groups, fp16, zeros);
     __m512 acc[ZACTS][ZROWS];
     for (int a = 0; a < R; a++)
         for (int r = 0; r < ZROWS; r++) acc[a][r] = _mm512_setzero_ps();
@@ -823,11 +831,9 @@ __attribute__((target(ZMM_TARGET), always_inline)) static inline void weight_row
             }
         }
     }
-    float scales_t[ZROWS * groups];
-    transpose_rows8(scales, groups, scales_t);
     for (int a = 0; a < R; a++) {
         float scalar[ZROWS];
-        epilogue_lanes(scales_t, z ? zeros : 0, groups, offset[a], xgroup[a], scalar);
+        epilogue_lanes(scales_t, zeros, groups, offset[a], xgroup[a], scalar);
         for (int r = 0; r < ZROWS; r++)
             out[a][r] = hsum256(_mm256_add_ps(_mm512_castps512_ps256(acc[a][r]), _mm512_extractf32x8_ps(acc[a][r], 1)))
                         + scalar[r];
@@ -837,8 +843,11 @@ __attribute__((target(ZMM_TARGET))) static void weight_rows_zmm(
     const uint8_t *p, int64_t row_bytes, const uint16_t *s, const uint16_t *z, int fp16, int64_t blocks,
     int64_t per_group, const int8_t *pairs, const float *pair_scales, const float *offset, const float *xgroup,
     float *out) {
-    weight_rows_zmm_body(p, row_bytes, s, z, fp16, blocks, per_group, &pairs, &pair_scales, &offset, &xgroup, &out,
-                         1, 1);
+    int64_t groups = blocks / per_group;
+    float scales[ZROWS * groups + 16], zeros[ZROWS * groups], scales_t[ZROWS * groups];
+    zmm_row_scales(s, z, fp16, groups, scales, zeros, scales_t);
+    weight_rows_zmm_body(p, row_bytes, scales, z ? zeros : 0, scales_t, blocks, per_group, &pairs, &pair_scales,
+                         &offset, &xgroup, &out, 1, 1);
 }
 #endif
 
@@ -876,7 +885,7 @@ static void act_row_init(act_row *a, const int8_t *xq, const float *dx, const in
 
 #ifdef COLIBRI_X86
 __attribute__((target(ZMM_TARGET))) static void weight_rows_zmm_acts(
-    const uint8_t *p, int64_t row_bytes, const uint16_t *s, const uint16_t *z, int fp16, int64_t blocks,
+    const uint8_t *p, int64_t row_bytes, const float *s, const float *z, const float *s_t, int64_t blocks,
     int64_t per_group, const act_row *const *acts, int R, float *const *out) {
     const int8_t *pairs[ZACTS];
     const float *pair_scales[ZACTS], *offset[ZACTS], *xgroup[ZACTS];
@@ -887,16 +896,16 @@ __attribute__((target(ZMM_TARGET))) static void weight_rows_zmm_acts(
         xgroup[a] = acts[a]->xgroup;
     }
     if (R == 4)
-        weight_rows_zmm_body(p, row_bytes, s, z, fp16, blocks, per_group, pairs, pair_scales, offset, xgroup,
+        weight_rows_zmm_body(p, row_bytes, s, z, s_t, blocks, per_group, pairs, pair_scales, offset, xgroup,
                              out, 4, 0);
     else if (R == 3)
-        weight_rows_zmm_body(p, row_bytes, s, z, fp16, blocks, per_group, pairs, pair_scales, offset, xgroup,
+        weight_rows_zmm_body(p, row_bytes, s, z, s_t, blocks, per_group, pairs, pair_scales, offset, xgroup,
                              out, 3, 0);
     else if (R == 2)
-        weight_rows_zmm_body(p, row_bytes, s, z, fp16, blocks, per_group, pairs, pair_scales, offset, xgroup,
+        weight_rows_zmm_body(p, row_bytes, s, z, s_t, blocks, per_group, pairs, pair_scales, offset, xgroup,
                              out, 2, 0);
     else
-        weight_rows_zmm_body(p, row_bytes, s, z, fp16, blocks, per_group, pairs, pair_scales, offset, xgroup,
+        weight_rows_zmm_body(p, row_bytes, s, z, s_t, blocks, per_group, pairs, pair_scales, offset, xgroup,
                              out, 1, 0);
 }
 #endif
@@ -1003,15 +1012,20 @@ static int q4_products(const int8_t *xq, const float *dx, const int32_t *xs, con
 #ifdef COLIBRI_X86
         if (level >= 2 && row_start[e + 1] - row_start[e] > 1 && n1 - n0 == ROW_BLOCK && blocks % 2 == 0
             && PAIRED_GROUPS(per_group) && acts[0].pairs && zmm_ok()) {
-            for (int64_t i = row_start[e]; i < row_start[e + 1]; i += ZACTS) {
-                int R = row_start[e + 1] - i < ZACTS ? (int)(row_start[e + 1] - i) : ZACTS;
-                const act_row *tile[ZACTS];
-                for (int r = 0; r < R; r++) tile[r] = &acts[act_rows[i + r]];
-                for (int64_t n = n0; n < n1; n += ZROWS) {
+            for (int64_t n = n0; n < n1; n += ZROWS) {
+                float row_scales[ZROWS * groups + 16], row_zeros[ZROWS * groups], scales_t[ZROWS * groups];
+                zmm_row_scales(scales[e] + n * groups, zeros[e] ? zeros[e] + n * groups : 0, fp16, groups, row_scales,
+                               row_zeros, scales_t);
+                for (int64_t i = row_start[e]; i < row_start[e + 1]; i += ZACTS) {
+                    int R = row_start[e + 1] - i < ZACTS ? (int)(row_start[e + 1] - i) : ZACTS;
+                    const act_row *tile[ZACTS];
                     float *out[ZACTS];
-                    for (int r = 0; r < R; r++) out[r] = y + (i + r) * N + n;
-                    weight_rows_zmm_acts(packed[e] + n * (K / 2), K / 2, scales[e] + n * groups,
-                                         zeros[e] ? zeros[e] + n * groups : 0, fp16, blocks, per_group, tile, R, out);
+                    for (int r = 0; r < R; r++) {
+                        tile[r] = &acts[act_rows[i + r]];
+                        out[r] = y + (i + r) * N + n;
+                    }
+                    weight_rows_zmm_acts(packed[e] + n * (K / 2), K / 2, row_scales, zeros[e] ? row_zeros : 0,
+                                         scales_t, blocks, per_group, tile, R, out);
                 }
             }
             continue;
