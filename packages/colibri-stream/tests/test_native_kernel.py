@@ -92,7 +92,8 @@ def test_every_level_quantizes_activations_to_the_same_bits(cols):
     x[0, :32] = 0  # scale 0
     x[1, :32] = -0.0
     x[2, 5] = 1e4  # one block's scale set by one large value
-    x[3, :32] = torch.arange(32) - 15.5  # products on .5 ties: rounding to even on every level
+    x[3, :32] = torch.arange(32) - 15.5  # halves, and with the block's max 127 its scale is exactly 1:
+    x[3, 31] = 127.0  # the products are .5 ties, rounded to even on every level
     reference = QuantizedActivations(x, level=SCALAR)
     for level in LEVELS[1:]:
         got = QuantizedActivations(x, level=level)
