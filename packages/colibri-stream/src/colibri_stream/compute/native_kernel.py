@@ -78,13 +78,11 @@ def _library() -> ctypes.CDLL:
             os.replace(built, target)  # atomic: a concurrent build of the same digest is identical
     library = ctypes.CDLL(str(target))
     pointer, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-    library.colibri_q8_quantize.argtypes = [pointer, i64, i64, pointer, pointer, pointer, pointer, pointer, pointer,
-                                            i32]
-    library.colibri_q4_matmul.argtypes = [pointer, pointer, pointer, pointer, pointer, pointer, i64, i64, pointer,
-                                          pointer, pointer, i32, i64, i64, pointer, i32, i32]
-    library.colibri_q4_experts.argtypes = [pointer, pointer, pointer, pointer, pointer, pointer, i64, i64, i64,
-                                           pointer, pointer, pointer, pointer, pointer, i32, i64, i64, pointer, i32,
-                                           i32]
+    library.colibri_q8_quantize.argtypes = [pointer, i64, i64, pointer, pointer, pointer, pointer, pointer, i32]
+    library.colibri_q4_matmul.argtypes = [pointer, pointer, pointer, pointer, pointer, i64, i64, pointer, pointer,
+                                          pointer, i32, i64, i64, pointer, i32, i32]
+    library.colibri_q4_experts.argtypes = [pointer, pointer, pointer, pointer, pointer, i64, i64, i64, pointer,
+                                           pointer, pointer, pointer, pointer, i32, i64, i64, pointer, i32, i32]
     library.colibri_q4_experts.restype = i32
     library.colibri_q8w_matmul.argtypes = [pointer, pointer, i64, i64, pointer, pointer, i32, i64, i64, pointer, i32,
                                            i32]
@@ -153,13 +151,13 @@ def cpu_level() -> int:
 
 class QuantizedActivations:
     """Rows of activations as the kernel reads them: int8 per 32 columns with one f32 scale each
-    (round to nearest even, scale = max|x| / 127), and per-block sums of the int8 and the f32 values.
+    (round to nearest even, scale = max|x| / 127), and per-block sums of the int8 values.
 
-    Two buffers hold everything (a decode step quantizes about a hundred inputs, so six allocations
+    Two buffers hold everything (a decode step quantizes about a hundred inputs, so five allocations
     and views each would show): `bytes_` [2, rows, cols] int8 (the values, then the same values in
     the order q4 bytes unpack to, 64 columns at a time: the kernel's fast path), `words` f32
-    [rows * blocks * 7] (scales, float sums, int32 sums, then 4 pair scales a block). The kernel
-    takes `pointers`; the arrays themselves are views made when asked for."""
+    [rows * blocks * 6] (scales, int32 sums, then 4 pair scales a block). The kernel takes
+    `pointers`; the arrays themselves are views made when asked for."""
 
     __slots__ = ("rows", "cols", "paired", "bytes_", "words", "pointers")
 
@@ -175,18 +173,18 @@ class QuantizedActivations:
         self.paired = self.cols % (2 * BLOCK) == 0
         m, blocks = self.rows, self.cols // BLOCK
         self.bytes_ = torch.empty(2 if self.paired else 1, m, self.cols, dtype=torch.int8)
-        self.words = torch.empty(m * blocks * (7 if self.paired else 3), dtype=torch.float32)
+        self.words = torch.empty(m * blocks * (6 if self.paired else 2), dtype=torch.float32)
         self._point()
-        _library().colibri_q8_quantize(x.data_ptr(), m, self.cols, *self.pointers[:4], *self.pointers[4:6],
+        _library().colibri_q8_quantize(x.data_ptr(), m, self.cols, *self.pointers,
                                        cpu_level() if level is None else level)
 
     def _point(self) -> None:
         m, cols, blocks = self.rows, self.cols, self.cols // BLOCK
         b, w = self.bytes_.data_ptr(), self.words.data_ptr()
         row_words = 4 * m * blocks  # bytes of one [rows, blocks] f32 array
-        # q, scales, sums (int32), float sums, pairs, pair scales: colibri_q8_quantize's order
-        self.pointers = (b, w, w + 2 * row_words, w + row_words, b + m * cols if self.paired else None,
-                         w + 3 * row_words if self.paired else None)
+        # q, scales, sums (int32), pairs, pair scales: colibri_q8_quantize's order
+        self.pointers = (b, w, w + row_words, b + m * cols if self.paired else None,
+                         w + 2 * row_words if self.paired else None)
 
     def _words(self, part: int, width: int = 1) -> torch.Tensor:
         m, blocks = self.rows, self.cols // BLOCK
@@ -205,16 +203,12 @@ class QuantizedActivations:
         return self._words(0)
 
     @property
-    def float_sums(self) -> torch.Tensor:
-        return self._words(1)
-
-    @property
     def sums(self) -> torch.Tensor:
-        return self._words(2).view(torch.int32)
+        return self._words(1).view(torch.int32)
 
     @property
     def pair_scales(self) -> torch.Tensor:
-        return self._words(3, 4) if self.paired else self._words(0)[:, :0]
+        return self._words(2, 4) if self.paired else self._words(0)[:, :0]
 
     def __getitem__(self, rows: torch.Tensor) -> QuantizedActivations:
         """The given rows (an index tensor), without quantizing again."""
@@ -222,11 +216,11 @@ class QuantizedActivations:
         picked.rows, picked.cols, picked.paired = int(rows.numel()), self.cols, self.paired
         picked.bytes_ = self.bytes_.index_select(1, rows)
         m, blocks = self.rows, self.cols // BLOCK
-        three = self.words[: 3 * m * blocks].view(3, m, blocks).index_select(1, rows).reshape(-1)
+        two = self.words[: 2 * m * blocks].view(2, m, blocks).index_select(1, rows).reshape(-1)
         if self.paired:
-            four = self.words[3 * m * blocks :].view(m, -1).index_select(0, rows).reshape(-1)
-            three = torch.cat([three, four])
-        picked.words = three
+            four = self.words[2 * m * blocks :].view(m, -1).index_select(0, rows).reshape(-1)
+            two = torch.cat([two, four])
+        picked.words = two
         picked._point()
         return picked
 

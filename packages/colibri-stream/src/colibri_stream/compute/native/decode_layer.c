@@ -14,9 +14,9 @@
 #include <stdlib.h>
 #include <time.h>
 
-int colibri_q8_quantize(const float *x, int64_t M, int64_t K, int8_t *xq, float *dx, int32_t *xs, float *xf,
-                        int8_t *pairs, float *pair_scales, int level);
-int colibri_q4_matmul(const int8_t *xq, const float *dx, const int32_t *xs, const float *xf, const int8_t *pairs,
+int colibri_q8_quantize(const float *x, int64_t M, int64_t K, int8_t *xq, float *dx, int32_t *xs, int8_t *pairs,
+                        float *pair_scales, int level);
+int colibri_q4_matmul(const int8_t *xq, const float *dx, const int32_t *xs, const int8_t *pairs,
                       const float *pair_scales, int64_t M, int64_t K, const uint8_t *packed, const uint16_t *scales,
                       const uint16_t *zeros, int fp16, int64_t N, int64_t G, float *y, int threads, int level);
 int colibri_q8w_matmul(const int8_t *xq, const float *dx, int64_t M, int64_t K, const int8_t *weights,
@@ -36,7 +36,7 @@ typedef struct {
 /* One row x [K] quantized as QuantizedActivations does it */
 typedef struct {
     int8_t *q, *pairs;
-    float *dx, *xf, *pair_scales;
+    float *dx, *pair_scales;
     int32_t *xs;
     void *buffer;
 } quantized_row;
@@ -44,22 +44,21 @@ typedef struct {
 static int quantize_row(const float *x, int64_t K, quantized_row *a, int level) {
     int64_t blocks = K / 32;
     int paired = K % 64 == 0;
-    a->buffer = malloc((size_t)(2 * K) + sizeof(float) * (size_t)(7 * blocks));
+    a->buffer = malloc((size_t)(2 * K) + sizeof(float) * (size_t)(6 * blocks));
     if (!a->buffer) return -2;
     a->q = (int8_t *)a->buffer;
     a->pairs = paired ? a->q + K : 0;
     a->dx = (float *)(a->q + 2 * K);
-    a->xf = a->dx + blocks;
-    a->xs = (int32_t *)(a->dx + 2 * blocks);
-    a->pair_scales = paired ? a->dx + 3 * blocks : 0;
-    return colibri_q8_quantize(x, 1, K, a->q, a->dx, a->xs, a->xf, a->pairs, a->pair_scales, level);
+    a->xs = (int32_t *)(a->dx + blocks);
+    a->pair_scales = paired ? a->dx + 2 * blocks : 0;
+    return colibri_q8_quantize(x, 1, K, a->q, a->dx, a->xs, a->pairs, a->pair_scales, level);
 }
 
 static int project(const quantized_row *a, const colibri_projection *p, float *y, int threads, int level) {
     if (p->q8)
         return colibri_q8w_matmul(a->q, a->dx, 1, p->cols, (const int8_t *)p->data, p->scales, (int)p->fp16, p->rows,
                                   p->group, y, threads, level);
-    return colibri_q4_matmul(a->q, a->dx, a->xs, a->xf, a->pairs, a->pair_scales, 1, p->cols,
+    return colibri_q4_matmul(a->q, a->dx, a->xs, a->pairs, a->pair_scales, 1, p->cols,
                              (const uint8_t *)p->data, p->scales, p->zeros, (int)p->fp16, p->rows, p->group, y,
                              threads, level);
 }

@@ -84,23 +84,19 @@ static inline float round_even(float v) {
 }
 
 #ifdef COLIBRI_X86
-/* One block of colibri_q8_quantize in AVX2, with the scalar path's bits: lane j of the vectors is its
- * lane j (columns j, 8 + j, 16 + j, 24 + j added in that order), the sum reduced in its order, the
- * products rounded by the same mode (cvtps2dq: nearest, ties to even) and clamped before packing. */
+/* One block of colibri_q8_quantize in AVX2, with the scalar path's bits: the same max (an exact
+ * operation in any order), the products rounded by the same mode (cvtps2dq: nearest, ties to
+ * even) and clamped before packing. */
 __attribute__((target("avx2,fma"))) static void quantize_block_avx2(const float *v, int8_t *q, float *dx,
-                                                                     int32_t *xs, float *xf) {
+                                                                     int32_t *xs) {
     const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
     __m256 v0 = _mm256_loadu_ps(v), v1 = _mm256_loadu_ps(v + 8), v2 = _mm256_loadu_ps(v + 16),
            v3 = _mm256_loadu_ps(v + 24);
     __m256 top = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v0, magnitude), _mm256_and_ps(v1, magnitude)),
                                _mm256_max_ps(_mm256_and_ps(v2, magnitude), _mm256_and_ps(v3, magnitude)));
-    __m256 lanes = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(_mm256_add_ps(_mm256_setzero_ps(), v0), v1), v2), v3);
     __m128 top4 = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
     top4 = _mm_max_ps(top4, _mm_movehl_ps(top4, top4));
     float amax = _mm_cvtss_f32(_mm_max_ss(top4, _mm_shuffle_ps(top4, top4, 1)));
-    __m128 half = _mm_add_ps(_mm256_castps256_ps128(lanes), _mm256_extractf128_ps(lanes, 1));
-    half = _mm_add_ps(half, _mm_movehl_ps(half, half));
-    float total = _mm_cvtss_f32(_mm_add_ss(half, _mm_shuffle_ps(half, half, 1)));
     float d = amax / 127.f, inv = d > 0.f ? 1.f / d : 0.f;
     const __m256 scale = _mm256_set1_ps(inv);
     const __m256i high = _mm256_set1_epi32(127), low = _mm256_set1_epi32(-127);
@@ -120,15 +116,13 @@ __attribute__((target("avx2,fma"))) static void quantize_block_avx2(const float 
     _mm256_storeu_si256((__m256i *)q, bytes);
     *dx = d;
     *xs = _mm_cvtsi128_si32(sum4);
-    *xf = total;
 }
 #endif
 
-/* x [M, K] f32 -> xq [M, K] int8, dx [M, K/32] scales, xs [M, K/32] sums of xq,
- * xf [M, K/32] sums of x (for the zeros). K is a multiple of 32. A block's max and sum run in 8
- * lanes (column i in lane i % 8; sum = ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))), a fixed
- * order every level shares, which the compiler can keep in vector registers. */
-int colibri_q8_quantize(const float *x, int64_t M, int64_t K, int8_t *xq, float *dx, int32_t *xs, float *xf,
+/* x [M, K] f32 -> xq [M, K] int8, dx [M, K/32] scales, xs [M, K/32] sums of xq (for the -8 of
+ * every nibble and the zeros). K is a multiple of 32. A block's max runs in 8 lanes (column i in
+ * lane i % 8), which the compiler can keep in vector registers. */
+int colibri_q8_quantize(const float *x, int64_t M, int64_t K, int8_t *xq, float *dx, int32_t *xs,
                         int8_t *pairs, float *pair_scales, int level) {
     if (K % BLOCK) return -1;
     int64_t blocks = K / BLOCK;
@@ -137,22 +131,19 @@ int colibri_q8_quantize(const float *x, int64_t M, int64_t K, int8_t *xq, float 
         if (level >= 1) {
             for (int64_t b = 0; b < blocks; b++)
                 quantize_block_avx2(x + m * K + b * BLOCK, xq + m * K + b * BLOCK, dx + m * blocks + b,
-                                    xs + m * blocks + b, xf + m * blocks + b);
+                                    xs + m * blocks + b);
         } else
 #endif
         for (int64_t b = 0; b < blocks; b++) {
             const float *v = x + m * K + b * BLOCK;
-            float lane_max[8] = {0}, lane_sum[8] = {0};
+            float lane_max[8] = {0};
             for (int i = 0; i < BLOCK; i += 8)
                 for (int j = 0; j < 8; j++) {
                     float a = fabsf(v[i + j]);
                     lane_max[j] = a > lane_max[j] ? a : lane_max[j];
-                    lane_sum[j] += v[i + j];
                 }
             float amax = lane_max[0];
             for (int j = 1; j < 8; j++) amax = lane_max[j] > amax ? lane_max[j] : amax;
-            float total = ((lane_sum[0] + lane_sum[4]) + (lane_sum[2] + lane_sum[6]))
-                          + ((lane_sum[1] + lane_sum[5]) + (lane_sum[3] + lane_sum[7]));
             float d = amax / 127.f, inv = d > 0.f ? 1.f / d : 0.f;
             int8_t *q = xq + m * K + b * BLOCK;
             int32_t sum = 0;
@@ -164,7 +155,6 @@ int colibri_q8_quantize(const float *x, int64_t M, int64_t K, int8_t *xq, float 
             }
             dx[m * blocks + b] = d;
             xs[m * blocks + b] = sum;
-            xf[m * blocks + b] = total;
         }
         if (pairs && K % (2 * BLOCK) == 0) {
             /* per 64 columns (blocks 2p, 2p+1), in the order the q4 bytes unpack to:
@@ -192,14 +182,17 @@ static inline int32_t block_dot_scalar(const uint8_t *p, const int8_t *q) {
     return acc;
 }
 
+/* A weight is scale * (nibble - 8) + zero, so a row's product with the int8 activations is, per group,
+ * scale * sum(dx * (dot - 8 * xs)) + zero * sum(dx * xs): the zeros multiply the activations as the
+ * kernel holds them (as the rest of the product does), not their float sums. */
 static float row_scalar(const uint8_t *p, const uint16_t *s, const uint16_t *z, int fp16, int64_t blocks,
-                        int64_t per_group, const int8_t *xq, const float *dx, const int32_t *xs, const float *xf) {
+                        int64_t per_group, const int8_t *xq, const float *dx, const int32_t *xs) {
     float total = 0.f;
     for (int64_t g = 0; g * per_group < blocks; g++) {
         float acc = 0.f, xsum = 0.f;
         for (int64_t b = g * per_group; b < (g + 1) * per_group; b++) {
             acc += dx[b] * (float)(block_dot_scalar(p + b * 16, xq + b * BLOCK) - 8 * xs[b]);
-            xsum += xf[b];
+            xsum += dx[b] * (float)xs[b];
         }
         total += acc * half_to_f32(s[g], fp16);
         if (z) total += xsum * half_to_f32(z[g], fp16);
@@ -217,44 +210,55 @@ static inline float hsum256(__m256 v) {
     return _mm_cvtss_f32(lo);
 }
 
-/* 16-bit scales of one row -> f32, 8 at a time where they can be (bf16: a shift; fp16: F16C) */
+/* 8 16-bit scales or zeros -> f32 (bf16: a shift; fp16: F16C) */
+__attribute__((target("avx2,fma,f16c"), always_inline))
+static inline __m256 halves8_avx2(const uint16_t *h, int fp16) {
+    __m128i bits = _mm_loadu_si128((const __m128i *)h);
+    return fp16 ? _mm256_cvtph_ps(bits) : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
+}
+
+/* 16-bit scales of one row -> f32, 8 at a time where they can be */
 __attribute__((target("avx2,fma,f16c")))
 static void row_scales_avx2(const uint16_t *s, int64_t groups, int fp16, float *out) {
     int64_t g = 0;
-    for (; g + 8 <= groups; g += 8) {
-        __m128i bits = _mm_loadu_si128((const __m128i *)(s + g));
-        __m256 f = fp16 ? _mm256_cvtph_ps(bits)
-                        : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
-        _mm256_storeu_ps(out + g, f);
-    }
+    for (; g + 8 <= groups; g += 8) _mm256_storeu_ps(out + g, halves8_avx2(s + g, fp16));
     for (; g < groups; g++) out[g] = half_to_f32(s[g], fp16);
 }
+#endif
 
-/* The zeros' share of a row, sum over groups of zero[g] * xgroup[g] (xgroup: the activation row's
- * per-group sums), eight groups a step and the last groups % 8 one by one. Every path adds it to the
- * row's scale epilogue the same way (after the -8 terms, before the row's dot sums), so a row's
- * result is the same bits on every path: in 8-row lanes the zeros had to be transposed like the
- * scales, a fifth of an asymmetric decode token's expert time. */
-__attribute__((target("avx2,fma"))) static inline float zero_dot(const float *zeros, const float *xgroup,
-                                                                 int64_t groups) {
-    __m256 acc = _mm256_setzero_ps();
-    int64_t g = 0;
-    for (; g + 8 <= groups; g += 8)
-        acc = _mm256_fmadd_ps(_mm256_loadu_ps(zeros + g), _mm256_loadu_ps(xgroup + g), acc);
-    float total = hsum256(acc);
-    for (; g < groups; g++) total += zeros[g] * xgroup[g];
-    return total;
+/* A row's epilogue: per group g, minus coef[g] * offset[g], where offset[g] = 8 * sum(dx * xs) over the
+ * group's blocks (the -8 of every nibble; act_row). A weight is scale * (nibble - 8) + zero, and the
+ * zero times the group's int8 activations is zero * offset[g] / 8, so one coefficient carries both:
+ * coef = scale - zero / 8, the scale alone without zeros (as llama.cpp's Q4_1 and Q4_K dot products
+ * take the zeros through q8's block sums). Every path computes it with this one rounding (zero / 8 is
+ * exact), so a row's result is the same bits on every path, and the zeros cost one subtraction per
+ * group of a weight row instead of a dot product per activation row (a third of an asymmetric
+ * prefill's expert time had gone to the zeros' and the -8's terms apart). */
+static inline float epilogue_coefficient(float scale, float zero) { return scale - zero * 0.125f; }
+
+#ifdef COLIBRI_X86
+/* coef[i] = epilogue_coefficient(scales[i], zeros[i]) for n consecutive groups, 8 at a time (the same
+ * two operations, so the same bits) */
+__attribute__((target("avx2,fma,f16c")))
+static void row_coefficients_avx2(const float *scales, const uint16_t *z, int64_t n, int fp16, float *coef) {
+    const __m256 eighth = _mm256_set1_ps(0.125f);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(coef + i, _mm256_sub_ps(_mm256_loadu_ps(scales + i),
+                                                 _mm256_mul_ps(halves8_avx2(z + i, fp16), eighth)));
+    for (; i < n; i++) coef[i] = epilogue_coefficient(scales[i], half_to_f32(z[i], fp16));
 }
 
 __attribute__((target("avx2,fma")))
 static float row_avx2(const uint8_t *p, const uint16_t *s, const uint16_t *z, int fp16, int64_t blocks,
-                      int64_t per_group, const int8_t *xq, const float *dx, const float *offset, const float *xgroup) {
+                      int64_t per_group, const int8_t *xq, const float *dx, const float *offset) {
     const __m128i low = _mm_set1_epi8(15);
     const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc = _mm256_setzero_ps();
     float scalar = 0.f;
     for (int64_t g = 0; g * per_group < blocks; g++) {
         float scale = half_to_f32(s[g], fp16);
+        float coef = z ? epilogue_coefficient(scale, half_to_f32(z[g], fp16)) : scale;
         __m256 group = _mm256_setzero_ps();
         for (int64_t b = g * per_group; b < (g + 1) * per_group; b++) {
             __m128i raw = _mm_loadu_si128((const __m128i *)(p + b * 16));
@@ -266,12 +270,7 @@ static float row_avx2(const uint8_t *p, const uint16_t *s, const uint16_t *z, in
             group = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pairs), _mm256_set1_ps(dx[b]), group);
         }
         acc = _mm256_fmadd_ps(group, _mm256_set1_ps(scale), acc);
-        scalar -= scale * offset[g];  /* the -8 of every nibble: 8 * sum(dx * xs) over the group */
-    }
-    if (z) {
-        float zeros[blocks / per_group];
-        row_scales_avx2(z, blocks / per_group, fp16, zeros);
-        scalar += zero_dot(zeros, xgroup, blocks / per_group);
+        scalar -= coef * offset[g];  /* the -8 of every nibble and the zero */
     }
     return hsum256(acc) + scalar;
 }
@@ -527,12 +526,13 @@ int colibri_q8w_matmul(const int8_t *xq, const float *dx, int64_t M, int64_t K, 
     ((per_group) == 1 ? _mm256_set_m128(_mm_set1_ps((scales)[(b) + 1]), _mm_set1_ps((scales)[b]))              \
                       : _mm256_set1_ps((scales)[(b) / (per_group)]))
 
-/* rows_pairs_<level>(p, scales, zeros, blocks, per_group, R, pairs, pair_scales, offset, xgroup, out) */
+/* rows_pairs_<level>(p, scales, coef, blocks, per_group, R, pairs, pair_scales, offset, out, with_epilogue):
+ * coef, the epilogue coefficients (the scales themselves without zeros) */
 #define ROWS_PAIRS(NAME, TARGET, PAIR_DOT)                                                                     \
     __attribute__((target(TARGET), always_inline)) static inline void NAME(                                    \
-        const uint8_t *p, const float *scales, const float *zeros, int64_t blocks, int64_t per_group, int R,     \
+        const uint8_t *p, const float *scales, const float *coef, int64_t blocks, int64_t per_group, int R,      \
         const int8_t *const *pairs, const float *const *pair_scales, const float *const *offset,                 \
-        const float *const *xgroup, float *const *out, const int with_epilogue) {                               \
+        float *const *out, const int with_epilogue) {                                                           \
         const __m256i low = _mm256_set1_epi8(15);                                                               \
         const __m256i ones = _mm256_set1_epi16(1);                                                              \
         (void)ones;                                                                                             \
@@ -576,8 +576,7 @@ int colibri_q8w_matmul(const int8_t *xq, const float *dx, int64_t M, int64_t K, 
         for (int r = 0; r < R; r++) {                                                                           \
             float scalar = 0.f;                                                                                 \
             for (int64_t g = 0; with_epilogue && g < groups; g++)                                               \
-                scalar -= scales[g] * offset[r][g]; /* the -8 of every nibble */                                \
-            if (with_epilogue && zeros) scalar += zero_dot(zeros, xgroup[r], groups);                           \
+                scalar -= coef[g] * offset[r][g]; /* the -8 of every nibble and the zero */                     \
             __m256 both = _mm256_add_ps(acc0[r], acc1[r]);                                                      \
             __m128 lo = _mm_add_ps(_mm256_castps256_ps128(both), _mm256_extractf128_ps(both, 1));               \
             lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));                                                         \
@@ -594,17 +593,17 @@ ROWS_PAIRS(rows_pairs_vnni, VNNI_TARGET, PAIR_DOT_VNNI)
     __attribute__((target(TARGET))) static void NAME(                                                          \
         const uint8_t *p, const uint16_t *s, const uint16_t *z, int fp16, int64_t blocks, int64_t per_group,    \
         int R, const int8_t *const *pairs, const float *const *pair_scales, const float *const *offset,         \
-        const float *const *xgroup, float *const *out) {                                                        \
+        float *const *out) {                                                                                    \
         int64_t groups = blocks / per_group;                                                                    \
-        float scales[groups], zeros[groups];                                                                    \
+        float scales[groups], coef[groups];                                                                     \
         row_scales_avx2(s, groups, fp16, scales);                                                               \
-        if (z) row_scales_avx2(z, groups, fp16, zeros);                                                         \
-        const float *zf = z ? zeros : 0;                                                                        \
+        if (z) row_coefficients_avx2(scales, z, groups, fp16, coef);                                            \
+        const float *epi = z ? coef : scales;                                                                   \
         switch (R) {                                                                                            \
-        case 4: ROWS(p, scales, zf, blocks, per_group, 4, pairs, pair_scales, offset, xgroup, out, 1); break;  \
-        case 3: ROWS(p, scales, zf, blocks, per_group, 3, pairs, pair_scales, offset, xgroup, out, 1); break;  \
-        case 2: ROWS(p, scales, zf, blocks, per_group, 2, pairs, pair_scales, offset, xgroup, out, 1); break;  \
-        default: ROWS(p, scales, zf, blocks, per_group, 1, pairs, pair_scales, offset, xgroup, out, 1); break; \
+        case 4: ROWS(p, scales, epi, blocks, per_group, 4, pairs, pair_scales, offset, out, 1); break;          \
+        case 3: ROWS(p, scales, epi, blocks, per_group, 3, pairs, pair_scales, offset, out, 1); break;          \
+        case 2: ROWS(p, scales, epi, blocks, per_group, 2, pairs, pair_scales, offset, out, 1); break;          \
+        default: ROWS(p, scales, epi, blocks, per_group, 1, pairs, pair_scales, offset, out, 1); break;         \
         }                                                                                                       \
     }
 
@@ -618,10 +617,10 @@ TILE_PAIRS(tile_pairs_vnni, VNNI_TARGET, rows_pairs_vnni)
                                                      int64_t per_group, int R, const int8_t *const *pairs,      \
                                                      const float *const *pair_scales, float *const *out) {      \
         switch (R) {                                                                                            \
-        case 4: ROWS(p, scales, 0, blocks, per_group, 4, pairs, pair_scales, 0, 0, out, 0); break;              \
-        case 3: ROWS(p, scales, 0, blocks, per_group, 3, pairs, pair_scales, 0, 0, out, 0); break;              \
-        case 2: ROWS(p, scales, 0, blocks, per_group, 2, pairs, pair_scales, 0, 0, out, 0); break;              \
-        default: ROWS(p, scales, 0, blocks, per_group, 1, pairs, pair_scales, 0, 0, out, 0); break;             \
+        case 4: ROWS(p, scales, 0, blocks, per_group, 4, pairs, pair_scales, 0, out, 0); break;                 \
+        case 3: ROWS(p, scales, 0, blocks, per_group, 3, pairs, pair_scales, 0, out, 0); break;                 \
+        case 2: ROWS(p, scales, 0, blocks, per_group, 2, pairs, pair_scales, 0, out, 0); break;                 \
+        default: ROWS(p, scales, 0, blocks, per_group, 1, pairs, pair_scales, 0, out, 0); break;                \
         }                                                                                                       \
     }
 
@@ -644,15 +643,15 @@ TILE_DOTS(tile_dots_vnni, VNNI_TARGET, rows_pairs_vnni)
 #define WEIGHT_ROWS_PAIRS(NAME, TARGET, PAIR_DOT)                                                              \
     __attribute__((target(TARGET))) static void NAME(                                                          \
         const uint8_t *p, int64_t row_bytes, const uint16_t *s, const uint16_t *z, int fp16, int64_t blocks,  \
-        int64_t per_group, const int8_t *pairs, const float *pair_scales, const float *offset,                  \
-        const float *xgroup, float *out) {                                                                      \
+        int64_t per_group, const int8_t *pairs, const float *pair_scales, const float *offset, float *out) {    \
         const __m256i low = _mm256_set1_epi8(15);                                                               \
         const __m256i ones = _mm256_set1_epi16(1);                                                              \
         (void)ones;                                                                                             \
         int64_t groups = blocks / per_group;                                                                    \
-        float scales[WROWS * groups], zeros[WROWS * groups];                                                    \
+        float scales[WROWS * groups], coef[WROWS * groups];                                                     \
         row_scales_avx2(s, WROWS * groups, fp16, scales); /* the rows' scales are consecutive */                \
-        if (z) row_scales_avx2(z, WROWS * groups, fp16, zeros);                                                 \
+        if (z) row_coefficients_avx2(scales, z, WROWS * groups, fp16, coef);                                    \
+        const float *epi = z ? coef : scales;                                                                   \
         __m256 acc0[WROWS], acc1[WROWS];                                                                        \
         for (int r = 0; r < WROWS; r++) acc0[r] = acc1[r] = _mm256_setzero_ps();                                \
         /* two steps an iteration (blocks b, b + 1 into acc0, b + 2, b + 3 into acc1): no branch on             \
@@ -692,8 +691,7 @@ TILE_DOTS(tile_dots_vnni, VNNI_TARGET, rows_pairs_vnni)
         float scalar[WROWS] = {0.f};                                                                            \
         for (int64_t g = 0; g < groups; g++)                                                                    \
             for (int r = 0; r < WROWS; r++)                                                                     \
-                scalar[r] -= scales[r * groups + g] * offset[g]; /* the -8 of every nibble */                   \
-        for (int r = 0; z && r < WROWS; r++) scalar[r] += zero_dot(zeros + r * groups, xgroup, groups);         \
+                scalar[r] -= epi[r * groups + g] * offset[g]; /* the -8 of every nibble and the zero */         \
         for (int r = 0; r < WROWS; r++) {                                                                       \
             __m256 both = _mm256_add_ps(acc0[r], acc1[r]);                                                      \
             __m128 lo = _mm_add_ps(_mm256_castps256_ps128(both), _mm256_extractf128_ps(both, 1));               \
@@ -715,11 +713,11 @@ WEIGHT_ROWS_PAIRS(weight_rows_vnni, VNNI_TARGET, PAIR_DOT_VNNI)
 #define ZROWS 8
 
 /* The epilogue of ZROWS weight rows with the rows in the lanes of one vector: lane r runs exactly
- * the scalar loop's multiplies and subtractions (and adds, with zeros) in its order, so the same
- * bits, in a sixth of the instructions (it was an eighth of a decode token's expert time). The
- * rows' scales [row][group] are first transposed to [group][row], 8 groups at a time in registers
- * and the last groups % 8 one by one (SmolLM2's 576 columns are 9 groups of 64, 18 of 32: had the
- * scalar loop run there, it took most of a prefill's time in groups of 32 with zeros). */
+ * the scalar loop's multiplies and subtractions in its order, so the same bits, in a sixth of the
+ * instructions (it was an eighth of a decode token's expert time). The rows' coefficients
+ * [row][group] are first transposed to [group][row], 8 groups at a time in registers and the last
+ * groups % 8 one by one (SmolLM2's 576 columns are 9 groups of 64, 18 of 32: had the scalar loop
+ * run there, it took most of a prefill's time in groups of 32 with zeros). */
 __attribute__((target("avx2,fma"))) static void transpose_rows8(const float *rows, int64_t groups, float *out) {
     int64_t g = 0;
     for (; g + 8 <= groups; g += 8) {
@@ -732,16 +730,13 @@ __attribute__((target("avx2,fma"))) static void transpose_rows8(const float *row
         for (int r = 0; r < 8; r++) out[g * ZROWS + r] = rows[r * groups + g];
 }
 
-/* scalar[r] = the epilogue sum of row r from the transposed scales, then its zeros' share (zero_dot;
- * zeros [8][groups] as stored, or NULL) */
-__attribute__((target("avx2,fma"))) static void epilogue_lanes(const float *scales_t, const float *zeros,
-                                                              int64_t groups, const float *offset,
-                                                              const float *xgroup, float *scalar) {
+/* scalar[r] = the epilogue sum of row r from the transposed coefficients [group][row] */
+__attribute__((target("avx2,fma"))) static void epilogue_lanes(const float *coef_t, int64_t groups,
+                                                              const float *offset, float *scalar) {
     __m256 lanes = _mm256_setzero_ps();
     for (int64_t g = 0; g < groups; g++)
-        lanes = _mm256_sub_ps(lanes, _mm256_mul_ps(_mm256_loadu_ps(scales_t + g * ZROWS), _mm256_set1_ps(offset[g])));
+        lanes = _mm256_sub_ps(lanes, _mm256_mul_ps(_mm256_loadu_ps(coef_t + g * ZROWS), _mm256_set1_ps(offset[g])));
     _mm256_storeu_ps(scalar, lanes);
-    for (int r = 0; zeros && r < ZROWS; r++) scalar[r] += zero_dot(zeros + r * groups, xgroup, groups);
 }
 
 /* ZROWS weight rows times R activation rows (R <= ZACTS) in 512-bit vectors. One row (a decode
@@ -752,22 +747,25 @@ __attribute__((target("avx2,fma"))) static void epilogue_lanes(const float *scal
  * scales. On a Zen 4 core, one thread, a 1024 x 1024 matrix in groups of 64 times 64 rows: 39.5
  * GMAC/s with the 256-bit tiles, 69.3 with 4 rows a call (2: 61.8; 6: 68.7). */
 #define ZACTS 4
-/* ZROWS weight rows' scales and zeros as weight_rows_zmm_body reads them: f32 (scales padded with 16
- * zeros: a step's scales load 16 from its group), and the scales transposed for epilogue_lanes. A
+/* ZROWS weight rows' scales as weight_rows_zmm_body reads them: f32 (padded with 16 zeros: a step's
+ * scales load 16 from its group), and their epilogue coefficients transposed for epilogue_lanes. A
  * prefill chunk's activation tiles share one conversion per block of weight rows. */
 __attribute__((target("avx2,fma,f16c"))) static void zmm_row_scales(const uint16_t *s, const uint16_t *z, int fp16,
-                                                                    int64_t groups, float *scales, float *zeros,
-                                                                    float *scales_t) {
+                                                                    int64_t groups, float *scales, float *coef_t) {
     row_scales_avx2(s, ZROWS * groups, fp16, scales);
     for (int i = 0; i < 16; i++) scales[ZROWS * groups + i] = 0.f;
-    if (z) row_scales_avx2(z, ZROWS * groups, fp16, zeros);
-    transpose_rows8(scales, groups, scales_t);
+    if (z) {
+        float coef[ZROWS * groups];
+        row_coefficients_avx2(scales, z, ZROWS * groups, fp16, coef);
+        transpose_rows8(coef, groups, coef_t);
+    } else
+        transpose_rows8(scales, groups, coef_t);
 }
 
 __attribute__((target(ZMM_TARGET), always_inline)) static inline void weight_rows_zmm_body(
-    const uint8_t *p, int64_t row_bytes, const float *scales, const float *zeros, const float *scales_t,
-    int64_t blocks, int64_t per_group, const int8_t *const *pairs, const float *const *pair_scales,
-    const float *const *offset, const float *const *xgroup, float *const *out, const int R, const int prefetch) {
+    const uint8_t *p, int64_t row_bytes, const float *scales, const float *coef_t, int64_t blocks,
+    int64_t per_group, const int8_t *const *pairs, const float *const *pair_scales, const float *const *offset,
+    float *const *out, const int R, const int prefetch) {
     const __m512i low = _mm512_set1_epi8(15);
     /* a step's scales: lanes 0-7 group g0's, 8-15 group g1's (g0 or the next); in groups of 32,
      * lanes 4k..4k+3 block b + k's */
@@ -833,7 +831,7 @@ __attribute__((target(ZMM_TARGET), always_inline)) static inline void weight_row
     }
     for (int a = 0; a < R; a++) {
         float scalar[ZROWS];
-        epilogue_lanes(scales_t, zeros, groups, offset[a], xgroup[a], scalar);
+        epilogue_lanes(coef_t, groups, offset[a], scalar);
         for (int r = 0; r < ZROWS; r++)
             out[a][r] = hsum256(_mm256_add_ps(_mm512_castps512_ps256(acc[a][r]), _mm512_extractf32x8_ps(acc[a][r], 1)))
                         + scalar[r];
@@ -841,72 +839,59 @@ __attribute__((target(ZMM_TARGET), always_inline)) static inline void weight_row
 }
 __attribute__((target(ZMM_TARGET))) static void weight_rows_zmm(
     const uint8_t *p, int64_t row_bytes, const uint16_t *s, const uint16_t *z, int fp16, int64_t blocks,
-    int64_t per_group, const int8_t *pairs, const float *pair_scales, const float *offset, const float *xgroup,
-    float *out) {
+    int64_t per_group, const int8_t *pairs, const float *pair_scales, const float *offset, float *out) {
     int64_t groups = blocks / per_group;
-    float scales[ZROWS * groups + 16], zeros[ZROWS * groups], scales_t[ZROWS * groups];
-    zmm_row_scales(s, z, fp16, groups, scales, zeros, scales_t);
-    weight_rows_zmm_body(p, row_bytes, scales, z ? zeros : 0, scales_t, blocks, per_group, &pairs, &pair_scales,
-                         &offset, &xgroup, &out, 1, 1);
+    float scales[ZROWS * groups + 16], coef_t[ZROWS * groups];
+    zmm_row_scales(s, z, fp16, groups, scales, coef_t);
+    weight_rows_zmm_body(p, row_bytes, scales, coef_t, blocks, per_group, &pairs, &pair_scales, &offset, &out, 1, 1);
 }
 #endif
 
 /* One activation row as the kernel reads it (pointers into colibri_q8_quantize's output), with the
- * per-group sums every weight row shares: offset[g] = 8 * sum(dx * xs), xgroup[g] = sum(x). */
+ * per-group sums every weight row shares: offset[g] = 8 * sum(dx * xs). */
 typedef struct {
     const int8_t *q, *pairs;
-    const float *dx, *xf, *pair_scales;
+    const float *dx, *pair_scales;
     const int32_t *xs;
-    float *offset, *xgroup;
+    float *offset;
 } act_row;
 
-static void act_row_init(act_row *a, const int8_t *xq, const float *dx, const int32_t *xs, const float *xf,
-                         const int8_t *pairs, const float *pair_scales, int64_t m, int64_t K, int64_t per_group,
-                         int64_t groups, float *sums) {
+static void act_row_init(act_row *a, const int8_t *xq, const float *dx, const int32_t *xs, const int8_t *pairs,
+                         const float *pair_scales, int64_t m, int64_t K, int64_t per_group, int64_t groups,
+                         float *sums) {
     int64_t blocks = K / BLOCK;
     a->q = xq + m * K;
     a->dx = dx + m * blocks;
-    a->xs = xs ? xs + m * blocks : 0;
-    a->xf = xf ? xf + m * blocks : 0;
+    a->xs = xs + m * blocks;
     a->pairs = pairs ? pairs + m * K : 0;
     a->pair_scales = pair_scales ? pair_scales + m * blocks * 4 : 0;
     a->offset = sums;
-    a->xgroup = sums + groups;
     for (int64_t g = 0; g < groups; g++) {
-        float o = 0.f, t = 0.f;
-        for (int64_t b = g * per_group; b < (g + 1) * per_group; b++) {
-            if (a->xs) o += 8.f * a->dx[b] * (float)a->xs[b];
-            if (a->xf) t += a->xf[b];
-        }
+        float o = 0.f;
+        for (int64_t b = g * per_group; b < (g + 1) * per_group; b++) o += 8.f * a->dx[b] * (float)a->xs[b];
         a->offset[g] = o;
-        a->xgroup[g] = t;
     }
 }
 
 #ifdef COLIBRI_X86
 __attribute__((target(ZMM_TARGET))) static void weight_rows_zmm_acts(
-    const uint8_t *p, int64_t row_bytes, const float *s, const float *z, const float *s_t, int64_t blocks,
-    int64_t per_group, const act_row *const *acts, int R, float *const *out) {
+    const uint8_t *p, int64_t row_bytes, const float *s, const float *coef_t, int64_t blocks, int64_t per_group,
+    const act_row *const *acts, int R, float *const *out) {
     const int8_t *pairs[ZACTS];
-    const float *pair_scales[ZACTS], *offset[ZACTS], *xgroup[ZACTS];
+    const float *pair_scales[ZACTS], *offset[ZACTS];
     for (int a = 0; a < R; a++) {
         pairs[a] = acts[a]->pairs;
         pair_scales[a] = acts[a]->pair_scales;
         offset[a] = acts[a]->offset;
-        xgroup[a] = acts[a]->xgroup;
     }
     if (R == 4)
-        weight_rows_zmm_body(p, row_bytes, s, z, s_t, blocks, per_group, pairs, pair_scales, offset, xgroup,
-                             out, 4, 0);
+        weight_rows_zmm_body(p, row_bytes, s, coef_t, blocks, per_group, pairs, pair_scales, offset, out, 4, 0);
     else if (R == 3)
-        weight_rows_zmm_body(p, row_bytes, s, z, s_t, blocks, per_group, pairs, pair_scales, offset, xgroup,
-                             out, 3, 0);
+        weight_rows_zmm_body(p, row_bytes, s, coef_t, blocks, per_group, pairs, pair_scales, offset, out, 3, 0);
     else if (R == 2)
-        weight_rows_zmm_body(p, row_bytes, s, z, s_t, blocks, per_group, pairs, pair_scales, offset, xgroup,
-                             out, 2, 0);
+        weight_rows_zmm_body(p, row_bytes, s, coef_t, blocks, per_group, pairs, pair_scales, offset, out, 2, 0);
     else
-        weight_rows_zmm_body(p, row_bytes, s, z, s_t, blocks, per_group, pairs, pair_scales, offset, xgroup,
-                             out, 1, 0);
+        weight_rows_zmm_body(p, row_bytes, s, coef_t, blocks, per_group, pairs, pair_scales, offset, out, 1, 0);
 }
 #endif
 
@@ -916,24 +901,23 @@ static void q4_tile(const act_row *const *acts, int R, const uint8_t *p, const u
 #ifdef COLIBRI_X86
     if (level >= 1 && acts[0]->pairs && PAIRED_GROUPS(per_group)) {
         const int8_t *pairs[TILE];
-        const float *pair_scales[TILE], *offset[TILE], *xgroup[TILE];
+        const float *pair_scales[TILE], *offset[TILE];
         for (int r = 0; r < R; r++) {
             pairs[r] = acts[r]->pairs;
             pair_scales[r] = acts[r]->pair_scales;
             offset[r] = acts[r]->offset;
-            xgroup[r] = acts[r]->xgroup;
         }
-        if (level >= 2) tile_pairs_vnni(p, s, z, fp16, blocks, per_group, R, pairs, pair_scales, offset, xgroup, out);
-        else tile_pairs_avx2(p, s, z, fp16, blocks, per_group, R, pairs, pair_scales, offset, xgroup, out);
+        if (level >= 2) tile_pairs_vnni(p, s, z, fp16, blocks, per_group, R, pairs, pair_scales, offset, out);
+        else tile_pairs_avx2(p, s, z, fp16, blocks, per_group, R, pairs, pair_scales, offset, out);
         return;
     }
 #endif
     for (int r = 0; r < R; r++) {
         const act_row *a = acts[r];
 #ifdef COLIBRI_X86
-        if (level >= 1) { *out[r] = row_avx2(p, s, z, fp16, blocks, per_group, a->q, a->dx, a->offset, a->xgroup); continue; }
+        if (level >= 1) { *out[r] = row_avx2(p, s, z, fp16, blocks, per_group, a->q, a->dx, a->offset); continue; }
 #endif
-        *out[r] = row_scalar(p, s, z, fp16, blocks, per_group, a->q, a->dx, a->xs, a->xf);
+        *out[r] = row_scalar(p, s, z, fp16, blocks, per_group, a->q, a->dx, a->xs);
     }
 }
 
@@ -952,10 +936,11 @@ static void block_rows(const uint8_t *p, int64_t row_bytes, const uint16_t *s, c
                        int64_t blocks, int64_t per_group, const act_row *acts, const int64_t *rows, int64_t count,
                        float *y, int64_t N, int level) {
     int64_t groups = blocks / per_group, size = ROW_BLOCK * groups;
-    float scales[size], zeros[size], scales_t[size];
+    float scales[size], coef[size], coef_t[size];
     row_scales_avx2(s, size, fp16, scales); /* the block's rows' scales are consecutive */
-    if (z) row_scales_avx2(z, size, fp16, zeros);
-    for (int64_t h = 0; h < ROW_BLOCK; h += 8) transpose_rows8(scales + h * groups, groups, scales_t + h * groups);
+    if (z) row_coefficients_avx2(scales, z, size, fp16, coef);
+    for (int64_t h = 0; h < ROW_BLOCK; h += 8)
+        transpose_rows8((z ? coef : scales) + h * groups, groups, coef_t + h * groups);
     for (int64_t i = 0; i < count; i += TILE) {
         int R = count - i < TILE ? (int)(count - i) : TILE;
         const int8_t *pairs[TILE];
@@ -976,8 +961,7 @@ static void block_rows(const uint8_t *p, int64_t row_bytes, const uint16_t *s, c
             const act_row *a = &acts[rows[i + r]];
             for (int64_t h = 0; h < ROW_BLOCK; h += 8) {
                 float scalar[8], *row = y + (i + r) * N + h;
-                epilogue_lanes(scales_t + h * groups, z ? zeros + h * groups : 0, groups, a->offset, a->xgroup,
-                               scalar);
+                epilogue_lanes(coef_t + h * groups, groups, a->offset, scalar);
                 for (int l = 0; l < 8; l++) row[l] += scalar[l];
             }
         }
@@ -989,7 +973,7 @@ static void block_rows(const uint8_t *p, int64_t row_bytes, const uint16_t *s, c
  * matrix e takes rows rows_of[e][0..count[e]) of the quantized activations, and its results go
  * to y + first_out[e] * N, one row of N per activation row. Rows of all the matrices share one
  * parallel loop, so the experts of one token (E matrices, one row each) keep every thread busy. */
-static int q4_products(const int8_t *xq, const float *dx, const int32_t *xs, const float *xf, const int8_t *pairs,
+static int q4_products(const int8_t *xq, const float *dx, const int32_t *xs, const int8_t *pairs,
                        const float *pair_scales, int64_t M, int64_t K, int64_t E, const uint8_t *const *packed,
                        const uint16_t *const *scales, const uint16_t *const *zeros, const int64_t *act_rows,
                        const int64_t *row_start, int fp16, int64_t N, int64_t G, float *y, int threads, int level) {
@@ -999,11 +983,11 @@ static int q4_products(const int8_t *xq, const float *dx, const int32_t *xs, con
     level = 0;
 #endif
     /* per activation row: its per-group sums, computed once for every weight row */
-    float *sums = (float *)malloc(sizeof(float) * (size_t)(M * 2 * (groups > 0 ? groups : 1)));
+    float *sums = (float *)malloc(sizeof(float) * (size_t)(M * (groups > 0 ? groups : 1)));
     act_row *acts = (act_row *)malloc(sizeof(act_row) * (size_t)(M > 0 ? M : 1));
     if (!sums || !acts) { free(sums); free(acts); return -2; }
     for (int64_t m = 0; m < M; m++)
-        act_row_init(&acts[m], xq, dx, xs, xf, pairs, pair_scales, m, K, per_group, groups, sums + m * 2 * groups);
+        act_row_init(&acts[m], xq, dx, xs, pairs, pair_scales, m, K, per_group, groups, sums + m * groups);
     int64_t row_blocks = (N + ROW_BLOCK - 1) / ROW_BLOCK;
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
     for (int64_t task = 0; task < E * row_blocks; task++) {
@@ -1013,9 +997,9 @@ static int q4_products(const int8_t *xq, const float *dx, const int32_t *xs, con
         if (level >= 2 && row_start[e + 1] - row_start[e] > 1 && n1 - n0 == ROW_BLOCK && blocks % 2 == 0
             && PAIRED_GROUPS(per_group) && acts[0].pairs && zmm_ok()) {
             for (int64_t n = n0; n < n1; n += ZROWS) {
-                float row_scales[ZROWS * groups + 16], row_zeros[ZROWS * groups], scales_t[ZROWS * groups];
+                float row_scales[ZROWS * groups + 16], coef_t[ZROWS * groups];
                 zmm_row_scales(scales[e] + n * groups, zeros[e] ? zeros[e] + n * groups : 0, fp16, groups, row_scales,
-                               row_zeros, scales_t);
+                               coef_t);
                 for (int64_t i = row_start[e]; i < row_start[e + 1]; i += ZACTS) {
                     int R = row_start[e + 1] - i < ZACTS ? (int)(row_start[e + 1] - i) : ZACTS;
                     const act_row *tile[ZACTS];
@@ -1024,8 +1008,8 @@ static int q4_products(const int8_t *xq, const float *dx, const int32_t *xs, con
                         tile[r] = &acts[act_rows[i + r]];
                         out[r] = y + (i + r) * N + n;
                     }
-                    weight_rows_zmm_acts(packed[e] + n * (K / 2), K / 2, row_scales, zeros[e] ? row_zeros : 0,
-                                         scales_t, blocks, per_group, tile, R, out);
+                    weight_rows_zmm_acts(packed[e] + n * (K / 2), K / 2, row_scales, coef_t, blocks, per_group, tile,
+                                         R, out);
                 }
             }
             continue;
@@ -1050,15 +1034,15 @@ static int q4_products(const int8_t *xq, const float *dx, const int32_t *xs, con
                     for (; n + ZROWS <= n1; n += ZROWS)
                         weight_rows_zmm(packed[e] + n * (K / 2), K / 2, scales[e] + n * groups,
                                         zeros[e] ? zeros[e] + n * groups : 0, fp16, blocks, per_group, a->pairs,
-                                        a->pair_scales, a->offset, a->xgroup, y + i * N + n);
+                                        a->pair_scales, a->offset, y + i * N + n);
                 for (; n + WROWS <= n1; n += WROWS) {
                     const uint16_t *z = zeros[e] ? zeros[e] + n * groups : 0;
                     if (level >= 2)
                         weight_rows_vnni(packed[e] + n * (K / 2), K / 2, scales[e] + n * groups, z, fp16, blocks,
-                                         per_group, a->pairs, a->pair_scales, a->offset, a->xgroup, y + i * N + n);
+                                         per_group, a->pairs, a->pair_scales, a->offset, y + i * N + n);
                     else
                         weight_rows_avx2(packed[e] + n * (K / 2), K / 2, scales[e] + n * groups, z, fp16, blocks,
-                                         per_group, a->pairs, a->pair_scales, a->offset, a->xgroup, y + i * N + n);
+                                         per_group, a->pairs, a->pair_scales, a->offset, y + i * N + n);
                 }
             }
 #endif
@@ -1077,14 +1061,14 @@ static int q4_products(const int8_t *xq, const float *dx, const int32_t *xs, con
 
 /* y [M, N] f32 = x [M, K] @ w[N, K].T, from colibri_q8_quantize's output. level: 0 scalar, 1 AVX2.
  * group: G (a multiple of 32 dividing K). zeros may be NULL. Returns 0, or -1 on bad shapes. */
-int colibri_q4_matmul(const int8_t *xq, const float *dx, const int32_t *xs, const float *xf, const int8_t *pairs,
+int colibri_q4_matmul(const int8_t *xq, const float *dx, const int32_t *xs, const int8_t *pairs,
                       const float *pair_scales, int64_t M, int64_t K, const uint8_t *packed, const uint16_t *scales,
                       const uint16_t *zeros, int fp16, int64_t N, int64_t G, float *y, int threads, int level) {
     int64_t *rows = (int64_t *)malloc(sizeof(int64_t) * (size_t)(M > 0 ? M : 1));
     if (!rows) return -2;
     for (int64_t m = 0; m < M; m++) rows[m] = m;
     int64_t start[2] = {0, M};
-    int status = q4_products(xq, dx, xs, xf, pairs, pair_scales, M, K, 1, &packed, &scales, &zeros, rows, start,
+    int status = q4_products(xq, dx, xs, pairs, pair_scales, M, K, 1, &packed, &scales, &zeros, rows, start,
                              fp16, N, G, y, threads, level);
     free(rows);
     return status;
@@ -1093,7 +1077,7 @@ int colibri_q4_matmul(const int8_t *xq, const float *dx, const int32_t *xs, cons
 /* E q4 matrices of one shape at once: matrix e times activation rows act_rows[row_start[e] ..
  * row_start[e + 1]), into rows row_start[e].. of y [row_start[E], N]. zeros: an array of E
  * pointers (NULL entries for symmetric matrices), or NULL. */
-int colibri_q4_experts(const int8_t *xq, const float *dx, const int32_t *xs, const float *xf, const int8_t *pairs,
+int colibri_q4_experts(const int8_t *xq, const float *dx, const int32_t *xs, const int8_t *pairs,
                        const float *pair_scales, int64_t M, int64_t K, int64_t E, const uint8_t *const *packed,
                        const uint16_t *const *scales, const uint16_t *const *zeros, const int64_t *act_rows,
                        const int64_t *row_start, int fp16, int64_t N, int64_t G, float *y, int threads, int level) {
@@ -1101,7 +1085,7 @@ int colibri_q4_experts(const int8_t *xq, const float *dx, const int32_t *xs, con
         if (act_rows[i] < 0 || act_rows[i] >= M) return -1;
     const uint16_t *none[E > 0 ? E : 1];
     for (int64_t e = 0; e < E; e++) none[e] = 0;
-    return q4_products(xq, dx, xs, xf, pairs, pair_scales, M, K, E, packed, scales, zeros ? zeros : none, act_rows,
+    return q4_products(xq, dx, xs, pairs, pair_scales, M, K, E, packed, scales, zeros ? zeros : none, act_rows,
                        row_start, fp16, N, G, y, threads, level);
 }
 
@@ -1118,17 +1102,17 @@ int colibri_token_experts_in(const float *x, int64_t K, int64_t E, const uint8_t
     int64_t blocks = K / BLOCK;
     int paired = K % (2 * BLOCK) == 0;
     int8_t *q = (int8_t *)malloc((size_t)(2 * K));
-    float *words = (float *)malloc(sizeof(float) * (size_t)(7 * blocks));
+    float *words = (float *)malloc(sizeof(float) * (size_t)(6 * blocks));
     int64_t *rows = (int64_t *)malloc(sizeof(int64_t) * (size_t)(2 * E + 1));
     const uint16_t **none = (const uint16_t **)calloc((size_t)E, sizeof(*none));
     int status = -2;
     if (q && words && rows && none) {
-        float *dx = words, *xf = words + blocks, *pair_scales = words + 3 * blocks;
-        int32_t *xs = (int32_t *)(words + 2 * blocks);
-        colibri_q8_quantize(x, 1, K, q, dx, xs, xf, paired ? q + K : 0, paired ? pair_scales : 0, level);
+        float *dx = words, *pair_scales = words + 2 * blocks;
+        int32_t *xs = (int32_t *)(words + blocks);
+        colibri_q8_quantize(x, 1, K, q, dx, xs, paired ? q + K : 0, paired ? pair_scales : 0, level);
         for (int64_t e = 0; e < E; e++) { rows[e] = 0; rows[E + e] = e; }
         rows[2 * E] = E;
-        status = q4_products(q, dx, xs, xf, paired ? q + K : 0, paired ? pair_scales : 0, 1, K, E, packed, scales,
+        status = q4_products(q, dx, xs, paired ? q + K : 0, paired ? pair_scales : 0, 1, K, E, packed, scales,
                              zeros ? zeros : none, rows, rows + E, fp16, N, G, y, threads, level);
     }
     free(q); free(words); free(rows); free(none);
@@ -1146,18 +1130,18 @@ int colibri_token_experts_out(const float *hidden, int64_t K, int64_t E, const u
     int64_t blocks = K / BLOCK;
     int paired = K % (2 * BLOCK) == 0;
     int8_t *q = (int8_t *)malloc((size_t)(2 * E * K));
-    float *words = (float *)malloc(sizeof(float) * (size_t)(7 * E * blocks));
+    float *words = (float *)malloc(sizeof(float) * (size_t)(6 * E * blocks));
     float *y = (float *)malloc(sizeof(float) * (size_t)(E * N));
     int64_t *rows = (int64_t *)malloc(sizeof(int64_t) * (size_t)(2 * E + 1));
     const uint16_t **none = (const uint16_t **)calloc((size_t)E, sizeof(*none));
     int status = -2;
     if (q && words && y && rows && none) {
-        float *dx = words, *xf = words + E * blocks, *pair_scales = words + 3 * E * blocks;
-        int32_t *xs = (int32_t *)(words + 2 * E * blocks);
-        colibri_q8_quantize(hidden, E, K, q, dx, xs, xf, paired ? q + E * K : 0, paired ? pair_scales : 0, level);
+        float *dx = words, *pair_scales = words + 2 * E * blocks;
+        int32_t *xs = (int32_t *)(words + E * blocks);
+        colibri_q8_quantize(hidden, E, K, q, dx, xs, paired ? q + E * K : 0, paired ? pair_scales : 0, level);
         for (int64_t e = 0; e < E; e++) { rows[e] = e; rows[E + e] = e; }
         rows[2 * E] = E;
-        status = q4_products(q, dx, xs, xf, paired ? q + E * K : 0, paired ? pair_scales : 0, E, K, E, packed, scales,
+        status = q4_products(q, dx, xs, paired ? q + E * K : 0, paired ? pair_scales : 0, E, K, E, packed, scales,
                              zeros ? zeros : none, rows, rows + E, fp16, N, G, y, threads, level);
         if (status == 0) colibri_add_weighted_rows(out, y, weights, E, N);
     }
@@ -1252,21 +1236,21 @@ int colibri_q8_token_experts(const float *x, int64_t K, int64_t E, const void *c
     if (E < 1 || K % BLOCK || F % BLOCK) return -1;
     int64_t kb = K / BLOCK, fb = F / BLOCK;
     /* one quantized row each for x and a hidden row: values (and the pair order, unused here),
-     * then scales, float sums, int sums and pair scales (colibri_q8_quantize's outputs) */
+     * then scales and int sums (colibri_q8_quantize's outputs; no pair order or pair scales) */
     int8_t *xq = (int8_t *)malloc((size_t)(2 * K)), *hq = (int8_t *)malloc((size_t)(2 * F));
-    float *xw = (float *)malloc(sizeof(float) * (size_t)(7 * kb)), *hw = (float *)malloc(sizeof(float) * (size_t)(7 * fb));
+    float *xw = (float *)malloc(sizeof(float) * (size_t)(2 * kb)), *hw = (float *)malloc(sizeof(float) * (size_t)(2 * fb));
     float *gate_up = (float *)malloc(sizeof(float) * (size_t)(3 * F)), *y = (float *)malloc(sizeof(float) * (size_t)(E * K));
     int status = -2;
     if (xq && hq && xw && hw && gate_up && y) {
         float *hidden = gate_up + 2 * F;
-        status = colibri_q8_quantize(x, 1, K, xq, xw, (int32_t *)(xw + 2 * kb), xw + kb, 0, 0, level);
+        status = colibri_q8_quantize(x, 1, K, xq, xw, (int32_t *)(xw + kb), 0, 0, level);
         for (int64_t e = 0; e < E && status == 0; e++) {
             const void *const *a = experts + 6 * e;
             status = colibri_q8w_matmul(xq, xw, 1, K, (const int8_t *)a[0], (const uint16_t *)a[1], fp16, 2 * F,
                                         G_gate_up, gate_up, threads, level);
             if (status == 0) status = colibri_swiglu_rows(gate_up, 1, F, hidden, level);
             if (status == 0)
-                status = colibri_q8_quantize(hidden, 1, F, hq, hw, (int32_t *)(hw + 2 * fb), hw + fb, 0, 0, level);
+                status = colibri_q8_quantize(hidden, 1, F, hq, hw, (int32_t *)(hw + fb), 0, 0, level);
             if (status == 0)
                 status = colibri_q8w_matmul(hq, hw, 1, F, (const int8_t *)a[3], (const uint16_t *)a[4], fp16, K,
                                             G_down, y + e * K, threads, level);
