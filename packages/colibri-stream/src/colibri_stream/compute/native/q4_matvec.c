@@ -520,11 +520,23 @@ int colibri_q8w_matmul(const int8_t *xq, const float *dx, int64_t M, int64_t K, 
     } while (0)
 
 /* The weight scales of a pair step (blocks b and b + 1, b even: lanes 0-3 and 4-7 of its dot
- * sums): one broadcast where both blocks share a group (groups of 64 or more), each block its own
- * in groups of 32 (llama.cpp's Q4_0 / Q4_1 block size). The pair paths take either (PAIRED_GROUPS). */
-#define PAIR_SCALE(scales, b, per_group)                                                                       \
-    ((per_group) == 1 ? _mm256_set_m128(_mm_set1_ps((scales)[(b) + 1]), _mm_set1_ps((scales)[b]))              \
-                      : _mm256_set1_ps((scales)[(b) / (per_group)]))
+ * sums; g = b / per_group): one broadcast where both blocks share a group (groups of 64 or more),
+ * each block its own in groups of 32 (llama.cpp's Q4_0 / Q4_1 block size). The pair paths take
+ * either (PAIRED_GROUPS). */
+#define PAIR_SCALE(scales, g, per_group)                                                                       \
+    ((per_group) == 1 ? _mm256_set_m128(_mm_set1_ps((scales)[(g) + 1]), _mm_set1_ps((scales)[g]))              \
+                      : _mm256_set1_ps((scales)[g]))
+
+/* STATEMENT with `pg` the blocks per group, a constant in the common cases (groups of 32, 64, 128):
+ * a step's group is then a shift, not a 64-bit division (which, once per weight row and step, had
+ * bound a decode token's experts on Zen 3 at 10 cycles a step) */
+#define WITH_PER_GROUP(per_group, ...)                                                                         \
+    switch (per_group) {                                                                                       \
+    case 1: { const int64_t pg = 1; __VA_ARGS__; } break;                                                      \
+    case 2: { const int64_t pg = 2; __VA_ARGS__; } break;                                                      \
+    case 4: { const int64_t pg = 4; __VA_ARGS__; } break;                                                      \
+    default: { const int64_t pg = (per_group); __VA_ARGS__; } break;                                           \
+    }
 
 /* rows_pairs_<level>(p, scales, coef, blocks, per_group, R, pairs, pair_scales, offset, out, with_epilogue):
  * coef, the epilogue coefficients (the scales themselves without zeros) */
@@ -543,8 +555,8 @@ int colibri_q8w_matmul(const int8_t *xq, const float *dx, int64_t M, int64_t K, 
          * weight_rows_* runs them: no branch on which accumulator a step feeds */                              \
         int64_t b = 0;                                                                                          \
         for (; b + 4 <= blocks; b += 4) {                                                                       \
-            __m256 scale0 = PAIR_SCALE(scales, b, per_group);                                                   \
-            __m256 scale1 = PAIR_SCALE(scales, b + 2, per_group);                                               \
+            __m256 scale0 = PAIR_SCALE(scales, b / per_group, per_group);                                       \
+            __m256 scale1 = PAIR_SCALE(scales, (b + 2) / per_group, per_group);                                 \
             __m256i raw0 = _mm256_loadu_si256((const __m256i *)(p + b * 16));                                   \
             __m256i raw1 = _mm256_loadu_si256((const __m256i *)(p + b * 16 + 32));                              \
             SPLIT_NIBBLES(raw0, even0, odd0);                                                                   \
@@ -563,7 +575,7 @@ int colibri_q8w_matmul(const int8_t *xq, const float *dx, int64_t M, int64_t K, 
             }                                                                                                   \
         }                                                                                                       \
         if (b < blocks) { /* a last step of two blocks (b % 4 == 0: acc0's) */                                  \
-            __m256 scale = PAIR_SCALE(scales, b, per_group);                                                    \
+            __m256 scale = PAIR_SCALE(scales, b / per_group, per_group);                                        \
             __m256i raw = _mm256_loadu_si256((const __m256i *)(p + b * 16));                                    \
             SPLIT_NIBBLES(raw, even, odd);                                                                      \
             for (int r = 0; r < R; r++) {                                                                       \
@@ -599,12 +611,12 @@ ROWS_PAIRS(rows_pairs_vnni, VNNI_TARGET, PAIR_DOT_VNNI)
         row_scales_avx2(s, groups, fp16, scales);                                                               \
         if (z) row_coefficients_avx2(scales, z, groups, fp16, coef);                                            \
         const float *epi = z ? coef : scales;                                                                   \
-        switch (R) {                                                                                            \
-        case 4: ROWS(p, scales, epi, blocks, per_group, 4, pairs, pair_scales, offset, out, 1); break;          \
-        case 3: ROWS(p, scales, epi, blocks, per_group, 3, pairs, pair_scales, offset, out, 1); break;          \
-        case 2: ROWS(p, scales, epi, blocks, per_group, 2, pairs, pair_scales, offset, out, 1); break;          \
-        default: ROWS(p, scales, epi, blocks, per_group, 1, pairs, pair_scales, offset, out, 1); break;         \
-        }                                                                                                       \
+        WITH_PER_GROUP(per_group, switch (R) {                                                                  \
+            case 4: ROWS(p, scales, epi, blocks, pg, 4, pairs, pair_scales, offset, out, 1); break;             \
+            case 3: ROWS(p, scales, epi, blocks, pg, 3, pairs, pair_scales, offset, out, 1); break;             \
+            case 2: ROWS(p, scales, epi, blocks, pg, 2, pairs, pair_scales, offset, out, 1); break;             \
+            default: ROWS(p, scales, epi, blocks, pg, 1, pairs, pair_scales, offset, out, 1); break;            \
+        })                                                                                                      \
     }
 
 TILE_PAIRS(tile_pairs_avx2, "avx2,fma,f16c", rows_pairs_avx2)
@@ -616,12 +628,12 @@ TILE_PAIRS(tile_pairs_vnni, VNNI_TARGET, rows_pairs_vnni)
     __attribute__((target(TARGET))) static void NAME(const uint8_t *p, const float *scales, int64_t blocks,     \
                                                      int64_t per_group, int R, const int8_t *const *pairs,      \
                                                      const float *const *pair_scales, float *const *out) {      \
-        switch (R) {                                                                                            \
-        case 4: ROWS(p, scales, 0, blocks, per_group, 4, pairs, pair_scales, 0, out, 0); break;                 \
-        case 3: ROWS(p, scales, 0, blocks, per_group, 3, pairs, pair_scales, 0, out, 0); break;                 \
-        case 2: ROWS(p, scales, 0, blocks, per_group, 2, pairs, pair_scales, 0, out, 0); break;                 \
-        default: ROWS(p, scales, 0, blocks, per_group, 1, pairs, pair_scales, 0, out, 0); break;                \
-        }                                                                                                       \
+        WITH_PER_GROUP(per_group, switch (R) {                                                                  \
+            case 4: ROWS(p, scales, 0, blocks, pg, 4, pairs, pair_scales, 0, out, 0); break;                    \
+            case 3: ROWS(p, scales, 0, blocks, pg, 3, pairs, pair_scales, 0, out, 0); break;                    \
+            case 2: ROWS(p, scales, 0, blocks, pg, 2, pairs, pair_scales, 0, out, 0); break;                    \
+            default: ROWS(p, scales, 0, blocks, pg, 1, pairs, pair_scales, 0, out, 0); break;                   \
+        })                                                                                                      \
     }
 
 TILE_DOTS(tile_dots_avx2, "avx2,fma,f16c", rows_pairs_avx2)
@@ -641,9 +653,10 @@ TILE_DOTS(tile_dots_vnni, VNNI_TARGET, rows_pairs_vnni)
 #define WROWS 4
 #define PREFETCH_ROWS 16
 #define WEIGHT_ROWS_PAIRS(NAME, TARGET, PAIR_DOT)                                                              \
-    __attribute__((target(TARGET))) static void NAME(                                                          \
+    __attribute__((target(TARGET), always_inline)) static inline void NAME##_body(                            \
         const uint8_t *p, int64_t row_bytes, const uint16_t *s, const uint16_t *z, int fp16, int64_t blocks,  \
-        int64_t per_group, const int8_t *pairs, const float *pair_scales, const float *offset, float *out) {    \
+        const int64_t per_group, const int8_t *pairs, const float *pair_scales, const float *offset,            \
+        float *out) {                                                                                           \
         const __m256i low = _mm256_set1_epi8(15);                                                               \
         const __m256i ones = _mm256_set1_epi16(1);                                                              \
         (void)ones;                                                                                             \
@@ -660,19 +673,20 @@ TILE_DOTS(tile_dots_vnni, VNNI_TARGET, rows_pairs_vnni)
         for (; b + 4 <= blocks; b += 4) {                                                                       \
             __m256 ps0 = _mm256_loadu_ps(pair_scales + (b / 2) * 8);                                            \
             __m256 ps1 = _mm256_loadu_ps(pair_scales + (b / 2) * 8 + 8);                                        \
+            const int64_t g0 = b / per_group, g1 = (b + 2) / per_group;                                         \
             for (int r = 0; r < WROWS; r++)                                                                     \
                 _mm_prefetch((const char *)(p + (r + PREFETCH_ROWS) * row_bytes + b * 16), _MM_HINT_T1);      \
             for (int r = 0; r < WROWS; r++) {                                                                   \
                 const uint8_t *w = p + r * row_bytes + b * 16;                                                  \
                 __m256i raw0 = _mm256_loadu_si256((const __m256i *)w);                                          \
                 SPLIT_NIBBLES(raw0, even0, odd0);                                                               \
-                __m256 d0 = _mm256_mul_ps(ps0, PAIR_SCALE(scales + r * groups, b, per_group));              \
+                __m256 d0 = _mm256_mul_ps(ps0, PAIR_SCALE(scales + r * groups, g0, per_group));                 \
                 acc0[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(PAIR_DOT(even0, odd0,                              \
                     _mm256_loadu_si256((const __m256i *)(pairs + b * BLOCK)),                                   \
                     _mm256_loadu_si256((const __m256i *)(pairs + b * BLOCK + 32)))), d0, acc0[r]);             \
                 __m256i raw1 = _mm256_loadu_si256((const __m256i *)(w + 32));                                   \
                 SPLIT_NIBBLES(raw1, even1, odd1);                                                               \
-                __m256 d1 = _mm256_mul_ps(ps1, PAIR_SCALE(scales + r * groups, b + 2, per_group));          \
+                __m256 d1 = _mm256_mul_ps(ps1, PAIR_SCALE(scales + r * groups, g1, per_group));                 \
                 acc1[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(PAIR_DOT(even1, odd1,                              \
                     _mm256_loadu_si256((const __m256i *)(pairs + b * BLOCK + 64)),                              \
                     _mm256_loadu_si256((const __m256i *)(pairs + b * BLOCK + 96)))), d1, acc1[r]);             \
@@ -683,7 +697,7 @@ TILE_DOTS(tile_dots_vnni, VNNI_TARGET, rows_pairs_vnni)
             for (int r = 0; r < WROWS; r++) {                                                                   \
                 __m256i raw = _mm256_loadu_si256((const __m256i *)(p + r * row_bytes + b * 16));                \
                 SPLIT_NIBBLES(raw, even, odd);                                                                  \
-                __m256 d = _mm256_mul_ps(ps0, PAIR_SCALE(scales + r * groups, b, per_group));                   \
+                __m256 d = _mm256_mul_ps(ps0, PAIR_SCALE(scales + r * groups, b / per_group, per_group));       \
                 PAIR_STEP(PAIR_DOT, even, odd, _mm256_loadu_si256((const __m256i *)(pairs + b * BLOCK)),        \
                           _mm256_loadu_si256((const __m256i *)(pairs + b * BLOCK + 32)), d, b, acc0[r], acc1[r]); \
             }                                                                                                   \
@@ -699,6 +713,12 @@ TILE_DOTS(tile_dots_vnni, VNNI_TARGET, rows_pairs_vnni)
             lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));                                                           \
             out[r] = _mm_cvtss_f32(lo) + scalar[r];                                                             \
         }                                                                                                       \
+    }                                                                                                           \
+    __attribute__((target(TARGET))) static void NAME(                                                          \
+        const uint8_t *p, int64_t row_bytes, const uint16_t *s, const uint16_t *z, int fp16, int64_t blocks,  \
+        int64_t per_group, const int8_t *pairs, const float *pair_scales, const float *offset, float *out) {    \
+        WITH_PER_GROUP(per_group, NAME##_body(p, row_bytes, s, z, fp16, blocks, pg, pairs, pair_scales, offset, \
+                                              out))                                                             \
     }
 
 WEIGHT_ROWS_PAIRS(weight_rows_avx2, "avx2,fma,f16c", PAIR_DOT_AVX2)
