@@ -527,9 +527,10 @@ int colibri_q8w_matmul(const int8_t *xq, const float *dx, int64_t M, int64_t K, 
     ((per_group) == 1 ? _mm256_set_m128(_mm_set1_ps((scales)[(g) + 1]), _mm_set1_ps((scales)[g]))              \
                       : _mm256_set1_ps((scales)[g]))
 
-/* STATEMENT with `pg` the blocks per group, a constant in the common cases (groups of 32, 64, 128):
- * a step's group is then a shift, not a 64-bit division (which, once per weight row and step, had
- * bound a decode token's experts on Zen 3 at 10 cycles a step) */
+/* WITH_PER_GROUP(per_group, statements): the statements with `pg` the blocks per group, a constant
+ * in the common cases (groups of 32, 64, 128), so a step's group is a shift rather than a 64-bit
+ * division: one division per weight row and step had cost a decode token's experts 5-10% on a
+ * Zen 3 core (AVX2), where such a division takes 10-20 cycles. */
 #define WITH_PER_GROUP(per_group, ...)                                                                         \
     switch (per_group) {                                                                                       \
     case 1: { const int64_t pg = 1; __VA_ARGS__; } break;                                                      \
