@@ -257,6 +257,51 @@ class _OneSlotCache:
         return self.experts[expert]
 
 
+class _AllCached(_OneSlotCache):
+    """Every expert cached: what a prefill at full RAM sees (`get_layer`, membership)."""
+
+    def __init__(self, experts):
+        super().__init__(experts)
+        self.layers_taken = 0
+
+    def __contains__(self, key):
+        return key[1] in self.experts
+
+    def get_layer(self, layer, experts, pinned=()):
+        self.layers_taken += 1
+        return [self.experts[e] for e in experts]
+
+
+@pytest.mark.parametrize(("group", "symmetric"), [(32, False), (64, True)])
+def test_a_prefill_chunk_of_cached_experts_in_one_go_is_bitwise_each_expert_in_turn(group, symmetric):
+    """A prefill chunk whose experts are all cached runs them in three kernel calls and one sum;
+    each token's row is bitwise what each expert in turn gives (the path where some must be read)."""
+    scheme = QuantScheme(group_size=group, symmetric=symmetric, scale_dtype="bf16")
+    experts = {}
+    for e in range(6):
+        blob, _ = make_blob(64, 64, scheme, seed=e)
+        experts[e] = NativeQ4Expert(blob, DequantExpert(blob, torch.float32).glu)
+    cached = _AllCached(experts)
+    together = StreamedExperts(1, 6, 64, cached, StreamStats(), quantize=QuantizedActivations)
+    in_turn = StreamedExperts(1, 6, 64, _OneSlotCache(experts), StreamStats(), quantize=QuantizedActivations)
+    x = torch.randn(40, 64)  # more rows than a few sessions' decode step: a prefill chunk
+    generator = torch.Generator().manual_seed(group)
+    ids = torch.stack([torch.randperm(5, generator=generator)[:2] for _ in range(40)])  # expert 5 unused
+    ids[3] = torch.tensor([4, 0])  # a row whose experts come in descending order
+    gates = torch.rand(40, 2, generator=generator)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        got = together.forward(x, ids, gates)
+        torch.set_num_threads(2)  # the threads split the experts' tasks by rows: no bit may move
+        assert torch.equal(together.forward(x, ids, gates), got)
+    finally:
+        torch.set_num_threads(threads)
+    assert cached.layers_taken == 2
+    assert torch.equal(got, in_turn.forward(x, ids, gates))
+    assert torch.allclose(got, in_turn.reference_forward(x, ids, gates), rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize(("group", "symmetric", "scale_dtype"), [(32, True, "bf16"), (64, True, "bf16"),
                                                                   (64, False, "fp16")])  # 64: the two-block path
 def test_one_token_decode_path_is_bitwise_the_batched_path(group, symmetric, scale_dtype, monkeypatch):

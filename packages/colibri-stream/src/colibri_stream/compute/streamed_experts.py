@@ -6,7 +6,9 @@ Batch-union: the distinct experts of all N tokens (a prefill chunk, or one decod
 fetched once each, in ascending id order, and each computes all of its rows at once; so a
 prefill reads every distinct expert of a layer exactly once. Experts are used one at a time
 and the result accumulated, so a prefill needs only one slot at a time beyond what is cached; a
-decode token holds its top_k experts at once (the budget reserves top_k slots for that).
+decode token holds its top_k experts at once (the budget reserves top_k slots for that). Where a
+prefill chunk's experts are all cached, consecutive ones run together (as many as the chunk's
+tokens' rows allow), with the same bits.
 
 One decode token (N = 1) takes a shorter path with the same arithmetic: its top-k experts are
 distinct, so there is no union to find or rows to gather, and each expert's output is added in
@@ -122,16 +124,65 @@ class StreamedExperts(ExpertBackend):
         started = time.perf_counter()
         inputs = x if self.quantize is None else self.quantize(x)
         self.stats.compute_seconds += time.perf_counter() - started
+        if self._all_cached_together(inputs, expert_ids, gates, distinct, out, pinned, prefetcher):
+            return
         for i, expert in enumerate(distinct):
             prepared = self.cache.get(self.layer_index, expert, pinned)
             self._remember([expert], [prepared])
             if prefetcher is not None:  # keep the workers busy with the misses still to come
                 prefetcher.issue_needed(keys[i + 1 :])
-            started = time.perf_counter()
-            tokens, slots = torch.nonzero(expert_ids == expert, as_tuple=True)
-            y = prepared.forward(inputs[tokens])
-            out.index_add_(0, tokens, y.float() * gates[tokens, slots].unsqueeze(-1).float())
-            self.stats.compute_seconds += time.perf_counter() - started
+            self._add_expert(prepared, expert, inputs, expert_ids, gates, out)
+
+    def _add_expert(self, prepared, expert: int, inputs, expert_ids: torch.Tensor, gates: torch.Tensor,
+                    out: torch.Tensor) -> None:
+        """out += the expert on the rows routed to it, times their gates."""
+        started = time.perf_counter()
+        tokens, slots = torch.nonzero(expert_ids == expert, as_tuple=True)
+        y = prepared.forward(inputs[tokens])
+        out.index_add_(0, tokens, y.float() * gates[tokens, slots].unsqueeze(-1).float())
+        self.stats.compute_seconds += time.perf_counter() - started
+
+    def _all_cached_together(self, inputs, expert_ids: torch.Tensor, gates: torch.Tensor, distinct: list[int],
+                             out: torch.Tensor, pinned, prefetcher) -> bool:
+        """`_each_expert` where every distinct expert is cached and none is being read (a prefill
+        at full RAM): consecutive experts taken together while their rows add up to no more than
+        the chunk's tokens (the activations one expert on every token would hold: the workspace
+        the budget counts), each run in three kernel calls (`forward_grouped`, which balances the
+        threads by rows) and one `index_add_`, expert by ascending expert and token by ascending
+        token, the order the loop adds them in, so the same bits. The loop's Python per expert (64
+        a layer) had been a seventh of a prefill on two threads. False, with nothing done, where
+        not every expert is cached or a read is under way."""
+        get_layer = getattr(self.cache, "get_layer", None)
+        if self.quantize is None or prefetcher is not None or get_layer is None \
+                or not all((self.layer_index, e) in self.cache for e in distinct):
+            return False
+        prepared = get_layer(self.layer_index, distinct, pinned)
+        self._remember(distinct, prepared)
+        kind = type(prepared[0])
+        forward_grouped = getattr(kind, "forward_grouped", None)
+        if forward_grouped is None or any(type(p) is not kind for p in prepared):  # each on its own
+            for expert, one in zip(distinct, prepared):
+                self._add_expert(one, expert, inputs, expert_ids, gates, out)
+            return True
+        started = time.perf_counter()
+        tokens_in, top_k = expert_ids.shape
+        picks = expert_ids.reshape(-1)
+        order = torch.sort(picks, stable=True).indices  # by expert, then by token (then slot)
+        tokens, slots = order // top_k, order % top_k
+        counts = torch.bincount(picks, minlength=self.n_experts)[distinct].tolist()
+        first = row = 0
+        while first < len(distinct):
+            last, rows = first + 1, counts[first]
+            while last < len(distinct) and rows + counts[last] <= tokens_in:
+                rows += counts[last]
+                last += 1
+            picked = tokens[row : row + rows]
+            y = forward_grouped(prepared[first:last], inputs,
+                                [r.tolist() for r in torch.split(picked, counts[first:last])])
+            out.index_add_(0, picked, y.float() * gates[picked, slots[row : row + rows]].unsqueeze(-1).float())
+            first, row = last, row + rows
+        self.stats.compute_seconds += time.perf_counter() - started
+        return True
 
     def _begin(self, x: torch.Tensor, distinct: list[int]):
         """What every path does first for a layer's distinct experts (ascending): the trace event,

@@ -990,6 +990,19 @@ static void block_rows(const uint8_t *p, int64_t row_bytes, const uint16_t *s, c
 }
 #endif
 
+/* The first task (e * row_blocks + block of matrix e's weight rows) at or after `cost` in the running
+ * sum of task costs, a task of matrix e costing its activation rows plus one (its weights' read;
+ * nothing where it has no rows). */
+static int64_t task_at_cost(const int64_t *row_start, int64_t E, int64_t row_blocks, int64_t cost) {
+    int64_t sum = 0;
+    for (int64_t e = 0; e < E; e++) {
+        int64_t rows = row_start[e + 1] - row_start[e], each = rows ? rows + 1 : 0, all = each * row_blocks;
+        if (sum + all > cost) return e * row_blocks + (cost - sum + each - 1) / each;
+        sum += all;
+    }
+    return E * row_blocks;
+}
+
 /* The products of E weight matrices (the same shape [N, K], group G) with activation rows:
  * matrix e takes rows rows_of[e][0..count[e]) of the quantized activations, and its results go
  * to y + first_out[e] * N, one row of N per activation row. Rows of all the matrices share one
@@ -1010,8 +1023,23 @@ static int q4_products(const int8_t *xq, const float *dx, const int32_t *xs, con
     for (int64_t m = 0; m < M; m++)
         act_row_init(&acts[m], xq, dx, xs, pairs, pair_scales, m, K, per_group, groups, sums + m * groups);
     int64_t row_blocks = (N + ROW_BLOCK - 1) / ROW_BLOCK;
-#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
-    for (int64_t task = 0; task < E * row_blocks; task++) {
+    /* each thread one contiguous run of tasks of equal cost: a prefill chunk's experts take very
+     * different numbers of rows, and equal numbers of tasks had left one thread most of the work */
+    int64_t total_cost = 0;
+    for (int64_t e = 0; e < E; e++) {
+        int64_t rows = row_start[e + 1] - row_start[e];
+        total_cost += rows ? (rows + 1) * row_blocks : 0;
+    }
+#pragma omp parallel num_threads(threads) if (threads > 1)
+    {
+        int64_t thread = 0, count = 1;
+#ifdef _OPENMP
+        thread = omp_get_thread_num();
+        count = omp_get_num_threads();
+#endif
+        int64_t first = task_at_cost(row_start, E, row_blocks, total_cost * thread / count);
+        int64_t last = task_at_cost(row_start, E, row_blocks, total_cost * (thread + 1) / count);
+    for (int64_t task = first; task < last; task++) {
         int64_t e = task / row_blocks, n0 = (task % row_blocks) * ROW_BLOCK;
         int64_t n1 = n0 + ROW_BLOCK < N ? n0 + ROW_BLOCK : N;
 #ifdef COLIBRI_X86
@@ -1074,6 +1102,7 @@ static int q4_products(const int8_t *xq, const float *dx, const int32_t *xs, con
                         fp16, blocks, per_group, out, level);
             }
         }
+    }
     }
     free(sums);
     free(acts);
