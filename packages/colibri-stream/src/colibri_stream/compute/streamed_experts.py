@@ -148,10 +148,11 @@ class StreamedExperts(ExpertBackend):
         at full RAM): consecutive experts taken together while their rows add up to no more than
         the chunk's tokens (the activations one expert on every token would hold: the workspace
         the budget counts), each run in three kernel calls (`forward_grouped`, which balances the
-        threads by rows) and one `index_add_`, expert by ascending expert and token by ascending
-        token, the order the loop adds them in, so the same bits. The loop's Python per expert (64
-        a layer) had been a seventh of a prefill on two threads. False, with nothing done, where
-        not every expert is cached or a read is under way."""
+        threads by rows), then each expert's rows added as the loop adds them (one `index_add_` per
+        expert, ascending: no token twice in one call, so the same bits whatever order torch adds
+        a call's rows in). The loop's Python per expert (64 a layer) had been a seventh of a
+        prefill on two threads. False, with nothing done, where not every expert is cached or a
+        read is under way."""
         get_layer = getattr(self.cache, "get_layer", None)
         if self.quantize is None or prefetcher is not None or get_layer is None \
                 or not all((self.layer_index, e) in self.cache for e in distinct):
@@ -176,10 +177,14 @@ class StreamedExperts(ExpertBackend):
             while last < len(distinct) and rows + counts[last] <= tokens_in:
                 rows += counts[last]
                 last += 1
-            picked = tokens[row : row + rows]
-            y = forward_grouped(prepared[first:last], inputs,
-                                [r.tolist() for r in torch.split(picked, counts[first:last])])
-            out.index_add_(0, picked, y.float() * gates[picked, slots[row : row + rows]].unsqueeze(-1).float())
+            picked, their_slots = tokens[row : row + rows], slots[row : row + rows]
+            y = (forward_grouped(prepared[first:last], inputs,
+                                 [r.tolist() for r in torch.split(picked, counts[first:last])]).float()
+                 * gates[picked, their_slots].unsqueeze(-1).float())
+            at = 0
+            for count in counts[first:last]:
+                out.index_add_(0, picked[at : at + count], y[at : at + count])
+                at += count
             first, row = last, row + rows
         self.stats.compute_seconds += time.perf_counter() - started
         return True
