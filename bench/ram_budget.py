@@ -11,6 +11,7 @@ freed heap cannot hide the next one's allocations.
 
     python bench/ram_budget.py                      # NanoColibri-shaped random container, 3 budgets
     python bench/ram_budget.py --preset micro --fractions 0.1
+    python bench/ram_budget.py --fractions smallest,0     # also at the smallest budget the plan allows
     python bench/ram_budget.py --slab both          # per point: per-expert heap tensors, then the slab
     python bench/ram_budget.py --caps 1.0GB,1.2GB,1.4GB   # `generate --ram-budget auto` in memory cgroups
 
@@ -126,7 +127,8 @@ def main() -> None:
     parser.add_argument("--workdir", default="/var/tmp/colibri-bench")
     parser.add_argument("--preset", default="nano", choices=["tiny", "nano", "micro"])
     parser.add_argument("--fractions", default="0,0.1,0.25",
-                        help="share of the routed experts the cache holds on top of the minimum")
+                        help="share of the routed experts the cache holds on top of the minimum; 'smallest': the "
+                        "smallest budget the plan runs at (dtype, max_context and prefill chunk stepped down)")
     parser.add_argument("--tokens", type=int, default=16)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--slab", choices=["on", "off", "both"], default="on",
@@ -152,8 +154,10 @@ def main() -> None:
         plan = Engine.plan(str(path), dtype="bf16")
         minimum, slot_bytes, total = plan.min_budget, plan.slot_bytes, plan.total_experts
         rows = []
-        for fraction in (float(f) for f in args.fractions.split(",")):
-            budget = minimum + int(fraction * total) * slot_bytes
+        smallest = Engine.plan(str(path)).smallest_budget  # the unset defaults stepped down as far as they go
+        for entry in args.fractions.split(","):
+            fraction = None if entry == "smallest" else float(entry)
+            budget = smallest if fraction is None else minimum + int(fraction * total) * slot_bytes
             for slab in (["off", "on"] if args.slab == "both" else [args.slab]):
                 out = subprocess.run(
                     [sys.executable, __file__, "--child", str(path), str(budget), "--tokens", str(args.tokens),

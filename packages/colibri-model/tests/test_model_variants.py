@@ -20,7 +20,7 @@ from colibri_model import (
 from colibri_model.balancing import ExpertBiasBalancer
 from colibri_model.checkpoint import config_to_checkpoint_json, read_config
 from colibri_model.config import RopeScaling
-from colibri_model.layers import rope_inv_freq
+from colibri_model.layers import RotaryEmbedding, rope_inv_freq
 from colibri_model.training.state import config_hash
 from pydantic import ValidationError
 
@@ -133,6 +133,35 @@ def test_rope_scaling_linear_and_llama3():
         RopeScaling(kind="llama3", factor=8)
     with pytest.raises(ValidationError, match="kind"):
         RopeScaling(kind="dynamic", factor=8)
+
+
+@pytest.mark.parametrize("scaling", [None, RopeScaling(kind="yarn", factor=4, original_max_seq_len=64, beta_fast=32.0, beta_slow=1.0, truncate=True)])
+def test_rope_tables_are_the_repeated_angles_cosines_and_sines(scaling):
+    rope = RotaryEmbedding(head_dim=16, theta=10000.0, max_len=300, scaling=scaling)
+    rope.ensure(1, torch.device("cpu"))
+    angles = torch.outer(torch.arange(300, dtype=torch.float64), rope_inv_freq(16, 10000.0, scaling))
+    angles = torch.cat([angles, angles], dim=-1)  # the definition: every angle twice, then cos and sin
+    factor = 1.0 if scaling is None else scaling.attention_factor
+    cos, sin = rope.at(299)
+    assert torch.equal(rope._cos, (angles.cos() * factor).float()) and torch.equal(rope._sin, (angles.sin() * factor).float())
+    assert torch.equal(cos, rope._cos[299]) and torch.equal(sin, rope._sin[299])
+
+
+def test_limit_positions_keeps_tables_of_that_many_rows_and_the_same_values():
+    config = _config("dense")
+    model = ColibriForCausalLM(config)
+    ids = torch.randint(0, 256, (1, 5))
+    with torch.no_grad():
+        full = model(ids).logits
+        full_cos = model.layers[0].attn.rope._cos.clone()
+        model.limit_positions(16)
+        limited = model(ids).logits
+    rope = model.layers[0].attn.rope
+    assert config.max_seq_len > 16 and rope._cos.shape[0] == 16  # rebuilt at the limit, not kept at max_seq_len
+    assert torch.equal(rope._cos, full_cos[:16]) and torch.equal(limited, full)
+    with torch.no_grad():
+        model(torch.randint(0, 256, (1, 20)))  # a longer forward still grows them
+    assert rope._cos.shape[0] == 20 and torch.equal(rope._cos, full_cos[:20])
 
 
 def test_dense_only_model_has_no_moe_layers():

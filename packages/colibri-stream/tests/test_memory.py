@@ -13,7 +13,7 @@ import tracemalloc
 import numpy as np
 import pytest
 from colibri_int4 import Container
-from colibri_stream import Engine, resident
+from colibri_stream import Engine, assembly, resident
 from colibri_stream.footprint import TOKENIZER_BYTES_PER_TOKEN
 from colibri_stream.io import heap
 
@@ -37,6 +37,36 @@ def test_opening_never_holds_a_whole_tensor_in_fp32(tiny, monkeypatch):
     finally:
         tracemalloc.stop()
     assert peak < fp32_bytes, (peak, fp32_bytes)
+
+
+def test_a_native_open_copies_each_projection_from_the_files_map(tiny, monkeypatch):
+    """Under compute="native" each projection's stored bytes are copied into the huge-page arena
+    from a map of the file (clean page cache), so no read buffer of a whole projection is held
+    beside its copy: building the model allocates less than the largest projection's bytes."""
+    with Container.open(tiny[0]) as c:
+        largest = max(t.length for t in c.header.tensors if t.name.endswith(("proj.weight", "lm_head.weight")))
+    peaks = []
+
+    def measured_build(*args, **kwargs):
+        tracemalloc.start()
+        try:
+            return resident.build_model(*args, **kwargs)
+        finally:
+            peaks.append(tracemalloc.get_traced_memory()[1])
+            tracemalloc.stop()
+
+    monkeypatch.setattr(assembly, "build_model", measured_build)
+    Engine.open(tiny[0], ram_budget="200MB", compute="native").close()
+    assert len(peaks) == 1 and peaks[0] < largest / 2, (peaks, largest)
+
+
+def test_the_rotary_tables_hold_the_kv_caches_positions(tiny):
+    """The engine builds rotary tables of `max_context` rows, not of the config's max_seq_len
+    (40,960 positions of head_dim 64 would hold 21 MB, outside the plan)."""
+    with Engine.open(tiny[0], ram_budget="200MB", max_context=48) as engine:
+        assert engine.config.max_seq_len > 48
+        engine.generate("Hello there", max_new_tokens=2)
+        assert {block.attn.rope.max_len for block in engine.model.layers} == {48}
 
 
 def test_heap_trim_follows_its_threshold():

@@ -61,9 +61,9 @@ def test_no_limit_falls_back_to_mem_available(tmp_path):
     mount = tmp_path / "memory"
     mount.mkdir()
     (mount / "memory.limit_in_bytes").write_text("9223372036854771712\n")  # v1's "unlimited"
-    proc = fake_proc(tmp_path, "5:memory:/\n", f"40 1 0:30 / {mount} rw - cgroup cgroup rw,memory\n", 300_000)
+    proc = fake_proc(tmp_path, "5:memory:/\n", f"40 1 0:30 / {mount} rw - cgroup cgroup rw,memory\n", 150_000)
     cap = read_memory_cap(proc)
-    assert cap.limit_bytes is None and cap.available_bytes == 300_000 * 1024 and cap.charged_bytes == 0
+    assert cap.limit_bytes is None and cap.available_bytes == 150_000 * 1024 and cap.charged_bytes == 0
     assert cap.margin_bytes == MIN_MARGIN_BYTES and "MemAvailable" in cap.describe()
 
 

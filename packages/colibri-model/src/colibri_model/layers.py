@@ -89,9 +89,11 @@ def _rope_tables(head_dim: int, theta: float, scaling: RopeScaling | None, size:
     with torch.inference_mode(False):
         inv_freq = rope_inv_freq(head_dim, theta, scaling, device)
         angles = torch.outer(torch.arange(size, device=device, dtype=torch.float64), inv_freq)
-        angles = torch.cat([angles, angles], dim=-1)
         factor = 1.0 if scaling is None else scaling.attention_factor  # yarn scales cos and sin
-        return (angles.cos() * factor).float(), (angles.sin() * factor).float()
+        # cos and sin of the half, in fp32, then repeated: the same values as repeating the angles
+        # first, with a fifth of the float64 temporaries (84 MB at 40,960 positions otherwise)
+        cos, sin = (angles.cos() * factor).float(), (angles.sin() * factor).float()
+        return torch.cat([cos, cos], dim=-1), torch.cat([sin, sin], dim=-1)
 
 
 class RotaryEmbedding(nn.Module):
@@ -115,6 +117,13 @@ class RotaryEmbedding(nn.Module):
         self.scaling = scaling
         self._cos: torch.Tensor | None = None
         self._sin: torch.Tensor | None = None
+
+    def limit(self, max_len: int) -> None:
+        """Build tables of `max_len` positions from now on (a runtime whose KV cache holds fewer
+        positions than the config's max_seq_len need not hold tables for all of them)."""
+        self.max_len = max_len
+        if self._cos is not None and self._cos.shape[0] > max_len:
+            self._cos = self._sin = None
 
     def ensure(self, length: int, device: torch.device) -> None:
         if self._cos is not None and self._cos.shape[0] >= length and self._cos.device == device:

@@ -162,6 +162,13 @@ class ColibriForCausalLM(nn.Module):
         for layer in self.moe_layers():
             layer.top_k_override = top_k
 
+    def limit_positions(self, max_len: int) -> None:
+        """Positions stay below `max_len` from now on (a runtime's KV cache length): the rotary
+        tables hold that many rows instead of the config's max_seq_len (21 MB at 40,960 positions
+        and head_dim 64). A longer forward still grows them."""
+        for block in self.layers:
+            block.attn.rope.limit(max_len)
+
     def lm_head_weight(self) -> torch.Tensor:
         return self.embed.weight if self.lm_head is None else self.lm_head.weight
 

@@ -78,11 +78,15 @@ def build_model(
         expected.discard(name)
         if name in tied_head:  # its head: the stored bytes copied once into the arena
             model.lm_head = NativeLinear(raw, bias=False, arena=arena, shared_input=shared_input)
-    for raw in container.iter_resident(skip=mapped):
-        if native_linears and native_linear_name(raw.name, raw.encoding, raw.shape, raw.group_size):
-            install(model, raw.name, raw, arena, shared_input)
-            expected.discard(raw.name)
-            continue
+    native = [t.name for t in container.header.tensors
+              if native_linears and t.name not in mapped and native_linear_name(t.name, t.encoding, t.shape, group)]
+    for name in native:
+        # copied into the arena from a map of the file: a read buffer would hold a second,
+        # anonymous copy of the tensor while it is copied (the LM head's 52 MB at a 49k vocabulary),
+        # over the budget the plan counts; the map's pages are clean page cache, reclaimable
+        install(model, name, container.map_resident(name), arena, shared_input)
+        expected.discard(name)
+    for raw in container.iter_resident(skip=mapped | set(native)):
         state[raw.name] = _materialise(raw, held_dtype(raw.shape, dtype, raw.name), device)
     missing, unexpected = expected - set(state), set(state) - expected
     if missing or unexpected:

@@ -20,14 +20,16 @@ torch's libraries, over and over). So the room an engine has is
   imports and the container's header leave 14 MB of freed heap by then, measured).
 - runtime file pages: the library pages a run keeps touching, which must stay resident.
   Measured (AMD EPYC, torch 2.13 CPU, 1 thread; `/proc/self/clear_refs`, then the `Referenced`
-  pages of file-backed mappings in /proc/self/smaps): of 108 MB file-backed RSS after opening a
-  24-layer x 64-expert container, 12 MB were touched by 16 decode steps and a 37-token prefill.
-  The RssFile growth during a run, measured before, was 19 MB from before `Engine.open` to after
-  a generation and 28 MB from right after `import torch`. `RUNTIME_FILE_BYTES` (40 MiB) covers
-  all of them with room.
-- margin: `MARGIN_FRACTION` of the room, at least `MIN_MARGIN_BYTES`: the peak anonymous RSS
-  growth was measured at 1.04-1.07x the budget at NanoColibri's smallest budgets (bench/RESULTS.md), and
-  the kernel starts reclaiming before the hard limit.
+  pages of file-backed mappings in /proc/self/smaps): a 37-token prefill and 16 decode steps of a
+  24-layer x 64-expert container touched 7-12 MB of library pages and 3 MB of the container's
+  mapped embedding. The library pages resident grew by 19 MB from the moment `auto` reads the cap
+  (the page cache dropped first) to the end of a generation, and by 28 MB from right after
+  `import torch`. `RUNTIME_FILE_BYTES` (32 MiB) covers the largest of them.
+- margin: `MARGIN_FRACTION` of the room, at least `MIN_MARGIN_BYTES`, for what the plan cannot
+  see coming (the kernel's headroom near the limit, other threads of the process). The plan
+  itself is an upper bound: the peak anonymous RSS growth of a run was measured at 0.58-0.88 of
+  its budget, from the smallest budget the plan allows to a quarter of the experts cached
+  (`bench/ram_budget.py`, NanoColibri shapes and a 24 x 64 Qwen3-MoE; bench/RESULTS.md).
 
 Counting every faulted file page as charged (as this did before) left a third of a small cap
 unused: under a 777 MB cap it offered 433 MB where 700 MB ran (bench/RESULTS.md has the runs
@@ -43,9 +45,9 @@ from pathlib import Path
 from ..sizes import format_size
 from .heap import release_free_heap
 
-RUNTIME_FILE_BYTES = 40 << 20
+RUNTIME_FILE_BYTES = 32 << 20
 MARGIN_FRACTION = 0.10
-MIN_MARGIN_BYTES = 32 << 20
+MIN_MARGIN_BYTES = 16 << 20
 UNLIMITED = 1 << 60  # v1 writes "no limit" as PAGE_COUNTER_MAX pages (9223372036854771712)
 
 
