@@ -415,8 +415,21 @@ def colibri_child(container: str, mode: str, threads: int, prompt: int, tokens: 
         row.update(decode_tok_s=tokens / wall, bytes_per_token=(engine.stats.bytes_read - before) / tokens,
                    os_bytes_per_token=None if os_bytes is None else os_bytes / tokens, hit_rate=stats["hit_rate"],
                    prefetch=stats["prefetch"], policy=stats["policy"], compute=stats["compute_mode"],
-                   resident_mb=stats["resident_mb"])
+                   resident_mb=stats["resident_mb"], anon_huge_mb=anon_huge_pages_mb())
     return row
+
+
+def anon_huge_pages_mb() -> float | None:
+    """This process's anonymous memory on transparent huge pages (smaps_rollup), in MB: the expert
+    slab and the projections' arena ask for them, and a run that got few (memory fragmented by
+    the engine before it) walks 4 KB page tables through 2 GB of weights every token."""
+    try:
+        for line in Path("/proc/self/smaps_rollup").read_text().splitlines():
+            if line.startswith("AnonHugePages:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
 
 
 def profile_top(profiler, wall: float, top: int = 25) -> list:
@@ -519,6 +532,8 @@ def brief(result: dict) -> str:
         parts.append(f"{result['bytes_per_token'] / 1e6:.1f} MB/token")
     if result.get("os_bytes_per_token") is not None:
         parts.append(f"(/proc {result['os_bytes_per_token'] / 1e6:.1f})")
+    if result.get("anon_huge_mb") is not None:
+        parts.append(f"{result['anon_huge_mb']:.0f} MB on huge pages")
     return ", ".join(parts)
 
 
@@ -533,6 +548,8 @@ def summary(engine: str, quant: str, setting: str, threads: int, runs: list[dict
     if ok:
         row["samples_decode_tok_s"] = [round(r["decode_tok_s"], 2) for r in ok if r.get("decode_tok_s")]
         row["max_rss_mb"] = round(max(r.get("max_rss", 0) for r in ok) / 1e6)
+        if any(r.get("anon_huge_mb") is not None for r in ok):
+            row["anon_huge_mb"] = [r.get("anon_huge_mb") for r in ok]
         for key in ("ram_budget", "cache_slots", "prefetch", "compute"):
             if key in ok[0]:
                 row[key] = ok[0][key]
