@@ -12,6 +12,7 @@ freed heap cannot hide the next one's allocations.
     python bench/ram_budget.py                      # NanoColibri-shaped random container, 3 budgets
     python bench/ram_budget.py --preset micro --fractions 0.1
     python bench/ram_budget.py --fractions smallest,0     # also at the smallest budget the plan allows
+    python bench/ram_budget.py --compute int4             # torch's int4 kernels instead of the native ones
     python bench/ram_budget.py --slab both          # per point: per-expert heap tensors, then the slab
     python bench/ram_budget.py --caps 1.0GB,1.2GB,1.4GB   # `generate --ram-budget auto` in memory cgroups
 
@@ -65,7 +66,7 @@ class PeakSampler(threading.Thread):
         return self.peak
 
 
-def child(path: str, budget: int, tokens: int, threads: int, slab: bool) -> dict:
+def child(path: str, budget: int, tokens: int, threads: int, slab: bool, compute: str = "auto") -> dict:
     """One measured point, in this (fresh) process."""
     import torch
     from colibri_stream import Engine
@@ -75,7 +76,7 @@ def child(path: str, budget: int, tokens: int, threads: int, slab: bool) -> dict
     baseline = rss_anon_bytes()
     sampler = PeakSampler()
     sampler.start()
-    with Engine.open(path, ram_budget=budget, dtype="bf16", slab=slab) as engine:
+    with Engine.open(path, ram_budget=budget, dtype="bf16", slab=slab, compute=compute) as engine:
         result = engine.generate(PROMPT, max_new_tokens=tokens, stop_token_ids=[])
         plan, stats = engine.budget, engine.stats.to_dict()
     peak = sampler.stop()
@@ -91,6 +92,7 @@ def child(path: str, budget: int, tokens: int, threads: int, slab: bool) -> dict
         "hit_rate": stats["hit_rate"],
         "tokens_per_s": round(result.tokens_per_s, 3),
         "slab": slab,
+        "compute": stats["compute_mode"],
     }
 
 
@@ -133,13 +135,16 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--slab", choices=["on", "off", "both"], default="on",
                         help="cache slots in one slab (the default) or per-expert heap tensors; both: A/B per point")
+    parser.add_argument("--compute", choices=["auto", "native", "int4", "dequant"], default="auto",
+                        help="the engine's kernels (Engine.open's compute) at every point of the sweep")
     parser.add_argument("--caps", default=None,
                         help="comma-separated cgroup memory limits (e.g. 1.0GB,1.2GB): run `generate --ram-budget auto` "
                         "under each instead of the budget sweep")
     parser.add_argument("--child", nargs=2, metavar=("CONTAINER", "BUDGET"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child(args.child[0], int(args.child[1]), args.tokens, args.threads, args.slab == "on")))
+        print(json.dumps(child(args.child[0], int(args.child[1]), args.tokens, args.threads, args.slab == "on",
+                               args.compute)))
         return
 
     from colibri_stream import Engine
@@ -151,17 +156,17 @@ def main() -> None:
             rows = [capped(str(path), cap, args.tokens, args.threads) for cap in args.caps.split(",")]
             print(json.dumps({"preset": args.preset, "tokens": args.tokens, "caps": rows}, indent=1))
             return
-        plan = Engine.plan(str(path), dtype="bf16")
+        plan = Engine.plan(str(path), dtype="bf16", compute=args.compute)
         minimum, slot_bytes, total = plan.min_budget, plan.slot_bytes, plan.total_experts
         rows = []
-        smallest = Engine.plan(str(path)).smallest_budget  # the unset defaults stepped down as far as they go
+        smallest = Engine.plan(str(path), compute=args.compute).smallest_budget  # the unset defaults stepped down as far as they go
         for entry in args.fractions.split(","):
             fraction = None if entry == "smallest" else float(entry)
             budget = smallest if fraction is None else minimum + int(fraction * total) * slot_bytes
             for slab in (["off", "on"] if args.slab == "both" else [args.slab]):
                 out = subprocess.run(
                     [sys.executable, __file__, "--child", str(path), str(budget), "--tokens", str(args.tokens),
-                     "--threads", str(args.threads), "--slab", slab],
+                     "--threads", str(args.threads), "--slab", slab, "--compute", args.compute],
                     capture_output=True, text=True, check=True,
                 )
                 row = json.loads(out.stdout.strip().splitlines()[-1])

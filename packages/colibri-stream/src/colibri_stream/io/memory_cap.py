@@ -28,9 +28,9 @@ torch's libraries, over and over). So the room an engine has is
 - margin: `MARGIN_FRACTION` of the room, at least `MIN_MARGIN_BYTES`, for what the plan cannot
   see coming (the kernel's headroom near the limit, other threads of the process). The plan
   itself is an upper bound: the peak anonymous RSS growth of a run was measured at 0.58-0.88 of
-  its budget, from the smallest budget the plan allows to a quarter of the experts cached
-  (`bench/ram_budget.py`, native kernels, NanoColibri shapes and a 24 x 64 Qwen3-MoE;
-  bench/RESULTS.md).
+  its budget with the native kernels, from the smallest budget the plan allows to a quarter of the
+  experts cached, and 0.83-0.98 with torch's int4 kernels or dequantized matmuls
+  (`bench/ram_budget.py [--compute C]`, NanoColibri shapes and a 24 x 64 Qwen3-MoE; bench/RESULTS.md).
 
 Counting every faulted file page as charged (as this did before) left a third of a small cap
 unused: under a 777 MB cap it offered 433 MB where 700 MB ran (bench/RESULTS.md has the runs
