@@ -159,10 +159,12 @@ def main() -> None:
         plan = Engine.plan(str(path), dtype="bf16", compute=args.compute)
         minimum, slot_bytes, total = plan.min_budget, plan.slot_bytes, plan.total_experts
         rows = []
-        smallest = Engine.plan(str(path), compute=args.compute).smallest_budget  # the unset defaults stepped down as far as they go
         for entry in args.fractions.split(","):
             fraction = None if entry == "smallest" else float(entry)
-            budget = smallest if fraction is None else minimum + int(fraction * total) * slot_bytes
+            if fraction is None:  # the unset defaults stepped down as far as they go
+                budget = Engine.plan(str(path), compute=args.compute).smallest_budget
+            else:
+                budget = minimum + int(fraction * total) * slot_bytes
             for slab in (["off", "on"] if args.slab == "both" else [args.slab]):
                 out = subprocess.run(
                     [sys.executable, __file__, "--child", str(path), str(budget), "--tokens", str(args.tokens),

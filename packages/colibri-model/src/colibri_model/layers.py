@@ -90,8 +90,9 @@ def _rope_tables(head_dim: int, theta: float, scaling: RopeScaling | None, size:
         inv_freq = rope_inv_freq(head_dim, theta, scaling, device)
         angles = torch.outer(torch.arange(size, device=device, dtype=torch.float64), inv_freq)
         factor = 1.0 if scaling is None else scaling.attention_factor  # yarn scales cos and sin
-        # cos and sin of the half, in fp32, then repeated: the same values as repeating the angles
-        # first, with a fifth of the float64 temporaries (84 MB at 40,960 positions otherwise)
+        # cos and sin of the half, in fp32, then repeated: cos and sin are elementwise, so the same
+        # values as repeating the angles first (up to which of torch's vector or scalar loops takes
+        # an element), with a fifth of the float64 temporaries (84 MB at 40,960 positions otherwise)
         cos, sin = (angles.cos() * factor).float(), (angles.sin() * factor).float()
         return torch.cat([cos, cos], dim=-1), torch.cat([sin, sin], dim=-1)
 
