@@ -545,6 +545,10 @@ def summary(engine: str, quant: str, setting: str, threads: int, runs: list[dict
         value = median([r.get(key) for r in ok])
         if value is not None:
             row[key] = round(value, 4 if key == "hit_rate" else 2 if key.endswith("tok_s") else 0)
+    for key in ("prefill_tok_s", "decode_tok_s"):  # by repeat (None where a run failed), for paired ratios
+        if any(r.get(key) for r in ok):
+            row[f"by_repeat_{key}"] = [None if r.get("returncode") or not r.get(key) else round(r[key], 2)
+                                       for r in runs]
     if ok:
         row["samples_decode_tok_s"] = [round(r["decode_tok_s"], 2) for r in ok if r.get("decode_tok_s")]
         row["max_rss_mb"] = round(max(r.get("max_rss", 0) for r in ok) / 1e6)
@@ -571,9 +575,27 @@ def ratios(rows: list[dict]) -> list[dict]:
             for key in ("prefill_tok_s", "decode_tok_s", "bytes_per_token"):
                 if row.get(key) and other.get(key):
                     entry[f"{key} colibri/llama.cpp"] = round(row[key] / other[key], 3)
+            for key in ("prefill_tok_s", "decode_tok_s"):
+                paired = paired_ratios(row.get(f"by_repeat_{key}"), other.get(f"by_repeat_{key}"))
+                if paired:
+                    entry[f"{key} paired"] = paired
             if len(entry) > 4:
                 out.append(entry)
     return out
+
+
+def paired_ratios(ours: list | None, theirs: list | None) -> dict | None:
+    """colibri / llama.cpp repeat by repeat (the two ran minutes apart, in the same load): the
+    median, the range and how many pairs had colibri ahead. On a shared host the load drifts more
+    between repeats than between the engines of one repeat, so this says more than a ratio of
+    medians whether a gap of a few percent is there."""
+    if not ours or not theirs:
+        return None
+    pairs = [a / b for a, b in zip(ours, theirs) if a and b]
+    if not pairs:
+        return None
+    return {"median": round(statistics.median(pairs), 3), "min": round(min(pairs), 3), "max": round(max(pairs), 3),
+            "ahead": f"{sum(p > 1 for p in pairs)}/{len(pairs)}"}
 
 
 def table(rows: list[dict]) -> str:
