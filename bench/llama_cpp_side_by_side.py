@@ -15,9 +15,10 @@ What it does, in order (each step reuses its output when it is already there):
    "smollm"). The embeddings are redrawn with std 1.0 (transformers' init is 0.02): with the narrow
    init every token's hidden state is nearly the same and routing collapses onto a few experts.
 3. convert_hf_to_gguf.py -> bf16 GGUF; llama-quantize -> Q4_0 and Q4_K_M;
-   `colibri-int4 import-hf --quant int4` twice: its default (int4 experts in groups of 64, resident int8,
-   embeddings and head int8), and "int4 r4" (`--resident-dtype int4`: the bytes of llama.cpp's Q4_0,
-   which keeps attention in Q4_0 and the head in Q6_K).
+   `colibri-int4 import-hf --quant int4` three times: its default (int4 experts in groups of 64, resident
+   int8, embeddings and head int8), "int4 h6" (`--embed-dtype int6`: a 6-bit head, the size of the Q6_K
+   head Q4_K_M keeps) and "int4 r4" (`--resident-dtype int4 --embed-dtype int6`: the bytes of llama.cpp's
+   Q4_0, which keeps attention in Q4_0 and the head in Q6_K).
 4. Measured, interleaved (engine by engine inside each repeat), medians of `--repeats`:
    - full RAM, per thread count: llama-bench pp512 / tg (`-p 512 -n N -r 1`: one warm-up run, one
      measured) against colibri's Python API in a fresh process (budget = every expert cached; one
@@ -219,10 +220,12 @@ def quantize(binaries: Path, source_gguf: Path, out: Path, kind: str) -> None:
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-# colibri's containers: import-hf's default (int4 experts, int8 attention, bf16 embeddings and head),
-# and the same experts with Q4_0's bytes elsewhere (int4 attention, int8 embeddings and head; llama.cpp's
-# Q4_0 keeps attention in Q4_0 and the head in Q6_K), so both engines read about as many bytes a token
-COLIBRI_QUANTS = {"int4": [], "int4 r4": ["--resident-dtype", "int4"]}
+# colibri's containers: import-hf's default (int4 experts, int8 attention, int8 embeddings and head),
+# the default with a 6-bit head ("h6": the size of the Q6_K head Q4_K_M keeps), and the same experts
+# with Q4_0's bytes elsewhere ("r4": int4 attention and a 6-bit head; llama.cpp's Q4_0 keeps attention
+# in Q4_0 and the head in Q6_K), so the engines compared read about as many bytes a token
+COLIBRI_QUANTS = {"int4": [], "int4 h6": ["--embed-dtype", "int6"],
+                  "int4 r4": ["--resident-dtype", "int4", "--embed-dtype", "int6"]}
 
 
 def import_colibri(source: Path, out: Path, extra: list[str]) -> None:

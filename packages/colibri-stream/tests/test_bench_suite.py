@@ -3,12 +3,15 @@ the policy / prefetch / warm studies on a tiny container, and the bench-suite CL
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from click.testing import CliRunner
 from colibri_int4 import Container
 from colibri_stream import Engine, TraceEvent
 from colibri_stream.cli.bench_suite import bench_suite, goals
-from colibri_stream.io.accounting import IOMeter, IOWindow, ProcIOUnavailable, read_proc_io
+from colibri_stream.io import accounting
+from colibri_stream.io.accounting import IOMeter, IOWindow, ProcIOUnavailable, ReadBytesCounter, read_proc_io
 from colibri_stream.studies.cache_studies import (
     policy_study,
     prefetch_study,
@@ -42,6 +45,22 @@ def test_proc_io_parsing(tmp_path):
         read_proc_io(str(fake))
     with pytest.raises(ProcIOUnavailable, match="cannot read"):
         read_proc_io(str(tmp_path / "missing"))
+
+
+def test_the_read_bytes_counter_keeps_its_file_open_and_reopens_it_in_a_forked_child(tmp_path, monkeypatch):
+    fake = tmp_path / "io"
+    fake.write_text("rchar: 10\nread_bytes: 100\n")
+    counter = ReadBytesCounter(str(fake))
+    fake.write_text("rchar: 99\nread_bytes: 350\n")  # the same file, read again from its start
+    assert counter.since() == 250
+    open_files = len(os.listdir("/proc/self/fd"))
+    monkeypatch.setattr(accounting.os, "getpid", lambda: -1)  # as in a child after fork
+    fake.write_text("rchar: 99\nread_bytes: 400\n")
+    assert counter.since() == 300 and counter._pid == -1  # opened again, by the "child"
+    assert len(os.listdir("/proc/self/fd")) == open_files  # the parent's descriptor closed, not leaked
+    assert ReadBytesCounter(str(tmp_path / "missing")).since() is None
+    fake.write_text("rchar: 1\n")
+    assert counter.since() is None  # no read_bytes line: unavailable, not an exception
 
 
 def test_engine_bytes_agree_with_the_os(tiny, minimum_budget):

@@ -289,7 +289,8 @@ class Sizing:
 
     def resident_by_dtype(self, dtype: torch.dtype) -> dict[str, int]:
         """Bytes of the materialised resident model by held dtype, with `dtype` as engine dtype
-        ("q4"/"q8" for the projections a native engine keeps as stored, compute/native_linear.py)."""
+        ("q4"/"q8", and "q6" for a 6-bit head, for the projections a native engine keeps as stored,
+        compute/native_linear.py)."""
         by_dtype: dict[str, int] = {}
         native = self.compute(dtype) == "native"
         group = self.container.scheme.group_size

@@ -88,6 +88,9 @@ def _library() -> ctypes.CDLL:
                                            i32]
     library.colibri_bf16w_matmul.argtypes = [pointer, i64, i64, pointer, i64, pointer, i32, i32]
     library.colibri_bf16w_matmul.restype = i32
+    library.colibri_q6w_matmul.argtypes = [pointer, pointer, pointer, pointer, pointer, i64, i64, pointer, pointer, i32,
+                                           i64, i64, pointer, i32, i32]
+    library.colibri_q6w_matmul.restype = i32
     library.colibri_dequantize_rows.argtypes = [pointer, i32, pointer, pointer, i32, i64, i64, i64, i64, pointer]
     library.colibri_dequantize_rows.restype = i32
     library.colibri_q8_quantize.restype = library.colibri_q4_matmul.restype = i32
@@ -314,6 +317,24 @@ def q8_matmul(x: QuantizedActivations, weights: torch.Tensor, scales: torch.Tens
     return out
 
 
+def q6_matmul(x: QuantizedActivations, data: torch.Tensor, scales: torch.Tensor, group: int,
+              fp16_scales: bool = False, level: int | None = None) -> torch.Tensor:
+    """x [M, K] @ W.T -> [M, N] f32, W the q6 matrix of `data` (uint8 [N, K * 3 / 4]: each row's
+    lows then highs, colibri-int4 FORMAT.md) and `scales` (int16 bits of bf16/fp16, [N, K/group]);
+    K a multiple of 64. Each result row is what it gets alone, at any M and thread count."""
+    rows = data.shape[0]
+    if x.cols % 64 or data.shape[1] * 4 != x.cols * 3 or scales.shape != (rows, x.cols // group):
+        raise ValueError(f"q6 matrix {tuple(data.shape)} / scales {tuple(scales.shape)} do not fit "
+                         f"{x.cols} columns (a multiple of 64) in groups of {group}")
+    out = torch.empty(x.rows, rows, dtype=torch.float32)
+    status = _library().colibri_q6w_matmul(
+        *_activation_pointers(x), data.data_ptr(), scales.data_ptr(), int(fp16_scales), rows, group, out.data_ptr(),
+        torch.get_num_threads(), cpu_level() if level is None else level)
+    if status != 0:
+        raise ValueError(f"the native kernel refused {x.cols} columns in groups of {group} (multiples of {BLOCK})")
+    return out
+
+
 def bf16_matmul(x: torch.Tensor, weights: torch.Tensor, level: int | None = None) -> torch.Tensor:
     """x [M, K] (any float dtype, computed in f32) @ W.T -> [M, N] f32, W bf16 as stored (`weights`:
     int16 bits [N, K]): exact products, f32 sums in one fixed order at every level, each row
@@ -343,21 +364,28 @@ DEQUANT_BLOCK_WEIGHTS = 1 << 18  # weights dequantized at a time (1 MB of f32): 
 
 def matmul(x: torch.Tensor | QuantizedActivations, weights: torch.Tensor, scales: torch.Tensor,
            zeros: torch.Tensor | None, group: int, encoding: str, fp16_scales: bool = False) -> torch.Tensor:
-    """x [M, K] @ W.T -> [M, N] f32 for a q4 or q8 matrix W: the int8 kernel (rows in tiles of four,
-    each bitwise what it gets alone), or, from
+    """x [M, K] @ W.T -> [M, N] f32 for a q4, q6 or q8 matrix W: the int8 kernel (rows in tiles of
+    four, each bitwise what it gets alone), or, from
     `DENSE_FROM_ROWS` rows on where that is set, blocks of dequantized rows and a dense matmul."""
     if isinstance(x, torch.Tensor) and DENSE_FROM_ROWS is not None and x.shape[0] >= DENSE_FROM_ROWS:
-        return dense_matmul(x, weights, scales, zeros, group, encoding == "q8", fp16_scales)
+        return dense_matmul(x, weights, scales, zeros, group, encoding, fp16_scales)
     if isinstance(x, torch.Tensor):
         x = QuantizedActivations(x)
     if encoding == "q8":
         return q8_matmul(x, weights, scales, group, fp16_scales)
+    if encoding == "q6":
+        return q6_matmul(x, weights, scales, group, fp16_scales)
     return q4_matmul(x, weights, scales, zeros, group, fp16_scales)
 
 
+DEQUANTIZE_KINDS = {"q4": 0, "q8": 1, "q6": 2}  # colibri_dequantize_rows' `kind`
+
+
 def dense_matmul(x: torch.Tensor, weights: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None,
-                 group: int, q8: bool, fp16_scales: bool = False) -> torch.Tensor:
-    """x [M, K] f32 @ W.T with W dequantized `DEQUANT_BLOCK_WEIGHTS` at a time (exact weights)."""
+                 group: int, encoding: str, fp16_scales: bool = False) -> torch.Tensor:
+    """x [M, K] f32 @ W.T with W (`encoding` q4, q6 or q8) dequantized `DEQUANT_BLOCK_WEIGHTS` at a
+    time (exact weights)."""
+    kind = DEQUANTIZE_KINDS[encoding]
     x = x.detach().to(torch.float32).contiguous()
     rows, cols = weights.shape[0], x.shape[1]
     out = torch.empty(x.shape[0], rows, dtype=torch.float32)
@@ -367,7 +395,7 @@ def dense_matmul(x: torch.Tensor, weights: torch.Tensor, scales: torch.Tensor, z
     for start in range(0, rows, step):
         stop = min(rows, start + step)
         status = library.colibri_dequantize_rows(
-            weights.data_ptr(), int(q8), scales.data_ptr(), 0 if zeros is None else zeros.data_ptr(),
+            weights.data_ptr(), kind, scales.data_ptr(), 0 if zeros is None else zeros.data_ptr(),
             int(fp16_scales), cols, group, start, stop, block.data_ptr())
         if status != 0:
             raise ValueError(f"the native kernel refused {cols} columns in groups of {group}")

@@ -1,6 +1,6 @@
 """`NativeLinear`: a resident projection (attention, dense FFN, shared expert, LM head) computed by
-the native kernel from the container's q4 or q8 bytes, as llama.cpp keeps its weights; and a
-bf16-stored LM head (the default of an imported checkpoint) from its bf16 bytes, in f32.
+the native kernel from the container's q4 or q8 bytes, as llama.cpp keeps its weights; an LM head
+also from q6 (6.5 bits a weight at group 32, the size of llama.cpp's Q6_K head) or bf16 bytes.
 
 With `compute="native"` the engine holds these matrices as stored (q4: nibbles + 16-bit scales,
 about 0.53 bytes per weight at group 64; q8: about 1.03) instead of dequantized f32 (4 bytes):
@@ -44,6 +44,8 @@ def native_linear_name(name: str, encoding: str, shape, group_size: int) -> bool
         return False
     if encoding == "bf16":  # the vocab projection: half of f32's bytes, read once per token
         return module == "lm_head" and shape[1] % 16 == 0
+    if encoding == "q6":  # the head's 6-bit encoding (colibri-int4's embed_dtype int6)
+        return module == "lm_head" and shape[1] % 64 == 0 and group_size % BLOCK == 0
     if encoding not in ("q4", "q8") or group_size % BLOCK or shape[1] % BLOCK:
         return False
     return module == "lm_head" or module.rpartition(".")[2] in PROJECTIONS
@@ -56,11 +58,11 @@ def native_tied_head(name: str, encoding: str, shape, group_size: int, tied: boo
 
 
 class NativeLinear(nn.Module):
-    """y = x W^T (+ b) with W as stored (q4, q8, or bf16 for the LM head); in and out in the
+    """y = x W^T (+ b) with W as stored (q4, q8, or q6 and bf16 for the LM head); in and out in the
     caller's dtype, f32 inside."""
 
     def __init__(self, raw, bias: bool, arena: HugePageArena, shared_input: SharedInput | None = None):
-        """`raw`: colibri-int4's RawTensor of the weight (q4, q8, bf16); `arena`: where its stored
+        """`raw`: colibri-int4's RawTensor of the weight (q4, q6, q8, bf16); `arena`: where its stored
         bytes go (`sizes.aligned` of the tensor's stored length); `shared_input`: the model's memo
         of its last quantized input (one per model; a new one if None)."""
         super().__init__()

@@ -1124,6 +1124,168 @@ int colibri_q4_matmul(const int8_t *xq, const float *dx, const int32_t *xs, cons
     return status;
 }
 
+/* ---- q6: 6-bit codes, the LM head's encoding of llama.cpp's size (colibri-int4 FORMAT.md) ----
+ *
+ *   data[n]  u8 [K * 3 / 4]: K/2 "lows" (each code's low 4 bits, in q4's nibble order), then K/4
+ *            "highs" (its top 2 bits): per 64-column span s, highs[16 s + i] holds columns
+ *            64s + 2i (bits 0-1), 64s + 2i + 1 (2-3), 64s + 32 + 2i (4-5), 64s + 33 + 2i (6-7)
+ *   w[n, k] = (c[n, k] - 32) * scales[n, k/G], c in 0..63, symmetric
+ *
+ * Those are the columns of lanes i and 16 + i of the even and odd nibble vectors a 32-byte load of
+ * lows splits into (SPLIT_NIBBLES), so the AVX2 path adds the top bits with two shifts and masks
+ * and then runs q4's pair dot product unchanged: codes up to 63 times activations up to 127 keep
+ * every int16 sum of vpmaddubsw (2 x 2 x 63 x 127 = 32004) below 2^15. The -32 is q4's -8 epilogue
+ * times 4 (an exact factor), so a row costs q4's arithmetic plus the highs' 16 bytes a step. */
+
+static inline int32_t q6_code(const uint8_t *row, int64_t K, int64_t k) {
+    int64_t span = k / 64, column = k % 64;
+    int low = (row[k / 2] >> (4 * (k & 1))) & 15;
+    int top = (row[K / 2 + 16 * span + (column % 32) / 2] >> (2 * (k & 1) + 4 * (column >= 32))) & 3;
+    return low | top << 4;
+}
+
+static float row6_scalar(const uint8_t *row, int64_t K, const uint16_t *s, int fp16, int64_t per_group,
+                         const int8_t *xq, const float *dx, const int32_t *xs) {
+    float total = 0.f;
+    for (int64_t g = 0; g * per_group * BLOCK < K; g++) {
+        float acc = 0.f;
+        for (int64_t b = g * per_group; b < (g + 1) * per_group; b++) {
+            int32_t dot = 0;
+            for (int64_t i = 0; i < BLOCK; i++) dot += q6_code(row, K, b * BLOCK + i) * xq[b * BLOCK + i];
+            acc += dx[b] * (float)(dot - 32 * xs[b]);
+        }
+        total += acc * half_to_f32(s[g], fp16);
+    }
+    return total;
+}
+
+#ifdef COLIBRI_X86
+/* the top bits of a step's 64 columns (16 highs bytes) into its even and odd code vectors */
+#define ADD_TOP_BITS(highs, even, odd)                                                                         \
+    do {                                                                                                        \
+        __m128i h_ = _mm_loadu_si128((const __m128i *)(highs));                                                 \
+        __m256i both_ = _mm256_set_m128i(_mm_srli_epi16(h_, 4), h_);                                            \
+        even = _mm256_or_si256(even, _mm256_slli_epi16(_mm256_and_si256(both_, three), 4));                     \
+        odd = _mm256_or_si256(odd, _mm256_slli_epi16(_mm256_and_si256(both_, twelve), 2));                      \
+    } while (0)
+
+/* One activation row (pairs, as the q4 paths take it) times WR consecutive q6 weight rows, each
+ * row the same sequence of operations whichever WR: q4's `weight_rows_*` with the top bits added.
+ * The rows ahead are prefetched into L2, as there. Level 2 runs it too (the same bits). */
+#define Q6_PREFETCH_ROWS 8
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline void q6_rows_body(
+    const uint8_t *p, int64_t K, const uint16_t *s, int fp16, int64_t blocks, const int64_t per_group,
+    const int8_t *pairs, const float *pair_scales, const float *offset, float *out, const int WR) {
+    const __m256i low = _mm256_set1_epi8(15), three = _mm256_set1_epi8(3), twelve = _mm256_set1_epi8(12);
+    const __m256i ones = _mm256_set1_epi16(1);
+    const int64_t row_bytes = K / 4 * 3, groups = blocks / per_group;
+    float scales[4 * groups], coef[4 * groups];
+    row_scales_avx2(s, WR * groups, fp16, scales); /* the rows' scales are consecutive */
+    for (int64_t i = 0; i < WR * groups; i++) coef[i] = 4.f * scales[i]; /* the -32: q4's -8 epilogue x 4 */
+    __m256 acc0[4], acc1[4];
+    for (int r = 0; r < WR; r++) acc0[r] = acc1[r] = _mm256_setzero_ps();
+    int64_t b = 0;
+    for (; b + 4 <= blocks; b += 4) {
+        __m256 ps0 = _mm256_loadu_ps(pair_scales + (b / 2) * 8), ps1 = _mm256_loadu_ps(pair_scales + (b / 2) * 8 + 8);
+        const int64_t g0 = b / per_group, g1 = (b + 2) / per_group;
+        for (int r = 0; r < WR; r++) {
+            _mm_prefetch((const char *)(p + (r + Q6_PREFETCH_ROWS) * row_bytes + b * 16), _MM_HINT_T1);
+            _mm_prefetch((const char *)(p + (r + Q6_PREFETCH_ROWS) * row_bytes + K / 2 + b * 8), _MM_HINT_T1);
+        }
+        for (int r = 0; r < WR; r++) {
+            const uint8_t *w = p + r * row_bytes + b * 16, *h = p + r * row_bytes + K / 2 + b * 8;
+            __m256i raw0 = _mm256_loadu_si256((const __m256i *)w);
+            SPLIT_NIBBLES(raw0, even0, odd0);
+            ADD_TOP_BITS(h, even0, odd0);
+            __m256 d0 = _mm256_mul_ps(ps0, PAIR_SCALE(scales + r * groups, g0, per_group));
+            acc0[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(PAIR_DOT_AVX2(even0, odd0,
+                _mm256_loadu_si256((const __m256i *)(pairs + b * BLOCK)),
+                _mm256_loadu_si256((const __m256i *)(pairs + b * BLOCK + 32)))), d0, acc0[r]);
+            __m256i raw1 = _mm256_loadu_si256((const __m256i *)(w + 32));
+            SPLIT_NIBBLES(raw1, even1, odd1);
+            ADD_TOP_BITS(h + 16, even1, odd1);
+            __m256 d1 = _mm256_mul_ps(ps1, PAIR_SCALE(scales + r * groups, g1, per_group));
+            acc1[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(PAIR_DOT_AVX2(even1, odd1,
+                _mm256_loadu_si256((const __m256i *)(pairs + b * BLOCK + 64)),
+                _mm256_loadu_si256((const __m256i *)(pairs + b * BLOCK + 96)))), d1, acc1[r]);
+        }
+    }
+    if (b < blocks) { /* a last step of two blocks (b % 4 == 0: acc0's) */
+        __m256 ps0 = _mm256_loadu_ps(pair_scales + (b / 2) * 8);
+        for (int r = 0; r < WR; r++) {
+            __m256i raw = _mm256_loadu_si256((const __m256i *)(p + r * row_bytes + b * 16));
+            SPLIT_NIBBLES(raw, even, odd);
+            ADD_TOP_BITS(p + r * row_bytes + K / 2 + b * 8, even, odd);
+            __m256 d = _mm256_mul_ps(ps0, PAIR_SCALE(scales + r * groups, b / per_group, per_group));
+            PAIR_STEP(PAIR_DOT_AVX2, even, odd, _mm256_loadu_si256((const __m256i *)(pairs + b * BLOCK)),
+                      _mm256_loadu_si256((const __m256i *)(pairs + b * BLOCK + 32)), d, b, acc0[r], acc1[r]);
+        }
+    }
+    float scalar[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int64_t g = 0; g < groups; g++)
+        for (int r = 0; r < WR; r++) scalar[r] -= coef[r * groups + g] * offset[g];
+    for (int r = 0; r < WR; r++) {
+        __m256 both = _mm256_add_ps(acc0[r], acc1[r]);
+        __m128 lo = _mm_add_ps(_mm256_castps256_ps128(both), _mm256_extractf128_ps(both, 1));
+        lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+        lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+        out[r] = _mm_cvtss_f32(lo) + scalar[r];
+    }
+}
+
+__attribute__((target("avx2,fma,f16c"))) static void q6_rows_avx2(
+    const uint8_t *p, int64_t K, const uint16_t *s, int fp16, int64_t blocks, int64_t per_group,
+    const int8_t *pairs, const float *pair_scales, const float *offset, float *out, int WR) {
+    if (WR == 4) WITH_PER_GROUP(per_group, q6_rows_body(p, K, s, fp16, blocks, pg, pairs, pair_scales, offset, out, 4))
+    else WITH_PER_GROUP(per_group, q6_rows_body(p, K, s, fp16, blocks, pg, pairs, pair_scales, offset, out, 1))
+}
+#endif
+
+/* y [M, N] f32 = x [M, K] @ w[N, K].T for a q6 matrix (data [N, K * 3 / 4], scales [N, K/G]), from
+ * colibri_q8_quantize's output (K a multiple of 64, so its pairs are there). Blocks of 16 weight
+ * rows in parallel; within a block, 4 weight rows at a time times each activation row in turn (the
+ * rows stay in L1 between activation rows): a row's result never depends on M or the threads. */
+int colibri_q6w_matmul(const int8_t *xq, const float *dx, const int32_t *xs, const int8_t *pairs,
+                       const float *pair_scales, int64_t M, int64_t K, const uint8_t *data, const uint16_t *scales,
+                       int fp16, int64_t N, int64_t G, float *y, int threads, int level) {
+    if (K % 64 || G % BLOCK || K % G) return -1;
+    int64_t blocks = K / BLOCK, per_group = G / BLOCK, groups = K / G, row_bytes = K / 4 * 3;
+#ifndef COLIBRI_X86
+    level = 0;
+#endif
+    float *sums = (float *)malloc(sizeof(float) * (size_t)(M * groups > 0 ? M * groups : 1));
+    act_row *acts = (act_row *)malloc(sizeof(act_row) * (size_t)(M > 0 ? M : 1));
+    if (!sums || !acts) { free(sums); free(acts); return -2; }
+    for (int64_t m = 0; m < M; m++)
+        act_row_init(&acts[m], xq, dx, xs, pairs, pair_scales, m, K, per_group, groups, sums + m * groups);
+    int vector = level >= 1 && pairs && PAIRED_GROUPS(per_group);
+    int64_t row_blocks = (N + 15) / 16;
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+    for (int64_t task = 0; task < row_blocks; task++) {
+        int64_t n0 = task * 16, n1 = n0 + 16 < N ? n0 + 16 : N;
+        for (int64_t n = n0; n < n1;) {
+            int WR = n + 4 <= n1 ? 4 : 1;
+            for (int64_t m = 0; m < M; m++) {
+                const act_row *a = &acts[m];
+#ifdef COLIBRI_X86
+                if (vector) {
+                    q6_rows_avx2(data + n * row_bytes, K, scales + n * groups, fp16, blocks, per_group, a->pairs,
+                                 a->pair_scales, a->offset, y + m * N + n, WR);
+                    continue;
+                }
+#endif
+                for (int r = 0; r < WR; r++)
+                    y[m * N + n + r] = row6_scalar(data + (n + r) * row_bytes, K, scales + (n + r) * groups, fp16,
+                                                   per_group, a->q, a->dx, a->xs);
+            }
+            n += WR;
+        }
+    }
+    free(sums);
+    free(acts);
+    return 0;
+}
+
 /* E q4 matrices of one shape at once: matrix e times activation rows act_rows[row_start[e] ..
  * row_start[e + 1]), into rows row_start[e].. of y [row_start[E], N]. zeros: an array of E
  * pointers (NULL entries for symmetric matrices), or NULL. */
@@ -1399,12 +1561,15 @@ int colibri_q4_cpu_level(void) {
 #endif
 }
 
-/* Rows [start, stop) of a q4 (packed, nibbles) or q8 (int8) matrix as f32 [stop - start, K]: for
- * products of many activation rows (prefill), where a dense matmul of the dequantized rows beats
- * one matrix-vector product per row. Plain loops: the compiler vectorises them. */
-int colibri_dequantize_rows(const void *weights, int q8, const uint16_t *scales, const uint16_t *zeros, int fp16,
+/* Rows [start, stop) of a q4 (packed, nibbles), q8 (int8) or q6 matrix (`kind`, below) as f32
+ * [stop - start, K]: for products of many activation rows (prefill), where a dense matmul of the
+ * dequantized rows beats one matrix-vector product per row. Plain loops: the compiler vectorises
+ * them. */
+enum { DEQUANTIZE_Q4 = 0, DEQUANTIZE_Q8 = 1, DEQUANTIZE_Q6 = 2 };
+int colibri_dequantize_rows(const void *weights, int kind, const uint16_t *scales, const uint16_t *zeros, int fp16,
                             int64_t K, int64_t G, int64_t start, int64_t stop, float *out) {
-    if (K % G) return -1;
+    if (K % G || (kind == DEQUANTIZE_Q6 && K % 64)) return -1;
+    int q8 = kind == DEQUANTIZE_Q8;
     int64_t groups = K / G;
     for (int64_t n = start; n < stop; n++) {
         float *row = out + (n - start) * K;
@@ -1412,7 +1577,10 @@ int colibri_dequantize_rows(const void *weights, int q8, const uint16_t *scales,
             float s = half_to_f32(scales[n * groups + g], fp16);
             float z = zeros ? half_to_f32(zeros[n * groups + g], fp16) : 0.f;
             float *dst = row + g * G;
-            if (q8) {
+            if (kind == DEQUANTIZE_Q6) {
+                const uint8_t *row = (const uint8_t *)weights + n * (K / 4 * 3);
+                for (int64_t i = 0; i < G; i++) dst[i] = (float)(q6_code(row, K, g * G + i) - 32) * s;
+            } else if (q8) {
                 const int8_t *w = (const int8_t *)weights + n * K + g * G;
                 for (int64_t i = 0; i < G; i++) dst[i] = (float)w[i] * s;
             } else {
