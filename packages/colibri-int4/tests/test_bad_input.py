@@ -43,7 +43,7 @@ def test_truncated(tmp_path, good, keep):
 
 
 def test_future_major_is_refused_naming_both_versions(tmp_path, good, hostile):
-    with pytest.raises(ContainerError, match=r"preamble: container format 2\.0 is not supported \(this colibri-int4 reads 1\.2\)"):
+    with pytest.raises(ContainerError, match=r"preamble: container format 2\.0 is not supported \(this colibri-int4 reads 1\.3\)"):
         Container.open(write(tmp_path, hostile(good, major=2)))
 
 

@@ -18,13 +18,22 @@ from colibri_spec import require_major
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .errors import ChecksumError, ContainerError, ContainerVersionError
-from .layout import PAGE, TENSOR_ALIGN, Encoding, ExpertBlobLayout, TensorSpec, encoded_length, resident_specs
+from .layout import (
+    PAGE,
+    TENSOR_ALIGN,
+    Encoding,
+    ExpertBlobLayout,
+    TensorSpec,
+    check_groupable,
+    encoded_length,
+    resident_specs,
+)
 from .model_shape import ModelShape
 from .scheme import QuantScheme
 
 MAGIC = b"\x89COLI4\r\n"
 FORMAT_NAME = "colibri-int4"
-VERSION_MAJOR, VERSION_MINOR = 1, 2
+VERSION_MAJOR, VERSION_MINOR = 1, 3
 # config keys (colibri-model schema 1.2) whose tensors only a 1.2 reader places
 CONFIG_1_2_TENSORS = ("o_bias", "attn_sinks", "router_bias", "expert_proj_bias")
 PREAMBLE = struct.Struct("<8sHHIQII")
@@ -103,6 +112,8 @@ class ContainerHeader(_Strict):
 
     def lowest_minor(self) -> int:
         """The lowest 1.x minor that describes this header (FORMAT.md, Versioning)."""
+        if self.quantization.embed_dtype == "int6":
+            return 3
         if self.experts.bias is not None or any(self.config.get(key) for key in CONFIG_1_2_TENSORS):
             return 2
         return 1 if self.tokenizer_config is not None or self.quantization.expert_dtype != "int4" else 0
@@ -197,6 +208,10 @@ def validate_ranges(header: ContainerHeader, file_size: int, header_end: int) ->
         )
     try:
         specs = resident_specs(shape, scheme)
+        for spec in specs:  # a length is computed below only for a shape its encoding can hold
+            reason = check_groupable(spec.encoding, spec.shape, scheme)
+            if reason:
+                raise ValueError(f"{spec.name}: {reason}")
         blob = ExpertBlobLayout.build(shape, scheme) if n_expected else None
     except ValueError as exc:
         raise ContainerError(f"config does not fit the quantization scheme: {exc}") from None

@@ -12,12 +12,13 @@ from dataclasses import dataclass
 from typing import Literal
 
 from .model_shape import ModelShape, checkpoint_tensor_shapes
-from .scheme import QuantScheme, ResidentDtype
+from .scheme import EmbedDtype, QuantScheme
 
 PAGE = 4096
 TENSOR_ALIGN = 64
-Encoding = Literal["f32", "bf16", "q4", "q8"]
-_ENCODING_OF_DTYPE: dict[str, Encoding] = {"int4": "q4", "int8": "q8", "bf16": "bf16"}
+Encoding = Literal["f32", "bf16", "q4", "q6", "q8"]
+_ENCODING_OF_DTYPE: dict[str, Encoding] = {"int4": "q4", "int6": "q6", "int8": "q8", "bf16": "bf16"}
+Q6_SPAN = 64  # q6 lays its top bits out per 64 columns (FORMAT.md): in_features must be a multiple
 
 
 def align(value: int, to: int = PAGE) -> int:
@@ -37,7 +38,7 @@ def resident_encoding(name: str, ndim: int, scheme: QuantScheme) -> Encoding:
         return "f32"
     if name.endswith(("moe.router.weight", "moe.shared_gate.weight")):  # gates: tiny, decisive
         return "bf16"
-    dtype: ResidentDtype = scheme.embed_dtype if name in ("embed.weight", "lm_head.weight") else scheme.resident_dtype
+    dtype: EmbedDtype = scheme.embed_dtype if name in ("embed.weight", "lm_head.weight") else scheme.resident_dtype
     return _ENCODING_OF_DTYPE[dtype]
 
 
@@ -71,14 +72,19 @@ def encoded_length(encoding: Encoding, dims: tuple[int, ...], scheme: QuantSchem
     n_groups = numel // effective_group(dims[-1], scheme.group_size)
     if encoding == "q8":
         return numel + 2 * n_groups
+    if encoding == "q6":  # 6 bits a weight: cols/2 bytes of low nibbles + cols/4 of top bits a row
+        return numel * 3 // 4 + 2 * n_groups
     return numel // 2 + 2 * n_groups * (1 if scheme.symmetric else 2)
 
 
 def check_groupable(encoding: Encoding, dims: tuple[int, ...], scheme: QuantScheme) -> str | None:
     """Why `dims` cannot be stored as `encoding`, or None if it can."""
-    if encoding in ("q4", "q8"):
+    if encoding in ("q4", "q6", "q8"):
         if len(dims) != 2:
             return f"{encoding} needs a 2-D matrix, got shape {list(dims)}"
+        if encoding == "q6" and dims[1] % Q6_SPAN:
+            return (f"shape {list(dims)}: int6 (q6) needs in_features a multiple of {Q6_SPAN}, "
+                    f"got {dims[1]}; use --embed-dtype int8")
         if effective_group(dims[1], scheme.group_size) is None:
             return f"in_features {dims[1]} is not a multiple of 32 (group size {scheme.group_size})"
     return None

@@ -1,4 +1,4 @@
-"""Group-wise int4 / int8 quantization and bfloat16 conversion, in plain numpy.
+"""Group-wise int4 / int6 / int8 quantization and bfloat16 conversion, in plain numpy.
 
 - int4 (`q4`): groups of G consecutive input columns share a 16-bit scale (and a 16-bit float
   zero when asymmetric); nibbles dequantize as `(q - 8) * s (+ z)`, torch's int4pack
@@ -6,6 +6,8 @@
   which keeps the largest weight exact and gives 16 levels instead of 15; asymmetric groups span
   min..max in 15 steps. Either keeps the grid its values already lie on, where they lie on one
   (weights decoded from a 4-bit file: `_symmetric_grid_scales`, `_asymmetric_grid`).
+- int6 (`q6`): symmetric, `s = absmax / 31` per group, codes `c = q + 32` in 0..63 stored as a
+  row of low nibbles and a row of 2-bit tops (`pack_q6`; FORMAT.md, Encodings).
 - int8 (`q8`): symmetric, `s = absmax / 127` per group.
 - bf16: numpy has no bfloat16, so we carry bit patterns as uint16 and convert with
   round-to-nearest-even; exact in the bf16 -> fp32 direction.
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .layout import Q6_SPAN
 from .scheme import ScaleDtype
 
 _BLOCK_ELEMENTS = 1 << 18
@@ -62,8 +65,9 @@ def decode_half(bits: np.ndarray, dtype: ScaleDtype) -> np.ndarray:
 
 @dataclass
 class QuantizedMatrix:
-    """A quantized `[rows, cols]` matrix. `data` is uint8 `[rows, cols/2]` nibbles (q4) or int8
-    `[rows, cols]` (q8); `scales` / `zeros` are uint16 bit patterns `[rows, cols/G]`."""
+    """A quantized `[rows, cols]` matrix. `data` is uint8 `[rows, cols/2]` nibbles (q4), uint8
+    `[rows, cols*3/4]` lows and highs (q6) or int8 `[rows, cols]` (q8); `scales` / `zeros` are
+    uint16 bit patterns `[rows, cols/G]`."""
 
     data: np.ndarray
     scales: np.ndarray
@@ -279,3 +283,82 @@ def dequantize_q8(data: np.ndarray, scales: np.ndarray, group_size: int, scale_d
     grouped = data.astype(np.float32).reshape(rows, cols // group_size, group_size)
     grouped *= decode_half(scales, scale_dtype)[..., None]
     return grouped.reshape(rows, cols)
+
+
+def q6_row_bytes(cols: int) -> int:
+    """Bytes of one q6 data row: `cols/2` lows then `cols/4` highs."""
+    return cols * 3 // 4
+
+
+def pack_q6(codes: np.ndarray) -> np.ndarray:
+    """uint8 codes `[rows, cols]` in 0..63 -> q6 data uint8 `[rows, cols*3/4]` (FORMAT.md, q6).
+
+    Lows: the low nibbles in q4's order (byte j: column 2j in bits 0-3, 2j+1 in bits 4-7).
+    Highs: per 64-column span, byte i holds the top 2 bits of the columns of lows bytes i and
+    16 + i of the span, so an AVX2 kernel that splits 32 lows bytes into a vector of low and one
+    of high nibbles finds lane i's and lane 16+i's tops in one byte."""
+    rows, cols = codes.shape
+    if cols % Q6_SPAN:
+        raise ValueError(f"q6 needs a multiple of {Q6_SPAN} columns, got {cols}")
+    out = np.empty((rows, q6_row_bytes(cols)), dtype=np.uint8)
+    out[:, : cols // 2] = (codes[:, 0::2] & 0x0F) | ((codes[:, 1::2] & 0x0F) << 4)
+    tops = (codes >> 4).reshape(rows, cols // Q6_SPAN, Q6_SPAN)
+    highs = out[:, cols // 2 :].reshape(rows, cols // Q6_SPAN, 16)
+    highs[...] = tops[..., 0:32:2] | (tops[..., 1:32:2] << 2) | (tops[..., 32::2] << 4) | (tops[..., 33::2] << 6)
+    return out
+
+
+def unpack_q6(data: np.ndarray) -> np.ndarray:
+    """q6 data uint8 `[rows, cols*3/4]` -> uint8 codes `[rows, cols]` in 0..63 (inverse of `pack_q6`)."""
+    rows, cols = data.shape[0], data.shape[1] * 4 // 3
+    if data.shape[1] % 48:
+        raise ValueError(f"q6 data rows are 48 bytes per 64 columns, got {data.shape[1]} bytes a row")
+    codes = np.empty((rows, cols), dtype=np.uint8)
+    lows = data[:, : cols // 2]
+    codes[:, 0::2] = lows & 0x0F
+    codes[:, 1::2] = lows >> 4
+    highs = data[:, cols // 2 :].reshape(rows, cols // Q6_SPAN, 16)
+    tops = codes.reshape(rows, cols // Q6_SPAN, Q6_SPAN)
+    tops[..., 0:32:2] |= (highs & 0x03) << 4
+    tops[..., 1:32:2] |= ((highs >> 2) & 0x03) << 4
+    tops[..., 32::2] |= ((highs >> 4) & 0x03) << 4
+    tops[..., 33::2] |= (highs >> 6) << 4
+    return codes
+
+
+def quantize_q6(weight: np.ndarray, group_size: int, scale_dtype: ScaleDtype) -> QuantizedMatrix:
+    """Group-wise symmetric int6: `s = absmax / 31` (stored in `scale_dtype`), then
+    `c = clip(round(w / s), -32, 31) + 32`, dividing by the stored scale (FORMAT.md, q6); a group of
+    zeros has `s = 0` and codes 32."""
+    rows, cols = _check_matrix(weight, group_size)
+    if cols % Q6_SPAN:
+        raise ValueError(f"q6 needs in_features a multiple of {Q6_SPAN}, got {cols}")
+    n_groups = cols // group_size
+    data = np.empty((rows, q6_row_bytes(cols)), dtype=np.uint8)
+    scales = np.empty((rows, n_groups), dtype=np.uint16)
+    for lo, hi in _row_blocks(rows, cols):
+        groups = np.asarray(weight[lo:hi], dtype=np.float32).reshape(hi - lo, n_groups, group_size)
+        scale_bits = encode_half(np.abs(groups).max(axis=-1) / 31.0, scale_dtype)
+        scale = decode_half(scale_bits, scale_dtype)[..., None]
+        # a true division (not a multiply by 1/s): the rule a reimplementation follows to the bit
+        levels = np.zeros_like(groups)
+        np.divide(groups, scale, out=levels, where=scale != 0)
+        codes = np.clip(np.rint(levels), -32, 31) + 32.0
+        data[lo:hi] = pack_q6(codes.astype(np.uint8).reshape(hi - lo, cols))
+        scales[lo:hi] = scale_bits
+    if not np.all(np.isfinite(decode_half(scales, scale_dtype))):
+        raise ValueError(f"a group scale overflows {scale_dtype} (weights too large or not finite)")
+    return QuantizedMatrix(data, scales, None)
+
+
+def dequantize_q6(data: np.ndarray, scales: np.ndarray, group_size: int, scale_dtype: ScaleDtype) -> np.ndarray:
+    """Inverse of `quantize_q6`: fp32 `[rows, cols]`, `w = s * (c - 32)`."""
+    rows, cols = data.shape[0], data.shape[1] * 4 // 3
+    n_groups = cols // group_size
+    out = np.empty((rows, cols), dtype=np.float32)
+    for lo, hi in _row_blocks(rows, cols):
+        levels = unpack_q6(data[lo:hi]).astype(np.float32) - 32.0
+        grouped = levels.reshape(hi - lo, n_groups, group_size)
+        grouped *= decode_half(scales[lo:hi], scale_dtype)[..., None]
+        out[lo:hi] = grouped.reshape(hi - lo, cols)
+    return out

@@ -1,4 +1,4 @@
-"""Encode and decode one resident tensor in its container encoding (f32, bf16, q4, q8).
+"""Encode and decode one resident tensor in its container encoding (f32, bf16, q4, q6, q8).
 
 Decoding is zero-copy where it can be: raw views (`RawTensor`) are numpy views over the
 caller's buffer, so a runtime that keeps the resident region in one buffer pays for it once;
@@ -11,14 +11,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .layout import Encoding, effective_group
+from .errors import ContainerError
+from .layout import Encoding, check_groupable, effective_group, encoded_length
 from .quantize import (
     bf16_bits_to_f32,
     decode_half,
     dequantize_q4,
+    dequantize_q6,
     dequantize_q8,
     f32_to_bf16_bits,
+    q6_row_bytes,
     quantize_q4,
+    quantize_q6,
     quantize_q8,
 )
 from .scheme import QuantScheme
@@ -27,9 +31,10 @@ from .scheme import QuantScheme
 @dataclass
 class RawTensor:
     """A tensor as stored. `data`: fp32 (f32), uint16 bf16 bits (bf16), uint8 packed nibbles
-    `[rows, cols/2]` (q4) or int8 (q8); `scales`/`zeros`: uint16 bit patterns of
-    `scale_dtype`, `[rows, cols/group_size]` (None for f32/bf16). `group_size` is the
-    effective one for this tensor (layout.effective_group)."""
+    `[rows, cols/2]` (q4), uint8 `[rows, cols*3/4]` (q6: each row's `cols/2` bytes of low
+    nibbles, then its `cols/4` bytes of top bits, see `quantize.pack_q6`) or int8 (q8);
+    `scales`/`zeros`: uint16 bit patterns of `scale_dtype`, `[rows, cols/group_size]` (None
+    for f32/bf16). `group_size` is the effective one for this tensor (layout.effective_group)."""
 
     name: str
     encoding: Encoding
@@ -83,6 +88,8 @@ class RawTensor:
             return bf16_bits_to_f32(self.data)
         if self.encoding == "q8":
             return dequantize_q8(self.data, self.scales, self.group_size, self.scale_dtype)
+        if self.encoding == "q6":
+            return dequantize_q6(self.data, self.scales, self.group_size, self.scale_dtype)
         return dequantize_q4(self.data, self.scales, self.zeros, self.group_size, self.scale_dtype)
 
 
@@ -95,6 +102,8 @@ def encode_tensor(array: np.ndarray, encoding: Encoding, scheme: QuantScheme) ->
     group = effective_group(array.shape[-1], scheme.group_size)
     if encoding == "q8":
         return quantize_q8(array, group, scheme.scale_dtype).sections()
+    if encoding == "q6":
+        return quantize_q6(array, group, scheme.scale_dtype).sections()
     return quantize_q4(array, group, scheme.symmetric, scheme.scale_dtype).sections()
 
 
@@ -103,6 +112,12 @@ def decode_tensor(
 ) -> RawTensor:
     """Views over `buffer` (exactly the tensor's bytes) as a `RawTensor`; no copy."""
     raw = np.frombuffer(buffer, dtype=np.uint8)
+    reason = check_groupable(encoding, shape, scheme)
+    if reason:
+        raise ContainerError(f"tensor '{name}': {reason}")
+    expected = encoded_length(encoding, shape, scheme)
+    if raw.size != expected:  # else numpy's reshape error, which names neither tensor nor sizes
+        raise ContainerError(f"tensor '{name}': {encoding} {list(shape)} takes {expected} bytes, got {raw.size}")
     group = effective_group(shape[-1], scheme.group_size) or scheme.group_size
     if encoding == "f32":
         return RawTensor(name, encoding, shape, raw.view("<f4").reshape(shape), None, None, group, scheme.scale_dtype)
@@ -110,8 +125,9 @@ def decode_tensor(
         return RawTensor(name, encoding, shape, raw.view("<u2").reshape(shape), None, None, group, scheme.scale_dtype)
     rows, cols = shape
     n_groups = cols // group
-    data_len = rows * cols if encoding == "q8" else rows * cols // 2
-    data = raw[:data_len].view(np.int8 if encoding == "q8" else np.uint8).reshape(rows, -1)
+    row_bytes = {"q8": cols, "q6": q6_row_bytes(cols)}.get(encoding, cols // 2)
+    data_len = rows * row_bytes
+    data = raw[:data_len].view(np.int8 if encoding == "q8" else np.uint8).reshape(rows, row_bytes)
     scales = raw[data_len : data_len + 2 * rows * n_groups].view("<u2").reshape(rows, n_groups)
     zeros = None
     if encoding == "q4" and not scheme.symmetric:
