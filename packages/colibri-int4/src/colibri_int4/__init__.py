@@ -29,7 +29,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "layout": ("ExpertBlobLayout",),
     "model_shape": ("ModelShape",),
     "positional_read": ("read_exact", "read_into"),
-    "quantize": ("dequantize_q4", "quantize_q4", "unpack_nibbles"),
+    "quantize": ("dequantize_q4", "dequantize_q6", "pack_q6", "quantize_q4", "quantize_q6", "unpack_nibbles",
+                 "unpack_q6"),
     "scheme": ("QuantScheme",),
     "synthetic": ("SYNTHETIC_SCHEME", "write_synthetic_container"),
     "tensor_codec": ("RawTensor",),
@@ -56,7 +57,15 @@ if TYPE_CHECKING:  # the same names, for type checkers and IDEs (tests hold the 
     from .layout import ExpertBlobLayout
     from .model_shape import ModelShape
     from .positional_read import read_exact, read_into
-    from .quantize import dequantize_q4, quantize_q4, unpack_nibbles
+    from .quantize import (
+        dequantize_q4,
+        dequantize_q6,
+        pack_q6,
+        quantize_q4,
+        quantize_q6,
+        unpack_nibbles,
+        unpack_q6,
+    )
     from .scheme import QuantScheme
     from .synthetic import SYNTHETIC_SCHEME, write_synthetic_container
     from .tensor_codec import RawTensor
@@ -87,13 +96,17 @@ __all__ = [
     "decode_expert_blob",
     "dequantize_container",
     "dequantize_q4",
+    "dequantize_q6",
     "encode_expert_blob",
     "estimate_container_size",
     "export_checkpoint",
+    "pack_q6",
     "quantize_q4",
+    "quantize_q6",
     "read_exact",
     "read_into",
     "unpack_nibbles",
+    "unpack_q6",
     "write_synthetic_container",
 ]
 

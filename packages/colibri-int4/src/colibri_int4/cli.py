@@ -48,6 +48,8 @@ PROGRESS = click.option("--progress/--no-progress", default=None, callback=_reso
                         help="Progress bar on stderr [default: only when stderr is a terminal].")
 
 _DTYPES = click.Choice(["int4", "int8", "bf16"])
+_EMBED_DTYPES = click.Choice(["int4", "int6", "int8", "bf16"])  # int6 is for the embedding and head only
+_INT6_HELP = "int6: 6.5 bits a weight at group 32, llama.cpp's Q6_K size for the head."
 
 
 def _scheme_options(func):
@@ -60,8 +62,8 @@ def _scheme_options(func):
                      help="Storage dtype of scales and zeros."),
         click.option("--resident-dtype", type=_DTYPES, default="int8", show_default=True,
                      help="Attention, dense FFN and shared experts."),
-        click.option("--embed-dtype", type=_DTYPES, default="bf16", show_default=True,
-                     help="embed.weight and lm_head.weight."),
+        click.option("--embed-dtype", type=_EMBED_DTYPES, default="bf16", show_default=True,
+                     help="embed.weight and lm_head.weight. " + _INT6_HELP),
     ]
     for option in reversed(options):
         func = option(func)
@@ -155,8 +157,8 @@ def _quant_options(bf16_note: str | None = None, file_grid: bool = False):
                      help="int4 groups with or without a zero." + from_file),
         click.option("--resident-dtype", type=_DTYPES, default=None,
                      help="Override --quant for attention, dense FFN, shared experts."),
-        click.option("--embed-dtype", type=_DTYPES, default=None,
-                     help="Override --quant for embed.weight and lm_head.weight."),
+        click.option("--embed-dtype", type=_EMBED_DTYPES, default=None,
+                     help="Override --quant for embed.weight and lm_head.weight. " + _INT6_HELP),
     ]
 
     def apply(command):

@@ -37,7 +37,8 @@ from .names import LlamaStyleNames
 # --quant: routed experts / attention, dense FFN, shared experts / embeddings and LM head.
 # The LM head is int8 below bf16: a decode token reads it whole (on a 49k-vocabulary 24 x 64 MoE,
 # 100 MB of bf16 a token, more than its experts), and int8 groups cost SmolLM2-135M's tied
-# embedding +0.12% perplexity (bench/RESULTS.md); llama.cpp's Q4 files hold it in Q6_K.
+# embedding +0.12% perplexity (bench/RESULTS.md); llama.cpp's Q4 files hold it in Q6_K, the size of
+# `--embed-dtype int6`.
 QUANT_PRESETS = {
     "bf16": dict(expert_dtype="bf16", resident_dtype="bf16", embed_dtype="bf16"),
     "int8": dict(expert_dtype="int8", resident_dtype="int8", embed_dtype="int8"),
