@@ -254,6 +254,20 @@ def test_the_default_import_keeps_the_files_own_4_bit_grid(tmp_path, kind, symme
     assert np.linalg.norm(moved - source) > 20 * np.linalg.norm(expert["gate"] - source)
 
 
+def test_embed_dtype_int6_writes_the_head_as_q6_on_the_files_grid(tmp_path):
+    values = _write_gguf(tmp_path / "m.gguf", kind="Q4_0")
+    result = CliRunner().invoke(main, ["import-gguf", str(tmp_path / "m.gguf"), str(tmp_path / "m.coli"),
+                                       "--embed-dtype", "int6", "--no-progress"])
+    assert result.exit_code == 0, result.output
+    with Container.open(tmp_path / "m.coli") as container:
+        assert container.version == (1, 3) and container.scheme.group_size == 32  # the file's grid
+        raw = container.read_resident(dequantize=False)
+    for name, hf_name in (("embed.weight", "model.embed_tokens.weight"), ("lm_head.weight", "lm_head.weight")):
+        assert raw[name].encoding == "q6"
+        error = np.abs(raw[name].dequantize() - values[hf_name]).reshape(VOCAB, -1, 32)
+        assert (error <= raw[name].scales_f32()[..., None] / 2 * (1 + 1e-6)).all(), name
+
+
 def test_a_file_without_a_4_bit_grid_keeps_the_schemes_grouping(tmp_path):
     _write_gguf(tmp_path / "m.gguf", kind="Q8_0")
     report = import_gguf(tmp_path / "m.gguf", tmp_path / "m.coli")

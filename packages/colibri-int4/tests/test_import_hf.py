@@ -234,6 +234,26 @@ def test_cli_import_hf_exit_codes(hf_dir, tmp_path):
     assert result.exit_code == 2
 
 
+@pytest.mark.parametrize("tied", [False, True])
+def test_embed_dtype_int6_imports_the_head_as_q6(tmp_path, tied):
+    tensors = _tensors()
+    if tied:  # the embedding is then the head
+        del tensors["lm_head.weight"]
+    hf = _write(tmp_path / "hf", {**CONFIG, "tie_word_embeddings": tied}, tensors)
+    out = tmp_path / "m.coli"
+    result = CliRunner().invoke(main, ["import-hf", str(hf), str(out), "--group", "32", "--embed-dtype", "int6"])
+    assert result.exit_code == 0, result.output
+    heads = {"embed.weight": "model.embed_tokens.weight"} | ({} if tied else {"lm_head.weight": "lm_head.weight"})
+    with Container.open(out) as c:
+        assert c.version == (1, 3) and c.verify().ok
+        assert {t.name for t in c.header.tensors if t.encoding == "q6"} == set(heads)
+        raw = c.read_resident(dequantize=False)
+        for name, hf_name in heads.items():
+            scales = raw[name].scales_f32()
+            error = np.abs(raw[name].dequantize() - tensors[hf_name]).reshape(VOCAB, -1, 32)
+            assert (error <= scales[..., None] / 2 * (1 + 1e-6)).all(), name
+
+
 SYNTHETIC = dict(format_version="1.0", model_type="colibri", vocab_size=320, d_model=64, n_layers=3, n_dense_layers=1,
                  n_heads=2, n_kv_heads=1, head_dim=32, qk_norm=True, dense_ffn_dim=96, n_experts=4, expert_dim=64,
                  shared_expert_dim=32, tie_embeddings=False)
