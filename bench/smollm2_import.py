@@ -38,6 +38,8 @@ VARIANTS = [
     ("int8 resident, bf16 embed", dict(quant="int4", embed_dtype="bf16")),
     ("int8 resident, int8 embed", dict(quant="int4", embed_dtype="int8")),
     ("int8 resident, int6 embed", dict(quant="int4", embed_dtype="int6")),
+    ("int8 resident g32, int8 embed", dict(quant="int4", group_size=32, embed_dtype="int8")),
+    ("int8 resident g32, int6 embed", dict(quant="int4", group_size=32, embed_dtype="int6")),
     ("int4 g64 sym resident, bf16 embed", dict(quant="int4", resident_dtype="int4", embed_dtype="bf16")),
     ("int4 g32 sym resident, bf16 embed", dict(quant="int4", group_size=32, resident_dtype="int4", embed_dtype="bf16")),
     ("int4 g32 asym resident, bf16 embed", dict(quant="int4", group_size=32, symmetric=False, resident_dtype="int4",
