@@ -36,7 +36,9 @@ What it does, in order (each step reuses its output when it is already there):
      `ram_budget="auto"` (what fits under the cgroup limit), bytes from /proc/self/io around the
      timed decode steps (and the engine's own counter). The model file is dropped from the page
      cache (posix_fadvise DONTNEED) before each capped run.
-5. Prints every row and the ratios colibri / llama.cpp; `--results` appends a dated section to
+5. Prints every row and the ratios colibri / llama.cpp: of the medians, and paired repeat by repeat
+   (median, range, pairs ahead: on a shared host the load drifts more between repeats than between
+   the engines of one repeat); `--results` appends a dated section to
    bench/RESULTS.md. Large files (checkpoint, GGUFs, container) are deleted unless `--keep`.
 
     nice -n 10 .venv/bin/python bench/llama_cpp_side_by_side.py --workdir /var/tmp/colibri-llama \
