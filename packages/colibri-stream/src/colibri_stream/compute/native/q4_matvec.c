@@ -1,4 +1,5 @@
-/* Matrix products on the container's own q4 and q8 layouts (colibri-int4 FORMAT.md):
+/* Matrix products on the container's own q4 and q8 layouts (colibri-int4 FORMAT.md; q6, the LM head's
+ * 6-bit one, further down):
  *
  *   q4: packed[n, j]  u8 [N, K/2]: column 2j in the low nibble, 2j+1 in the high one
  *       w[n, k] = (q[n, k] - 8) * scales[n, k/G] (+ zeros[n, k/G])
