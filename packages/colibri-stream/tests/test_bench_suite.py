@@ -54,9 +54,13 @@ def test_the_read_bytes_counter_keeps_its_file_open_and_reopens_it_in_a_forked_c
     fake.write_text("rchar: 99\nread_bytes: 350\n")  # the same file, read again from its start
     assert counter.since() == 250
     open_files = len(os.listdir("/proc/self/fd"))
+    opened = []
+    real_open = os.open
+    monkeypatch.setattr(accounting.os, "open", lambda *a: opened.append(a[0]) or real_open(*a))
+    assert counter.since() == 250 and not opened  # the same process: the open file, read again
     monkeypatch.setattr(accounting.os, "getpid", lambda: -1)  # as in a child after fork
     fake.write_text("rchar: 99\nread_bytes: 400\n")
-    assert counter.since() == 300 and counter._pid == -1  # opened again, by the "child"
+    assert counter.since() == 300 and opened == [str(fake)]  # opened again, by the "child"
     assert len(os.listdir("/proc/self/fd")) == open_files  # the parent's descriptor closed, not leaked
     assert ReadBytesCounter(str(tmp_path / "missing")).since() is None
     fake.write_text("rchar: 1\n")

@@ -244,11 +244,17 @@ def dequantize_q4(
     scale_dtype: ScaleDtype,
 ) -> np.ndarray:
     """Inverse of `quantize_q4`: fp32 `[rows, cols]`."""
-    rows, cols = packed.shape[0], packed.shape[1] * 2
+    return _dequantize_codes(packed, packed.shape[1] * 2, unpack_nibbles, 8.0, scales, zeros, group_size, scale_dtype)
+
+
+def _dequantize_codes(data: np.ndarray, cols: int, unpack, offset: float, scales: np.ndarray,
+                      zeros: np.ndarray | None, group_size: int, scale_dtype: ScaleDtype) -> np.ndarray:
+    """fp32 `[rows, cols]` = (unpack(data) - offset) * s (+ z) per group, a block of rows at a time."""
+    rows = data.shape[0]
     n_groups = cols // group_size
     out = np.empty((rows, cols), dtype=np.float32)
     for lo, hi in _row_blocks(rows, cols):
-        levels = unpack_nibbles(packed[lo:hi]).astype(np.float32) - 8.0
+        levels = unpack(data[lo:hi]).astype(np.float32) - offset
         grouped = levels.reshape(hi - lo, n_groups, group_size)
         grouped *= decode_half(scales[lo:hi], scale_dtype)[..., None]
         if zeros is not None:
@@ -353,12 +359,4 @@ def quantize_q6(weight: np.ndarray, group_size: int, scale_dtype: ScaleDtype) ->
 
 def dequantize_q6(data: np.ndarray, scales: np.ndarray, group_size: int, scale_dtype: ScaleDtype) -> np.ndarray:
     """Inverse of `quantize_q6`: fp32 `[rows, cols]`, `w = s * (c - 32)`."""
-    rows, cols = data.shape[0], data.shape[1] * 4 // 3
-    n_groups = cols // group_size
-    out = np.empty((rows, cols), dtype=np.float32)
-    for lo, hi in _row_blocks(rows, cols):
-        levels = unpack_q6(data[lo:hi]).astype(np.float32) - 32.0
-        grouped = levels.reshape(hi - lo, n_groups, group_size)
-        grouped *= decode_half(scales[lo:hi], scale_dtype)[..., None]
-        out[lo:hi] = grouped.reshape(hi - lo, cols)
-    return out
+    return _dequantize_codes(data, data.shape[1] * 4 // 3, unpack_q6, 32.0, scales, None, group_size, scale_dtype)
