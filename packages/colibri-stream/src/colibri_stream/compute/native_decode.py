@@ -111,7 +111,7 @@ class NativeDecodeAttention(Attention):
 
 def _projection(linear: NativeLinear) -> Projection:
     return Projection.of(linear.encoding, linear.data, linear.scales, linear.zeros, linear.group, linear.fp16_scales,
-                         linear.in_features)
+                         linear.in_features, linear.tiled)
 
 
 def _takes_projections(linears) -> bool:

@@ -2,7 +2,9 @@
 q4 bytes (compute/native_kernel.py); `NativeQ8Expert` the same from q8 bytes (`--quant int8`).
 
 Preparing a missed expert is a copy of what was read (gate and up stacked into one [2F, d]
-matrix, as `Int4Expert` fuses them), not a repack into another layout. Activations enter as int8
+matrix, as `Int4Expert` fuses them); q4 matrices are copied into row tiles where their shape allows
+(native_kernel.tile_q4_rows: the same bytes, four rows' 64-byte chunks interleaved), so a decode
+token reads each in one sequential stream, in the pass that copies them anyway. Activations enter as int8
 blocks (`QuantizedActivations`): the decode path quantizes a layer's input once and every expert
 of the token reads it, and `forward_each` runs all of a token's experts in one kernel call per
 projection (`forward_grouped`: every expert of a decode step of several sessions on its tokens); `forward` also takes a plain tensor of many rows (a prefill chunk's tokens routed
@@ -33,8 +35,11 @@ from .native_kernel import (
     TokenExperts,
     kernel_unavailable,
     matmul,
+    q4_flags,
     q4_grouped,
+    q4_tileable,
     swiglu_rows,
+    tile_q4_rows,
     token_experts,
     token_experts_in,
     token_experts_out,
@@ -65,8 +70,8 @@ def _bits(array: np.ndarray) -> torch.Tensor:
 class NativeQ4Expert:
     """Gate|up stacked and down, as q4 nibbles + 16-bit scales (+ zeros, + f32 biases)."""
 
-    __slots__ = _PARTS + ("group_gate_up", "group_down", "expert_dim", "fp16_scales", "glu", "nbytes", "addresses",
-                          "token_addresses")
+    __slots__ = _PARTS + ("group_gate_up", "group_down", "expert_dim", "fp16_scales", "tiled", "glu", "nbytes",
+                          "addresses", "token_addresses")
     ENCODING = "q4"  # the kernel's name for the stored weights
     WEIGHTS = "packed"  # the blob's field holding them (q8 blobs: `data`, and no zeros)
 
@@ -77,9 +82,18 @@ class NativeQ4Expert:
         self.fp16_scales = blob.scale_dtype == "fp16"
         self.glu = glu
         both = ("gate", "up")
-        self.gate_up = torch.from_numpy(np.concatenate([weights[p] for p in both]))
+        d = weights["down"].shape[0]
+        self.tiled = self.ENCODING == "q4" and q4_tileable(2 * self.expert_dim, d) and q4_tileable(d, self.expert_dim)
+        if self.tiled:  # each of gate, up and down in whole tiles, copied from the read buffer
+            self.gate_up = torch.empty(2 * self.expert_dim, d // 2, dtype=torch.uint8)
+            for half, part in zip(self.gate_up.chunk(2), both):
+                tile_q4_rows(torch.from_numpy(np.ascontiguousarray(weights[part])), half)
+            self.down = tile_q4_rows(torch.from_numpy(np.ascontiguousarray(weights["down"])),
+                                     torch.empty(d, self.expert_dim // 2, dtype=torch.uint8))
+        else:
+            self.gate_up = torch.from_numpy(np.concatenate([weights[p] for p in both]))
+            self.down = torch.from_numpy(np.array(weights["down"]))
         self.gate_up_scales = _bits(np.concatenate([blob.scales[p] for p in both]))
-        self.down = torch.from_numpy(np.array(weights["down"]))
         self.down_scales = _bits(blob.scales["down"])
         zeros = blob.zeros
         self.gate_up_zeros = _bits(np.concatenate([zeros[p] for p in both])) if zeros else None
@@ -98,12 +112,12 @@ class NativeQ4Expert:
         self.token_addresses = self.addresses[0] + self.addresses[1]  # as native_kernel.token_experts takes them
 
     @property
-    def one_call(self) -> tuple[int, int, int, bool] | None:
-        """(expert_dim, group_gate_up, group_down, fp16_scales) where a token's experts like this one
+    def one_call(self) -> tuple[int, int, int, int] | None:
+        """(expert_dim, group_gate_up, group_down, q4_flags) where a token's experts like this one
         run in one kernel call from `token_addresses` (swiglu, no biases), else None."""
         if self.glu.kind != "swiglu" or self.gate_up_bias is not None or self.down_bias is not None:
             return None
-        return self.expert_dim, self.group_gate_up, self.group_down, self.fp16_scales
+        return self.expert_dim, self.group_gate_up, self.group_down, q4_flags(self.fp16_scales, self.tiled)
 
     def _parts(self) -> dict[str, torch.Tensor]:
         return {name: getattr(self, name) for name in _PARTS if getattr(self, name) is not None}
@@ -117,12 +131,12 @@ class NativeQ4Expert:
     def forward(self, x: torch.Tensor | QuantizedActivations) -> torch.Tensor:
         """down(act(gate x, up x)) in f32, for x [M, d] (a tensor, or already quantized)."""
         gate_up = matmul(x, self.gate_up, self.gate_up_scales, self.gate_up_zeros, self.group_gate_up, self.ENCODING,
-                         self.fp16_scales)
+                         self.fp16_scales, self.tiled)
         if self.gate_up_bias is not None:
             gate_up += self.gate_up_bias
         hidden = self.activate(gate_up)
         out = matmul(hidden, self.down, self.down_scales, self.down_zeros, self.group_down, self.ENCODING,
-                     self.fp16_scales)
+                     self.fp16_scales, self.tiled)
         return out if self.down_bias is None else out.add_(self.down_bias)
 
     def activate(self, gate_up: torch.Tensor) -> torch.Tensor:
@@ -151,13 +165,13 @@ class NativeQ4Expert:
         d, fp16 = first.gate_up.shape[1] * 2, first.fp16_scales
         if first.glu.kind == "swiglu":  # the whole token in one call
             token_experts(x, [a for e in experts for a in e.token_addresses], first.expert_dim, first.group_gate_up,
-                          first.group_down, fp16, weights, out)
+                          first.group_down, fp16, weights, out, tiled=first.tiled)
             return True
         gate_up = token_experts_in(x, TokenExperts([e.addresses[0] for e in experts], 2 * first.expert_dim, d,
-                                                   first.group_gate_up, fp16))
+                                                   first.group_gate_up, fp16, first.tiled))
         hidden = first.activate(gate_up).contiguous()
         token_experts_out(hidden, TokenExperts([e.addresses[1] for e in experts], d, first.expert_dim,
-                                               first.group_down, fp16), weights, out)
+                                               first.group_down, fp16, first.tiled), weights, out)
         return True
 
     @staticmethod
@@ -167,7 +181,7 @@ class NativeQ4Expert:
         `forward` gives it (a decode step of several sessions: each expert on the tokens routed to it)."""
         first = experts[0]
         gate_up = q4_grouped(x, [(e.gate_up, e.gate_up_scales, e.gate_up_zeros) for e in experts], rows,
-                             first.group_gate_up, fp16_scales=first.fp16_scales)
+                             first.group_gate_up, fp16_scales=first.fp16_scales, tiled=first.tiled)
         counts = [len(r) for r in rows]
         if first.gate_up_bias is not None:
             gate_up += _per_row([e.gate_up_bias for e in experts], counts)
@@ -175,7 +189,7 @@ class NativeQ4Expert:
         starts = [sum(counts[:e]) for e in range(len(counts))]
         out = q4_grouped(hidden, [(e.down, e.down_scales, e.down_zeros) for e in experts],
                          [list(range(s, s + n)) for s, n in zip(starts, counts)], first.group_down,
-                         fp16_scales=first.fp16_scales)
+                         fp16_scales=first.fp16_scales, tiled=first.tiled)
         return out if first.down_bias is None else out.add_(_per_row([e.down_bias for e in experts], counts))
 
 
@@ -188,7 +202,7 @@ class NativeQ8Expert(NativeQ4Expert):
     WEIGHTS = "data"
 
     @property
-    def one_call(self) -> tuple[int, int, int, bool, bool] | None:
+    def one_call(self) -> tuple[int, int, int, int, bool] | None:
         """As `NativeQ4Expert.one_call`, the last element saying q8."""
         shape = super().one_call
         return None if shape is None else (*shape, True)

@@ -93,6 +93,8 @@ def _library() -> ctypes.CDLL:
     library.colibri_q6w_matmul.restype = i32
     library.colibri_dequantize_rows.argtypes = [pointer, i32, pointer, pointer, i32, i64, i64, i64, i64, pointer]
     library.colibri_dequantize_rows.restype = i32
+    library.colibri_q4_tile_rows.argtypes = [pointer, pointer, i64, i64, i32]
+    library.colibri_q4_tile_rows.restype = i32
     library.colibri_q8_quantize.restype = library.colibri_q4_matmul.restype = i32
     library.colibri_q8w_matmul.restype = i32
     library.colibri_q4_cpu_level.restype = i32
@@ -228,20 +230,52 @@ class QuantizedActivations:
         return picked
 
 
+FP16_SCALES, Q4_TILED = 1, 2
+"""Bits of the kernel's `flags` for a matrix: fp16 scales (else bf16); a q4 matrix in row tiles."""
+
+
+def q4_flags(fp16_scales: bool, tiled: bool = False) -> int:
+    return (FP16_SCALES if fp16_scales else 0) | (Q4_TILED if tiled else 0)
+
+
+def q4_tileable(rows: int, cols: int) -> bool:
+    """Whether a q4 matrix of this shape can be held in row tiles (`tile_q4_rows`)."""
+    return cols % 128 == 0 and rows % 4 == 0
+
+
+def tile_q4_rows(packed: torch.Tensor, out: torch.Tensor | None = None, untile: bool = False) -> torch.Tensor:
+    """A q4 matrix (uint8 [N, K/2], contiguous, row-major as colibri-int4 stores it) in row tiles:
+    4 rows at a time with their 64-byte chunks (128 columns) interleaved, so a one-token product
+    that reads 4 rows side by side reads one sequential stream (q4_matvec.c); into `out` (the same
+    shape; `packed` itself tiles in place), or back to row-major with `untile`. Needs
+    `q4_tileable`. The kernel takes such a matrix with `tiled=True`: the same results, bit for bit."""
+    rows, cols = packed.shape[0], packed.shape[1] * 2
+    out = packed if out is None else out
+    if (packed.dtype != torch.uint8 or out.dtype != torch.uint8 or out.shape != packed.shape
+            or not packed.is_contiguous() or not out.is_contiguous() or not q4_tileable(rows, cols)):
+        raise ValueError(f"tile_q4_rows needs contiguous uint8 [N, K/2] with N % 4 == 0 and K % 128 == 0, got "
+                         f"{packed.dtype} {tuple(packed.shape)} into {out.dtype} {tuple(out.shape)}")
+    if _library().colibri_q4_tile_rows(packed.data_ptr(), out.data_ptr(), rows, cols, int(untile)) != 0:
+        raise MemoryError("tile_q4_rows: no room for a tile's copy")
+    return out
+
+
 def q4_matmul(x: QuantizedActivations, packed: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None,
-              group: int, fp16_scales: bool = False, level: int | None = None) -> torch.Tensor:
-    """x [M, K] @ W.T -> [M, N] f32, W the q4 matrix of `packed` (uint8 [N, K/2]) and `scales`
-    (int16 bits of bf16/fp16, [N, K/group]), `zeros` like scales or None."""
+              group: int, fp16_scales: bool = False, level: int | None = None, tiled: bool = False) -> torch.Tensor:
+    """x [M, K] @ W.T -> [M, N] f32, W the q4 matrix of `packed` (uint8 [N, K/2], row tiles where
+    `tiled`) and `scales` (int16 bits of bf16/fp16, [N, K/group]), `zeros` like scales or None."""
     rows = packed.shape[0]
     if packed.shape[1] * 2 != x.cols or scales.shape != (rows, x.cols // group):
         raise ValueError(f"q4 matrix {tuple(packed.shape)} / scales {tuple(scales.shape)} do not fit "
                          f"{x.cols} columns in groups of {group}")
     out = torch.empty(x.rows, rows, dtype=torch.float32)
     status = _library().colibri_q4_matmul(
-        *_activation_pointers(x), packed.data_ptr(), scales.data_ptr(), 0 if zeros is None else zeros.data_ptr(), int(fp16_scales), rows,
-        group, out.data_ptr(), torch.get_num_threads(), cpu_level() if level is None else level)
+        *_activation_pointers(x), packed.data_ptr(), scales.data_ptr(), 0 if zeros is None else zeros.data_ptr(),
+        q4_flags(fp16_scales, tiled), rows, group, out.data_ptr(), torch.get_num_threads(),
+        cpu_level() if level is None else level)
     if status != 0:
-        raise ValueError(f"the native kernel refused {x.cols} columns in groups of {group} (multiples of {BLOCK})")
+        raise ValueError(f"the native kernel refused {x.cols} columns in groups of {group} (multiples of {BLOCK})"
+                         + (f", or {rows} x {x.cols} in row tiles" if tiled else ""))
     return out
 
 
@@ -250,7 +284,8 @@ def _activation_pointers(x: QuantizedActivations) -> tuple:
 
 
 def q4_experts(x: QuantizedActivations, matrices: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]],
-               group: int, row_each: bool, fp16_scales: bool = False, level: int | None = None) -> torch.Tensor:
+               group: int, row_each: bool, fp16_scales: bool = False, level: int | None = None,
+               tiled: bool = False) -> torch.Tensor:
     """Several q4 matrices of one shape (a token's experts) in one call, as (packed, scales, zeros).
 
     `row_each=False`: every matrix times every row of x -> [E * M, N], matrix e's rows first.
@@ -260,11 +295,12 @@ def q4_experts(x: QuantizedActivations, matrices: list[tuple[torch.Tensor, torch
     if row_each and x.rows != count:
         raise ValueError(f"{count} matrices, one row each, but {x.rows} activation rows")
     rows = [[e] for e in range(count)] if row_each else [list(range(x.rows))] * count
-    return q4_grouped(x, matrices, rows, group, fp16_scales, level)
+    return q4_grouped(x, matrices, rows, group, fp16_scales, level, tiled)
 
 
 def q4_grouped(x: QuantizedActivations, matrices: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]],
-               rows: list[list[int]], group: int, fp16_scales: bool = False, level: int | None = None) -> torch.Tensor:
+               rows: list[list[int]], group: int, fp16_scales: bool = False, level: int | None = None,
+               tiled: bool = False) -> torch.Tensor:
     """Matrix e times the activation rows `rows[e]` (indices into x), for several q4 matrices of
     one shape in one call -> [sum of len(rows[e]), N], matrix e's rows first, in the order given:
     a step's experts, each on the tokens routed to it. Each result row is bitwise what
@@ -291,7 +327,7 @@ def q4_grouped(x: QuantizedActivations, matrices: list[tuple[torch.Tensor, torch
         pointers(*(s.data_ptr() for _, s, _ in matrices)),
         None if all(z is None for z in zeros) else pointers(*(0 if z is None else z.data_ptr() for z in zeros)),
         (ctypes.c_int64 * len(act_rows))(*act_rows), (ctypes.c_int64 * (count + 1))(*starts),
-        int(fp16_scales), out_features, group, out.data_ptr(), torch.get_num_threads(),
+        q4_flags(fp16_scales, tiled), out_features, group, out.data_ptr(), torch.get_num_threads(),
         cpu_level() if level is None else level)
     if status != 0:
         raise ValueError(f"the native kernel refused {x.cols} columns in groups of {group} (multiples of {BLOCK}), "
@@ -363,40 +399,42 @@ DEQUANT_BLOCK_WEIGHTS = 1 << 18  # weights dequantized at a time (1 MB of f32): 
 
 
 def matmul(x: torch.Tensor | QuantizedActivations, weights: torch.Tensor, scales: torch.Tensor,
-           zeros: torch.Tensor | None, group: int, encoding: str, fp16_scales: bool = False) -> torch.Tensor:
-    """x [M, K] @ W.T -> [M, N] f32 for a q4, q6 or q8 matrix W: the int8 kernel (rows in tiles of
-    four, each bitwise what it gets alone), or, from
-    `DENSE_FROM_ROWS` rows on where that is set, blocks of dequantized rows and a dense matmul."""
+           zeros: torch.Tensor | None, group: int, encoding: str, fp16_scales: bool = False,
+           tiled: bool = False) -> torch.Tensor:
+    """x [M, K] @ W.T -> [M, N] f32 for a q4, q6 or q8 matrix W (a q4 one in row tiles where
+    `tiled`): the int8 kernel (activation rows four at a time, each bitwise what it gets alone), or,
+    from `DENSE_FROM_ROWS` rows on where that is set, blocks of dequantized rows and a dense matmul."""
     if isinstance(x, torch.Tensor) and DENSE_FROM_ROWS is not None and x.shape[0] >= DENSE_FROM_ROWS:
-        return dense_matmul(x, weights, scales, zeros, group, encoding, fp16_scales)
+        return dense_matmul(x, weights, scales, zeros, group, encoding, fp16_scales, tiled)
     if isinstance(x, torch.Tensor):
         x = QuantizedActivations(x)
     if encoding == "q8":
         return q8_matmul(x, weights, scales, group, fp16_scales)
     if encoding == "q6":
         return q6_matmul(x, weights, scales, group, fp16_scales)
-    return q4_matmul(x, weights, scales, zeros, group, fp16_scales)
+    return q4_matmul(x, weights, scales, zeros, group, fp16_scales, tiled=tiled)
 
 
 DEQUANTIZE_KINDS = {"q4": 0, "q8": 1, "q6": 2}  # colibri_dequantize_rows' `kind`
 
 
 def dense_matmul(x: torch.Tensor, weights: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None,
-                 group: int, encoding: str, fp16_scales: bool = False) -> torch.Tensor:
-    """x [M, K] f32 @ W.T with W (`encoding` q4, q6 or q8) dequantized `DEQUANT_BLOCK_WEIGHTS` at a
-    time (exact weights)."""
+                 group: int, encoding: str, fp16_scales: bool = False, tiled: bool = False) -> torch.Tensor:
+    """x [M, K] f32 @ W.T with W (`encoding` q4, q6 or q8; a q4 one in row tiles where `tiled`)
+    dequantized `DEQUANT_BLOCK_WEIGHTS` at a time (exact weights)."""
     kind = DEQUANTIZE_KINDS[encoding]
     x = x.detach().to(torch.float32).contiguous()
     rows, cols = weights.shape[0], x.shape[1]
     out = torch.empty(x.shape[0], rows, dtype=torch.float32)
-    step = max(1, DEQUANT_BLOCK_WEIGHTS // cols)
+    step = max(4, DEQUANT_BLOCK_WEIGHTS // cols // 4 * 4)  # whole tiles
     block = torch.empty(min(step, rows), cols, dtype=torch.float32)
     library = _library()
     for start in range(0, rows, step):
         stop = min(rows, start + step)
         status = library.colibri_dequantize_rows(
             weights.data_ptr(), kind, scales.data_ptr(), 0 if zeros is None else zeros.data_ptr(),
-            int(fp16_scales), cols, group, start, stop, block.data_ptr())
+            q4_flags(fp16_scales, tiled and kind == DEQUANTIZE_KINDS["q4"]), cols, group, start, stop,
+            block.data_ptr())
         if status != 0:
             raise ValueError(f"the native kernel refused {cols} columns in groups of {group}")
         out[:, start:stop] = x @ block[: stop - start].T
@@ -446,17 +484,19 @@ def add_weighted_rows(row: torch.Tensor, rows: torch.Tensor, weights: list[float
 class TokenExperts:
     """The q4 matrices of one decode token's experts as the kernel takes them (`token_experts_in`,
     `token_experts_out`): pointer arrays built once per token from each expert's addresses
-    (packed, scales, zeros or 0), the experts all of one shape [rows, cols] in groups of `group`."""
+    (packed, scales, zeros or 0), the experts all of one shape [rows, cols] in groups of `group`
+    (row tiles where `tiled`)."""
 
-    __slots__ = ("count", "packed", "scales", "zeros", "rows", "cols", "group", "fp16")
+    __slots__ = ("count", "packed", "scales", "zeros", "rows", "cols", "group", "flags")
 
-    def __init__(self, addresses: list[tuple[int, int, int]], rows: int, cols: int, group: int, fp16: bool):
+    def __init__(self, addresses: list[tuple[int, int, int]], rows: int, cols: int, group: int, fp16: bool,
+                 tiled: bool = False):
         self.count = len(addresses)
         array = ctypes.c_void_p * self.count
         self.packed = array(*(a[0] for a in addresses))
         self.scales = array(*(a[1] for a in addresses))
         self.zeros = array(*(a[2] for a in addresses)) if any(a[2] for a in addresses) else None
-        self.rows, self.cols, self.group, self.fp16 = rows, cols, group, int(fp16)
+        self.rows, self.cols, self.group, self.flags = rows, cols, group, q4_flags(fp16, tiled)
 
 
 def token_experts_in(x: torch.Tensor, experts: TokenExperts) -> torch.Tensor:
@@ -467,7 +507,7 @@ def token_experts_in(x: torch.Tensor, experts: TokenExperts) -> torch.Tensor:
                          f"of {experts.rows} x {experts.cols} (a contiguous f32 row of {experts.cols})")
     out = torch.empty(experts.count, experts.rows, dtype=torch.float32)
     status = _library().colibri_token_experts_in(
-        x.data_ptr(), experts.cols, experts.count, experts.packed, experts.scales, experts.zeros, experts.fp16,
+        x.data_ptr(), experts.cols, experts.count, experts.packed, experts.scales, experts.zeros, experts.flags,
         experts.rows, experts.group, out.data_ptr(), torch.get_num_threads(), cpu_level())
     if status != 0:
         raise ValueError(f"the native kernel refused {experts.cols} columns in groups of {experts.group}")
@@ -483,7 +523,7 @@ def token_experts_out(hidden: torch.Tensor, experts: TokenExperts, weights: list
         raise ValueError(f"token_experts_out: hidden {tuple(hidden.shape)}, out {tuple(out.shape)} and "
                          f"{len(weights)} weights do not fit {experts.count} matrices of {experts.rows} x {experts.cols}")
     status = _library().colibri_token_experts_out(
-        hidden.data_ptr(), experts.cols, experts.count, experts.packed, experts.scales, experts.zeros, experts.fp16,
+        hidden.data_ptr(), experts.cols, experts.count, experts.packed, experts.scales, experts.zeros, experts.flags,
         experts.rows, experts.group, (ctypes.c_float * experts.count)(*weights), out.data_ptr(),
         torch.get_num_threads(), cpu_level())
     if status != 0:
@@ -508,12 +548,14 @@ TOKEN_EXPERT_ADDRESSES = 6
 
 
 def token_experts(x: torch.Tensor, addresses: list[int], expert_dim: int, group_gate_up: int, group_down: int,
-                  fp16_scales: bool, weights: list[float], out: torch.Tensor, q8: bool = False) -> None:
+                  fp16_scales: bool, weights: list[float], out: torch.Tensor, q8: bool = False,
+                  tiled: bool = False) -> None:
     """A decode token's swiglu experts whole: out [d] += down_e(silu(gate_e x) * up_e x) * weights[e]
     for e in order, for one f32 row x [d] (contiguous; out likewise), in one kernel call; bitwise
     `token_experts_in`, `swiglu_rows` and `token_experts_out` (`q8`: experts stored as q8, bitwise
     each one's own `q8_matmul`s, `swiglu_rows` and `add_weighted_rows`). `addresses`: each expert's
-    six (`TOKEN_EXPERT_ADDRESSES`), which must stay valid through the call."""
+    six (`TOKEN_EXPERT_ADDRESSES`), which must stay valid through the call; `tiled`: q4 matrices in
+    row tiles."""
     count = len(weights)
     d = x.shape[0] if x.dim() == 1 else -1
     if (len(addresses) != TOKEN_EXPERT_ADDRESSES * count or count < 1 or x.dtype != torch.float32
@@ -525,7 +567,8 @@ def token_experts(x: torch.Tensor, addresses: list[int], expert_dim: int, group_
     library = _library()
     call = library.colibri_q8_token_experts if q8 else library.colibri_token_experts
     status = call(
-        x.data_ptr(), d, count, (ctypes.c_void_p * len(addresses))(*addresses), int(fp16_scales), expert_dim,
+        x.data_ptr(), d, count, (ctypes.c_void_p * len(addresses))(*addresses), q4_flags(fp16_scales, tiled and not q8),
+        expert_dim,
         group_gate_up, group_down, (ctypes.c_float * count)(*weights), out.data_ptr(), torch.get_num_threads(),
         cpu_level())
     if status != 0:
@@ -610,17 +653,19 @@ def _route_row(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
 class Projection(ctypes.Structure):
     """A resident q4 or q8 projection as decode_layer.c takes it (its `colibri_projection`)."""
 
-    _fields_ = [("q8", ctypes.c_int64), ("fp16", ctypes.c_int64), ("rows", ctypes.c_int64), ("cols", ctypes.c_int64),
+    _fields_ = [("q8", ctypes.c_int64), ("flags", ctypes.c_int64), ("rows", ctypes.c_int64), ("cols", ctypes.c_int64),
                 ("group", ctypes.c_int64), ("data", ctypes.c_void_p), ("scales", ctypes.c_void_p),
                 ("zeros", ctypes.c_void_p)]
 
     @classmethod
     def of(cls, encoding: str, weights: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None, group: int,
-           fp16_scales: bool, cols: int) -> Projection:
-        """The addresses of a projection's tensors (which must outlive it)."""
-        if encoding not in ("q4", "q8") or cols % group or group % BLOCK:
-            raise ValueError(f"a {encoding} projection of {cols} columns in groups of {group} is not the kernel's")
-        return cls(int(encoding == "q8"), int(fp16_scales), weights.shape[0], cols, group, weights.data_ptr(),
+           fp16_scales: bool, cols: int, tiled: bool = False) -> Projection:
+        """The addresses of a projection's tensors (which must outlive it); `tiled`: q4 in row tiles."""
+        if encoding not in ("q4", "q8") or cols % group or group % BLOCK or (
+                tiled and (encoding != "q4" or not q4_tileable(weights.shape[0], cols))):
+            raise ValueError(f"a {encoding} projection of {cols} columns in groups of {group}"
+                             f"{' in row tiles' if tiled else ''} is not the kernel's")
+        return cls(int(encoding == "q8"), q4_flags(fp16_scales, tiled), weights.shape[0], cols, group, weights.data_ptr(),
                    scales.data_ptr(), None if zeros is None else zeros.data_ptr())
 
 
@@ -646,20 +691,20 @@ class LayerFront(ctypes.Structure):
 
 class TokenTable(ctypes.Structure):
     """A layer's cached swiglu experts as decode_layer.c looks them up (its `colibri_token_table`):
-    expert e's `TOKEN_EXPERT_ADDRESSES` at entries[6 e:6 e + 6], zeros where e is not cached; `q8`:
-    the experts are stored as q8 (`token_experts`'s)."""
+    expert e's `TOKEN_EXPERT_ADDRESSES` at entries[6 e:6 e + 6], zeros where e is not cached; `flags`:
+    `q4_flags` of the experts' matrices; `q8`: the experts are stored as q8 (`token_experts`'s)."""
 
     _fields_ = [("entries", ctypes.c_void_p), ("expert_dim", ctypes.c_int64), ("group_gate_up", ctypes.c_int64),
-                ("group_down", ctypes.c_int64), ("fp16", ctypes.c_int64), ("q8", ctypes.c_int64)]
+                ("group_down", ctypes.c_int64), ("flags", ctypes.c_int64), ("q8", ctypes.c_int64)]
 
-    def __init__(self, experts: int, expert_dim: int, group_gate_up: int, group_down: int, fp16: bool,
+    def __init__(self, experts: int, expert_dim: int, group_gate_up: int, group_down: int, flags: int,
                  q8: bool = False):
         self.slots = (ctypes.c_void_p * (TOKEN_EXPERT_ADDRESSES * experts))()
-        super().__init__(ctypes.addressof(self.slots), expert_dim, group_gate_up, group_down, int(fp16), int(q8))
+        super().__init__(ctypes.addressof(self.slots), expert_dim, group_gate_up, group_down, int(flags), int(q8))
 
-    def matches(self, expert_dim: int, group_gate_up: int, group_down: int, fp16: bool, q8: bool = False) -> bool:
-        return (self.expert_dim, self.group_gate_up, self.group_down, self.fp16, self.q8) == (
-            expert_dim, group_gate_up, group_down, int(fp16), int(q8))
+    def matches(self, expert_dim: int, group_gate_up: int, group_down: int, flags: int, q8: bool = False) -> bool:
+        return (self.expert_dim, self.group_gate_up, self.group_down, self.flags, self.q8) == (
+            expert_dim, group_gate_up, group_down, int(flags), int(q8))
 
     def set(self, expert: int, addresses: tuple[int, ...]) -> None:
         self.slots[TOKEN_EXPERT_ADDRESSES * expert : TOKEN_EXPERT_ADDRESSES * (expert + 1)] = addresses

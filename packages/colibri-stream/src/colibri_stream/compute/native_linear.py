@@ -32,7 +32,7 @@ from torch import nn
 from ..io.huge_pages import HugePageArena
 from ..stored_embedding import EMBEDDING
 from . import native_kernel
-from .native_kernel import BLOCK, QuantizedActivations, bf16_matmul, matmul
+from .native_kernel import BLOCK, QuantizedActivations, bf16_matmul, matmul, q4_tileable, tile_q4_rows
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -77,6 +77,10 @@ class NativeLinear(nn.Module):
         self.register_buffer("data", held.pop(0), persistent=False)
         self.register_buffer("scales", held.pop(0) if raw.scales is not None else None, persistent=False)
         self.register_buffer("zeros", held.pop(0) if raw.zeros is not None else None, persistent=False)
+        # q4 in row tiles where the shape allows: a token's product streams it in one sequential read
+        self.tiled = raw.encoding == "q4" and q4_tileable(self.out_features, self.in_features)
+        if self.tiled:
+            tile_q4_rows(self.data)
         self.bias = nn.Parameter(torch.empty(self.out_features, device="meta")) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -84,13 +88,14 @@ class NativeLinear(nn.Module):
             out = bf16_matmul(x.reshape(-1, self.in_features), self.data)
         else:
             out = matmul(self.shared_input.quantized(x, self.in_features), self.data, self.scales, self.zeros,
-                         self.group, self.encoding, self.fp16_scales)
+                         self.group, self.encoding, self.fp16_scales, self.tiled)
         if self.bias is not None:
             out += self.bias
         return out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, {self.encoding} group {self.group}"
+        tiles = ", row tiles" if self.tiled else ""
+        return f"in_features={self.in_features}, out_features={self.out_features}, {self.encoding} group {self.group}{tiles}"
 
 
 class SharedInput:

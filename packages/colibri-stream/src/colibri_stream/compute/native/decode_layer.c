@@ -26,9 +26,10 @@ int colibri_norm_rope(float *x, int64_t heads, int64_t D, const float *weight, f
                       const float *sin);
 
 /* A resident projection as stored (colibri-int4 FORMAT.md): q4 nibbles or q8 bytes [rows, cols],
- * 16-bit scales [rows, cols / group], zeros like the scales or NULL. */
+ * 16-bit scales [rows, cols / group], zeros like the scales or NULL. flags: bit 0 fp16 scales (else
+ * bf16), bit 1 a q4 matrix in row tiles (q4_matvec.c's Q4_TILED). */
 typedef struct {
-    int64_t q8, fp16, rows, cols, group;
+    int64_t q8, flags, rows, cols, group;
     const void *data;
     const uint16_t *scales, *zeros;
 } colibri_projection;
@@ -56,10 +57,10 @@ static int quantize_row(const float *x, int64_t K, quantized_row *a, int level) 
 
 static int project(const quantized_row *a, const colibri_projection *p, float *y, int threads, int level) {
     if (p->q8)
-        return colibri_q8w_matmul(a->q, a->dx, 1, p->cols, (const int8_t *)p->data, p->scales, (int)p->fp16, p->rows,
+        return colibri_q8w_matmul(a->q, a->dx, 1, p->cols, (const int8_t *)p->data, p->scales, (int)p->flags, p->rows,
                                   p->group, y, threads, level);
     return colibri_q4_matmul(a->q, a->dx, a->xs, a->pairs, a->pair_scales, 1, p->cols,
-                             (const uint8_t *)p->data, p->scales, p->zeros, (int)p->fp16, p->rows, p->group, y,
+                             (const uint8_t *)p->data, p->scales, p->zeros, (int)p->flags, p->rows, p->group, y,
                              threads, level);
 }
 
@@ -163,7 +164,7 @@ int colibri_q8_token_experts(const float *x, int64_t K, int64_t E, const void *c
  * (colibri_q8_token_experts). */
 typedef struct {
     const void *const *entries;
-    int64_t expert_dim, group_gate_up, group_down, fp16, q8;
+    int64_t expert_dim, group_gate_up, group_down, flags, q8; /* flags: as colibri_projection's */
 } colibri_token_table;
 
 /* One decode row of one session through a layer up to its FFN, in one call: colibri_attention_in,
@@ -220,7 +221,7 @@ int colibri_decode_layer_front(const colibri_layer_front *L, const float *h, con
     struct timespec started, stopped;
     clock_gettime(CLOCK_MONOTONIC, &started);
     status = (table->q8 ? colibri_q8_token_experts : colibri_token_experts)(
-        x_out, L->D, top_k, addresses, (int)table->fp16, table->expert_dim, table->group_gate_up, table->group_down,
+        x_out, L->D, top_k, addresses, (int)table->flags, table->expert_dim, table->group_gate_up, table->group_down,
         weights, experts_out, threads, level);
     clock_gettime(CLOCK_MONOTONIC, &stopped);
     *expert_seconds = (double)(stopped.tv_sec - started.tv_sec) + 1e-9 * (double)(stopped.tv_nsec - started.tv_nsec);
