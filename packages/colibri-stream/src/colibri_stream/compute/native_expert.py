@@ -2,10 +2,10 @@
 q4 bytes (compute/native_kernel.py); `NativeQ8Expert` the same from q8 bytes (`--quant int8`).
 
 Preparing a missed expert is a copy of what was read (gate and up stacked into one [2F, d]
-matrix, as `Int4Expert` fuses them); q4 matrices are copied into row tiles where their shape allows
-(native_kernel.tile_q4_rows: the same bytes, four rows' 64-byte chunks interleaved), so a decode
-token reads each in one sequential stream, in the pass that copies them anyway. Activations enter as int8
-blocks (`QuantizedActivations`): the decode path quantizes a layer's input once and every expert
+matrix, as `Int4Expert` fuses them), into row tiles where the matrices' shapes allow
+(native_kernel.tile_rows: the same bytes, four rows' 64-byte chunks interleaved), so a decode
+token reads each in one sequential stream, in the pass that copies them anyway. Activations
+enter as int8 blocks (`QuantizedActivations`): the decode path quantizes a layer's input once and every expert
 of the token reads it, and `forward_each` runs all of a token's experts in one kernel call per
 projection (`forward_grouped`: every expert of a decode step of several sessions on its tokens); `forward` also takes a plain tensor of many rows (a prefill chunk's tokens routed
 here), which the kernel takes four rows at a time per weight load (native_kernel.matmul).
@@ -33,13 +33,13 @@ from .native_kernel import (
     BLOCK,
     QuantizedActivations,
     TokenExperts,
+    kernel_flags,
     kernel_unavailable,
     matmul,
-    q4_flags,
     q4_grouped,
-    q4_tileable,
     swiglu_rows,
-    tile_q4_rows,
+    tile_rows,
+    tileable,
     token_experts,
     token_experts_in,
     token_experts_out,
@@ -82,14 +82,14 @@ class NativeQ4Expert:
         self.fp16_scales = blob.scale_dtype == "fp16"
         self.glu = glu
         both = ("gate", "up")
-        d = weights["down"].shape[0]
-        self.tiled = self.ENCODING == "q4" and q4_tileable(2 * self.expert_dim, d) and q4_tileable(d, self.expert_dim)
-        if self.tiled:  # each of gate, up and down in whole tiles, copied from the read buffer
-            self.gate_up = torch.empty(2 * self.expert_dim, d // 2, dtype=torch.uint8)
-            for half, part in zip(self.gate_up.chunk(2), both):
-                tile_q4_rows(torch.from_numpy(np.ascontiguousarray(weights[part])), half)
-            self.down = tile_q4_rows(torch.from_numpy(np.ascontiguousarray(weights["down"])),
-                                     torch.empty(d, self.expert_dim // 2, dtype=torch.uint8))
+        # row tiles where the shapes allow: each of gate, up and down tiled from the read buffer
+        self.tiled = tileable(*weights["gate"].shape) and tileable(*weights["down"].shape)
+        if self.tiled:
+            gate, down = (torch.from_numpy(np.ascontiguousarray(weights[p])) for p in ("gate", "down"))
+            self.gate_up = torch.empty(2 * gate.shape[0], gate.shape[1], dtype=gate.dtype)
+            tile_rows(gate, self.gate_up[: gate.shape[0]])
+            tile_rows(torch.from_numpy(np.ascontiguousarray(weights["up"])), self.gate_up[gate.shape[0] :])
+            self.down = tile_rows(down, torch.empty_like(down))
         else:
             self.gate_up = torch.from_numpy(np.concatenate([weights[p] for p in both]))
             self.down = torch.from_numpy(np.array(weights["down"]))
@@ -113,11 +113,11 @@ class NativeQ4Expert:
 
     @property
     def one_call(self) -> tuple[int, int, int, int] | None:
-        """(expert_dim, group_gate_up, group_down, q4_flags) where a token's experts like this one
+        """(expert_dim, group_gate_up, group_down, kernel_flags) where a token's experts like this one
         run in one kernel call from `token_addresses` (swiglu, no biases), else None."""
         if self.glu.kind != "swiglu" or self.gate_up_bias is not None or self.down_bias is not None:
             return None
-        return self.expert_dim, self.group_gate_up, self.group_down, q4_flags(self.fp16_scales, self.tiled)
+        return self.expert_dim, self.group_gate_up, self.group_down, kernel_flags(self.fp16_scales, self.tiled)
 
     def _parts(self) -> dict[str, torch.Tensor]:
         return {name: getattr(self, name) for name in _PARTS if getattr(self, name) is not None}
@@ -215,7 +215,7 @@ class NativeQ8Expert(NativeQ4Expert):
         if first.one_call is None:
             return False
         token_experts(x, [a for e in experts for a in e.token_addresses], first.expert_dim, first.group_gate_up,
-                      first.group_down, first.fp16_scales, weights, out, q8=True)
+                      first.group_down, first.fp16_scales, weights, out, q8=True, tiled=first.tiled)
         return True
 
     @staticmethod

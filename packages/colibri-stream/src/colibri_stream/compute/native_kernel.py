@@ -93,8 +93,8 @@ def _library() -> ctypes.CDLL:
     library.colibri_q6w_matmul.restype = i32
     library.colibri_dequantize_rows.argtypes = [pointer, i32, pointer, pointer, i32, i64, i64, i64, i64, pointer]
     library.colibri_dequantize_rows.restype = i32
-    library.colibri_q4_tile_rows.argtypes = [pointer, pointer, i64, i64, i32]
-    library.colibri_q4_tile_rows.restype = i32
+    library.colibri_tile_rows.argtypes = [pointer, pointer, i64, i64, i32]
+    library.colibri_tile_rows.restype = i32
     library.colibri_q8_quantize.restype = library.colibri_q4_matmul.restype = i32
     library.colibri_q8w_matmul.restype = i32
     library.colibri_q4_cpu_level.restype = i32
@@ -230,33 +230,36 @@ class QuantizedActivations:
         return picked
 
 
-FP16_SCALES, Q4_TILED = 1, 2
-"""Bits of the kernel's `flags` for a matrix: fp16 scales (else bf16); a q4 matrix in row tiles."""
+FP16_SCALES, ROW_TILES = 1, 2
+"""Bits of the kernel's `flags` for a matrix: fp16 scales (else bf16); a q4 or q8 matrix in row tiles."""
 
 
-def q4_flags(fp16_scales: bool, tiled: bool = False) -> int:
-    return (FP16_SCALES if fp16_scales else 0) | (Q4_TILED if tiled else 0)
+def kernel_flags(fp16_scales: bool, tiled: bool = False) -> int:
+    return (FP16_SCALES if fp16_scales else 0) | (ROW_TILES if tiled else 0)
 
 
-def q4_tileable(rows: int, cols: int) -> bool:
-    """Whether a q4 matrix of this shape can be held in row tiles (`tile_q4_rows`)."""
-    return cols % 128 == 0 and rows % 4 == 0
+def tileable(rows: int, row_bytes: int) -> bool:
+    """Whether a q4 or q8 matrix of `rows` rows of `row_bytes` (q4: K/2, q8: K) can be held in row
+    tiles (`tile_rows`)."""
+    return row_bytes % 64 == 0 and rows % 4 == 0
 
 
-def tile_q4_rows(packed: torch.Tensor, out: torch.Tensor | None = None, untile: bool = False) -> torch.Tensor:
-    """A q4 matrix (uint8 [N, K/2], contiguous, row-major as colibri-int4 stores it) in row tiles:
-    4 rows at a time with their 64-byte chunks (128 columns) interleaved, so a one-token product
-    that reads 4 rows side by side reads one sequential stream (q4_matvec.c); into `out` (the same
-    shape; `packed` itself tiles in place), or back to row-major with `untile`. Needs
-    `q4_tileable`. The kernel takes such a matrix with `tiled=True`: the same results, bit for bit."""
-    rows, cols = packed.shape[0], packed.shape[1] * 2
-    out = packed if out is None else out
-    if (packed.dtype != torch.uint8 or out.dtype != torch.uint8 or out.shape != packed.shape
-            or not packed.is_contiguous() or not out.is_contiguous() or not q4_tileable(rows, cols)):
-        raise ValueError(f"tile_q4_rows needs contiguous uint8 [N, K/2] with N % 4 == 0 and K % 128 == 0, got "
-                         f"{packed.dtype} {tuple(packed.shape)} into {out.dtype} {tuple(out.shape)}")
-    if _library().colibri_q4_tile_rows(packed.data_ptr(), out.data_ptr(), rows, cols, int(untile)) != 0:
-        raise MemoryError("tile_q4_rows: no room for a tile's copy")
+def tile_rows(matrix: torch.Tensor, out: torch.Tensor | None = None, untile: bool = False) -> torch.Tensor:
+    """A q4 or q8 matrix (uint8 [N, K/2] or int8 [N, K], contiguous, row-major as colibri-int4 stores
+    it) in row tiles: 4 rows at a time with their 64-byte chunks (q4: 128 columns, q8: 64)
+    interleaved, so a one-token product that reads 4 rows side by side reads one sequential stream
+    (q4_matvec.c); into `out` (the same shape and dtype; `matrix` itself tiles in place), or back to
+    row-major with `untile`. Needs `tileable`. The kernel takes such a matrix with `tiled=True`:
+    the same results, bit for bit."""
+    rows, row_bytes = matrix.shape[0], matrix.shape[-1]
+    out = matrix if out is None else out
+    if (matrix.dim() != 2 or matrix.dtype not in (torch.uint8, torch.int8) or out.dtype != matrix.dtype
+            or out.shape != matrix.shape or not matrix.is_contiguous() or not out.is_contiguous()
+            or not tileable(rows, row_bytes)):
+        raise ValueError(f"tile_rows needs a contiguous uint8 or int8 [N, row bytes] with N % 4 == 0 and row bytes "
+                         f"% 64 == 0, got {matrix.dtype} {tuple(matrix.shape)} into {out.dtype} {tuple(out.shape)}")
+    if _library().colibri_tile_rows(matrix.data_ptr(), out.data_ptr(), rows, row_bytes, int(untile)) != 0:
+        raise MemoryError("tile_rows: no room for a tile's copy")
     return out
 
 
@@ -271,7 +274,7 @@ def q4_matmul(x: QuantizedActivations, packed: torch.Tensor, scales: torch.Tenso
     out = torch.empty(x.rows, rows, dtype=torch.float32)
     status = _library().colibri_q4_matmul(
         *_activation_pointers(x), packed.data_ptr(), scales.data_ptr(), 0 if zeros is None else zeros.data_ptr(),
-        q4_flags(fp16_scales, tiled), rows, group, out.data_ptr(), torch.get_num_threads(),
+        kernel_flags(fp16_scales, tiled), rows, group, out.data_ptr(), torch.get_num_threads(),
         cpu_level() if level is None else level)
     if status != 0:
         raise ValueError(f"the native kernel refused {x.cols} columns in groups of {group} (multiples of {BLOCK})"
@@ -327,7 +330,7 @@ def q4_grouped(x: QuantizedActivations, matrices: list[tuple[torch.Tensor, torch
         pointers(*(s.data_ptr() for _, s, _ in matrices)),
         None if all(z is None for z in zeros) else pointers(*(0 if z is None else z.data_ptr() for z in zeros)),
         (ctypes.c_int64 * len(act_rows))(*act_rows), (ctypes.c_int64 * (count + 1))(*starts),
-        q4_flags(fp16_scales, tiled), out_features, group, out.data_ptr(), torch.get_num_threads(),
+        kernel_flags(fp16_scales, tiled), out_features, group, out.data_ptr(), torch.get_num_threads(),
         cpu_level() if level is None else level)
     if status != 0:
         raise ValueError(f"the native kernel refused {x.cols} columns in groups of {group} (multiples of {BLOCK}), "
@@ -336,9 +339,9 @@ def q4_grouped(x: QuantizedActivations, matrices: list[tuple[torch.Tensor, torch
 
 
 def q8_matmul(x: QuantizedActivations, weights: torch.Tensor, scales: torch.Tensor, group: int,
-              fp16_scales: bool = False, level: int | None = None) -> torch.Tensor:
-    """x [M, K] @ W.T -> [M, N] f32, W the q8 matrix of `weights` (int8 [N, K]) and `scales`
-    (int16 bits of bf16/fp16, [N, K/group])."""
+              fp16_scales: bool = False, level: int | None = None, tiled: bool = False) -> torch.Tensor:
+    """x [M, K] @ W.T -> [M, N] f32, W the q8 matrix of `weights` (int8 [N, K], row tiles where
+    `tiled`) and `scales` (int16 bits of bf16/fp16, [N, K/group])."""
     rows = weights.shape[0]
     if weights.shape[1] != x.cols or scales.shape != (rows, x.cols // group):
         raise ValueError(f"q8 matrix {tuple(weights.shape)} / scales {tuple(scales.shape)} do not fit "
@@ -346,10 +349,11 @@ def q8_matmul(x: QuantizedActivations, weights: torch.Tensor, scales: torch.Tens
     out = torch.empty(x.rows, rows, dtype=torch.float32)
     status = _library().colibri_q8w_matmul(
         x.pointers[0], x.pointers[1], x.rows, x.cols, weights.data_ptr(), scales.data_ptr(),
-        int(fp16_scales), rows, group, out.data_ptr(), torch.get_num_threads(),
+        kernel_flags(fp16_scales, tiled), rows, group, out.data_ptr(), torch.get_num_threads(),
         cpu_level() if level is None else level)
     if status != 0:
-        raise ValueError(f"the native kernel refused {x.cols} columns in groups of {group} (multiples of {BLOCK})")
+        raise ValueError(f"the native kernel refused {x.cols} columns in groups of {group} (multiples of {BLOCK})"
+                         + (f", or {rows} x {x.cols} in row tiles" if tiled else ""))
     return out
 
 
@@ -402,14 +406,14 @@ def matmul(x: torch.Tensor | QuantizedActivations, weights: torch.Tensor, scales
            zeros: torch.Tensor | None, group: int, encoding: str, fp16_scales: bool = False,
            tiled: bool = False) -> torch.Tensor:
     """x [M, K] @ W.T -> [M, N] f32 for a q4, q6 or q8 matrix W (a q4 one in row tiles where
-    `tiled`): the int8 kernel (activation rows four at a time, each bitwise what it gets alone), or,
+    `tiled`, q4 or q8): the int8 kernel (activation rows four at a time, each bitwise what it gets alone), or,
     from `DENSE_FROM_ROWS` rows on where that is set, blocks of dequantized rows and a dense matmul."""
     if isinstance(x, torch.Tensor) and DENSE_FROM_ROWS is not None and x.shape[0] >= DENSE_FROM_ROWS:
         return dense_matmul(x, weights, scales, zeros, group, encoding, fp16_scales, tiled)
     if isinstance(x, torch.Tensor):
         x = QuantizedActivations(x)
     if encoding == "q8":
-        return q8_matmul(x, weights, scales, group, fp16_scales)
+        return q8_matmul(x, weights, scales, group, fp16_scales, tiled=tiled)
     if encoding == "q6":
         return q6_matmul(x, weights, scales, group, fp16_scales)
     return q4_matmul(x, weights, scales, zeros, group, fp16_scales, tiled=tiled)
@@ -420,7 +424,7 @@ DEQUANTIZE_KINDS = {"q4": 0, "q8": 1, "q6": 2}  # colibri_dequantize_rows' `kind
 
 def dense_matmul(x: torch.Tensor, weights: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None,
                  group: int, encoding: str, fp16_scales: bool = False, tiled: bool = False) -> torch.Tensor:
-    """x [M, K] f32 @ W.T with W (`encoding` q4, q6 or q8; a q4 one in row tiles where `tiled`)
+    """x [M, K] f32 @ W.T with W (`encoding` q4, q6 or q8; a q4 or q8 one in row tiles where `tiled`)
     dequantized `DEQUANT_BLOCK_WEIGHTS` at a time (exact weights)."""
     kind = DEQUANTIZE_KINDS[encoding]
     x = x.detach().to(torch.float32).contiguous()
@@ -433,7 +437,7 @@ def dense_matmul(x: torch.Tensor, weights: torch.Tensor, scales: torch.Tensor, z
         stop = min(rows, start + step)
         status = library.colibri_dequantize_rows(
             weights.data_ptr(), kind, scales.data_ptr(), 0 if zeros is None else zeros.data_ptr(),
-            q4_flags(fp16_scales, tiled and kind == DEQUANTIZE_KINDS["q4"]), cols, group, start, stop,
+            kernel_flags(fp16_scales, tiled), cols, group, start, stop,
             block.data_ptr())
         if status != 0:
             raise ValueError(f"the native kernel refused {cols} columns in groups of {group}")
@@ -496,7 +500,7 @@ class TokenExperts:
         self.packed = array(*(a[0] for a in addresses))
         self.scales = array(*(a[1] for a in addresses))
         self.zeros = array(*(a[2] for a in addresses)) if any(a[2] for a in addresses) else None
-        self.rows, self.cols, self.group, self.flags = rows, cols, group, q4_flags(fp16, tiled)
+        self.rows, self.cols, self.group, self.flags = rows, cols, group, kernel_flags(fp16, tiled)
 
 
 def token_experts_in(x: torch.Tensor, experts: TokenExperts) -> torch.Tensor:
@@ -567,7 +571,7 @@ def token_experts(x: torch.Tensor, addresses: list[int], expert_dim: int, group_
     library = _library()
     call = library.colibri_q8_token_experts if q8 else library.colibri_token_experts
     status = call(
-        x.data_ptr(), d, count, (ctypes.c_void_p * len(addresses))(*addresses), q4_flags(fp16_scales, tiled and not q8),
+        x.data_ptr(), d, count, (ctypes.c_void_p * len(addresses))(*addresses), kernel_flags(fp16_scales, tiled),
         expert_dim,
         group_gate_up, group_down, (ctypes.c_float * count)(*weights), out.data_ptr(), torch.get_num_threads(),
         cpu_level())
@@ -660,12 +664,11 @@ class Projection(ctypes.Structure):
     @classmethod
     def of(cls, encoding: str, weights: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None, group: int,
            fp16_scales: bool, cols: int, tiled: bool = False) -> Projection:
-        """The addresses of a projection's tensors (which must outlive it); `tiled`: q4 in row tiles."""
-        if encoding not in ("q4", "q8") or cols % group or group % BLOCK or (
-                tiled and (encoding != "q4" or not q4_tileable(weights.shape[0], cols))):
+        """The addresses of a projection's tensors (which must outlive it); `tiled`: in row tiles."""
+        if encoding not in ("q4", "q8") or cols % group or group % BLOCK or (tiled and not tileable(*weights.shape)):
             raise ValueError(f"a {encoding} projection of {cols} columns in groups of {group}"
                              f"{' in row tiles' if tiled else ''} is not the kernel's")
-        return cls(int(encoding == "q8"), q4_flags(fp16_scales, tiled), weights.shape[0], cols, group, weights.data_ptr(),
+        return cls(int(encoding == "q8"), kernel_flags(fp16_scales, tiled), weights.shape[0], cols, group, weights.data_ptr(),
                    scales.data_ptr(), None if zeros is None else zeros.data_ptr())
 
 
@@ -692,7 +695,7 @@ class LayerFront(ctypes.Structure):
 class TokenTable(ctypes.Structure):
     """A layer's cached swiglu experts as decode_layer.c looks them up (its `colibri_token_table`):
     expert e's `TOKEN_EXPERT_ADDRESSES` at entries[6 e:6 e + 6], zeros where e is not cached; `flags`:
-    `q4_flags` of the experts' matrices; `q8`: the experts are stored as q8 (`token_experts`'s)."""
+    `kernel_flags` of the experts' matrices; `q8`: the experts are stored as q8 (`token_experts`'s)."""
 
     _fields_ = [("entries", ctypes.c_void_p), ("expert_dim", ctypes.c_int64), ("group_gate_up", ctypes.c_int64),
                 ("group_down", ctypes.c_int64), ("flags", ctypes.c_int64), ("q8", ctypes.c_int64)]

@@ -32,7 +32,7 @@ from torch import nn
 from ..io.huge_pages import HugePageArena
 from ..stored_embedding import EMBEDDING
 from . import native_kernel
-from .native_kernel import BLOCK, QuantizedActivations, bf16_matmul, matmul, q4_tileable, tile_q4_rows
+from .native_kernel import BLOCK, QuantizedActivations, bf16_matmul, matmul, tile_rows, tileable
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -77,10 +77,11 @@ class NativeLinear(nn.Module):
         self.register_buffer("data", held.pop(0), persistent=False)
         self.register_buffer("scales", held.pop(0) if raw.scales is not None else None, persistent=False)
         self.register_buffer("zeros", held.pop(0) if raw.zeros is not None else None, persistent=False)
-        # q4 in row tiles where the shape allows: a token's product streams it in one sequential read
-        self.tiled = raw.encoding == "q4" and q4_tileable(self.out_features, self.in_features)
+        # q4 and q8 in row tiles where the shape allows: a token's product streams each in one
+        # sequential read (native_kernel.tile_rows)
+        self.tiled = raw.encoding in ("q4", "q8") and tileable(*self.data.shape)
         if self.tiled:
-            tile_q4_rows(self.data)
+            tile_rows(self.data)
         self.bias = nn.Parameter(torch.empty(self.out_features, device="meta")) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -27,7 +27,7 @@ int colibri_norm_rope(float *x, int64_t heads, int64_t D, const float *weight, f
 
 /* A resident projection as stored (colibri-int4 FORMAT.md): q4 nibbles or q8 bytes [rows, cols],
  * 16-bit scales [rows, cols / group], zeros like the scales or NULL. flags: bit 0 fp16 scales (else
- * bf16), bit 1 a q4 matrix in row tiles (q4_matvec.c's Q4_TILED). */
+ * bf16), bit 1 a q4 matrix in row tiles (q4_matvec.c's ROW_TILES). */
 typedef struct {
     int64_t q8, flags, rows, cols, group;
     const void *data;

@@ -176,35 +176,38 @@ int colibri_q8_quantize(const float *x, int64_t M, int64_t K, int8_t *xq, float 
     return 0;
 }
 
-/* Where a q4 matrix's bytes lie in memory (the container stores rows one after another):
- * - row-major: row n at n * row_bytes, its 64-byte chunks (128 columns, 4 blocks) in turn;
+/* Where a q4 or q8 matrix's bytes lie in memory (the container stores rows one after another):
+ * - row-major: row n at n * row_bytes, its 64-byte chunks (q4: 128 columns, 4 blocks; q8: 64
+ *   columns, 2 blocks) in turn;
  * - row tiles: 4 rows at a time with their chunks interleaved, chunk c of row 4t + r at
  *   4t * row_bytes + c * 256 + r * 64 (each tile the same bytes as its 4 rows row-major, permuted).
  * A one-token product reads 4 weight rows side by side; tiled, that is one sequential stream the
- * hardware prefetcher follows, where 4 rows 512 bytes apart kept it behind: a 143 MB matrix of 1024
- * columns streamed at 10.7-12.6 GB/s row-major and 19.5 GB/s tiled (one Zen 3 core, AVX2), near
- * what a plain sequential read gets there. Tiles need K % 128 == 0 and N % 4 == 0. A row's chunks
- * are `chunk` bytes apart (64 row-major, 256 tiled): block b of a row at Q4_BLOCK_AT(row, b, chunk).
- * The callers pass the layout as bit 1 of the `fp16` flags (Q4_TILED). */
-#define Q4_TILED 2
+ * hardware prefetcher follows, where 4 rows 512 bytes apart kept it behind: a 143 MB q4 matrix of
+ * 1024 columns streamed at 10.7-12.6 GB/s row-major and 19.5 GB/s tiled (one Zen 3 core, AVX2),
+ * near what a plain sequential read gets there. Tiles need row_bytes % 64 == 0 and N % 4 == 0. A
+ * row's chunks are `chunk` bytes apart (64 row-major, 256 tiled): block b of a q4 row at
+ * Q4_BLOCK_AT(row, b, chunk), of a q8 row at Q8_BLOCK_AT. The callers pass the layout as bit 1 of
+ * a matrix's `flags` (ROW_TILES; bit 0 says fp16 scales). */
+#define ROW_TILES 2
 #define Q4_BLOCK_AT(row, b, chunk) ((row) + ((b) >> 2) * (chunk) + ((b) & 3) * 16)
+#define Q8_BLOCK_AT(row, b, chunk) ((row) + ((b) >> 1) * (chunk) + ((b) & 1) * 32)
 typedef struct {
     int64_t row_bytes;
     int tiled;
-} q4_layout;
-static inline const uint8_t *q4_row(const uint8_t *p, int64_t n, q4_layout layout) {
+} row_layout;
+static inline const uint8_t *tiled_row(const uint8_t *p, int64_t n, row_layout layout) {
     return layout.tiled ? p + (n >> 2) * 4 * layout.row_bytes + (n & 3) * 64 : p + n * layout.row_bytes;
 }
-static inline int64_t q4_chunk(q4_layout layout) { return layout.tiled ? 256 : 64; }
+static inline int64_t row_chunk(row_layout layout) { return layout.tiled ? 256 : 64; }
 /* the bytes between row n and row n + 1 of the same tile (row-major: between any two rows) */
-static inline int64_t q4_row_step(q4_layout layout) { return layout.tiled ? 64 : layout.row_bytes; }
-static inline int q4_tileable(int64_t N, int64_t K) { return K % 128 == 0 && N % 4 == 0; }
+static inline int64_t row_step(row_layout layout) { return layout.tiled ? 64 : layout.row_bytes; }
+static inline int tileable(int64_t N, int64_t row_bytes) { return row_bytes % 64 == 0 && N % 4 == 0; }
 
-/* A q4 matrix [N, K/2] from row-major `src` into row tiles at `dst` (or back, `untile`); src may
- * be dst (each tile then permuted through a copy). */
-int colibri_q4_tile_rows(const uint8_t *src, uint8_t *dst, int64_t N, int64_t K, int untile) {
-    if (!q4_tileable(N, K)) return -1;
-    int64_t row_bytes = K / 2, chunks = K / 128;
+/* A matrix of N rows of row_bytes from row-major `src` into row tiles at `dst` (or back,
+ * `untile`); src may be dst (each tile then permuted through a copy). */
+int colibri_tile_rows(const uint8_t *src, uint8_t *dst, int64_t N, int64_t row_bytes, int untile) {
+    if (!tileable(N, row_bytes)) return -1;
+    int64_t chunks = row_bytes / 64;
     uint8_t *copy = src == dst ? (uint8_t *)malloc((size_t)(4 * row_bytes)) : 0;
     if (src == dst && !copy) return -2;
     for (int64_t t = 0; t < N / 4; t++) {
@@ -355,14 +358,15 @@ static float row_avx2(const uint8_t *p, int64_t chunk, const uint16_t *s, const 
 }
 #endif
 
-static float row8_scalar(const int8_t *w, const uint16_t *s, int fp16, int64_t blocks, int64_t per_group,
-                         const int8_t *xq, const float *dx) {
+static float row8_scalar(const int8_t *w, int64_t chunk, const uint16_t *s, int fp16, int64_t blocks,
+                         int64_t per_group, const int8_t *xq, const float *dx) {
     float total = 0.f;
     for (int64_t g = 0; g * per_group < blocks; g++) {
         float acc = 0.f;
         for (int64_t b = g * per_group; b < (g + 1) * per_group; b++) {
             int32_t dot = 0;
-            for (int i = 0; i < BLOCK; i++) dot += w[b * BLOCK + i] * xq[b * BLOCK + i];
+            const int8_t *wb = Q8_BLOCK_AT(w, b, chunk);
+            for (int i = 0; i < BLOCK; i++) dot += wb[i] * xq[b * BLOCK + i];
             acc += dx[b] * (float)dot;
         }
         total += acc * half_to_f32(s[g], fp16);
@@ -380,7 +384,7 @@ static float row8_scalar(const int8_t *w, const uint16_t *s, int fp16, int64_t b
 /* R activation rows (1..4) times one q8 weight row; each row runs the one-row sequence exactly */
 #define ROWS8(NAME, TARGET, DOT)                                                                               \
     __attribute__((target(TARGET), always_inline)) static inline void NAME(                                    \
-        const int8_t *w, const uint16_t *s, int fp16, int64_t blocks, int64_t per_group, int R,                  \
+        const int8_t *w, int64_t chunk, const uint16_t *s, int fp16, int64_t blocks, int64_t per_group, int R,   \
         const int8_t *const *xq, const float *const *dx, float *const *out) {                                   \
         const __m256i ones = _mm256_set1_epi16(1);                                                              \
         (void)ones;                                                                                             \
@@ -392,7 +396,7 @@ static float row8_scalar(const int8_t *w, const uint16_t *s, int fp16, int64_t b
             __m256 group[4];                                                                                    \
             for (int r = 0; r < R; r++) group[r] = _mm256_setzero_ps();                                         \
             for (int64_t b = g * per_group; b < (g + 1) * per_group; b++) {                                     \
-                __m256i wv = _mm256_loadu_si256((const __m256i *)(w + b * BLOCK));                              \
+                __m256i wv = _mm256_loadu_si256((const __m256i *)Q8_BLOCK_AT(w, b, chunk));                     \
                 __m256i magnitude = _mm256_sign_epi8(wv, wv);                                                   \
                 for (int r = 0; r < R; r++) {                                                                   \
                     __m256i x = _mm256_loadu_si256((const __m256i *)(xq[r] + b * BLOCK));                       \
@@ -412,15 +416,15 @@ static float row8_scalar(const int8_t *w, const uint16_t *s, int fp16, int64_t b
     }
 
 #define TILE8(NAME, TARGET, ROWS)                                                                              \
-    __attribute__((target(TARGET))) static void NAME(const int8_t *w, const uint16_t *s, int fp16,            \
-                                                     int64_t blocks, int64_t per_group, int R,                  \
+    __attribute__((target(TARGET))) static void NAME(const int8_t *w, int64_t chunk, const uint16_t *s,       \
+                                                     int fp16, int64_t blocks, int64_t per_group, int R,        \
                                                      const int8_t *const *xq, const float *const *dx,           \
                                                      float *const *out) {                                       \
         switch (R) {                                                                                            \
-        case 4: ROWS(w, s, fp16, blocks, per_group, 4, xq, dx, out); break;                                     \
-        case 3: ROWS(w, s, fp16, blocks, per_group, 3, xq, dx, out); break;                                     \
-        case 2: ROWS(w, s, fp16, blocks, per_group, 2, xq, dx, out); break;                                     \
-        default: ROWS(w, s, fp16, blocks, per_group, 1, xq, dx, out); break;                                    \
+        case 4: ROWS(w, chunk, s, fp16, blocks, per_group, 4, xq, dx, out); break;                                     \
+        case 3: ROWS(w, chunk, s, fp16, blocks, per_group, 3, xq, dx, out); break;                                     \
+        case 2: ROWS(w, chunk, s, fp16, blocks, per_group, 2, xq, dx, out); break;                                     \
+        default: ROWS(w, chunk, s, fp16, blocks, per_group, 1, xq, dx, out); break;                                    \
         }                                                                                                       \
     }
 
@@ -431,11 +435,13 @@ static float row8_scalar(const int8_t *w, const uint16_t *s, int fp16, int64_t b
 #define Q8_WROWS 4
 #define Q8_PREFETCH_ROWS 8
 #define Q8_WEIGHT_ROWS(NAME, TARGET, DOT)                                                                      \
-    __attribute__((target(TARGET))) static void NAME(const int8_t *w, int64_t K, const uint16_t *s, int fp16,  \
-                                                     int64_t blocks, int64_t per_group, const int8_t *xq,       \
-                                                     const float *dx, float *out) {                             \
+    __attribute__((target(TARGET))) static void NAME(const int8_t *w, row_layout layout, const uint16_t *s,    \
+                                                     int fp16, int64_t blocks, int64_t per_group,               \
+                                                     const int8_t *xq, const float *dx, float *out) {           \
         const __m256i ones = _mm256_set1_epi16(1);                                                              \
         (void)ones;                                                                                             \
+        const int64_t step = row_step(layout), chunk = row_chunk(layout);                                       \
+        const int64_t ahead = Q8_PREFETCH_ROWS * layout.row_bytes;                                              \
         int64_t groups = blocks / per_group;                                                                    \
         __m256 acc[Q8_WROWS];                                                                                   \
         float scales[Q8_WROWS * groups]; /* the rows' scales, converted once (not once a group) */              \
@@ -449,9 +455,9 @@ static float row8_scalar(const int8_t *w, const uint16_t *s, int fp16, int64_t b
                 __m256 d = _mm256_set1_ps(dx[b]);                                                               \
                 if (!(b & 1))                                                                                   \
                     for (int r = 0; r < Q8_WROWS; r++)                                                          \
-                        _mm_prefetch((const char *)(w + (r + Q8_PREFETCH_ROWS) * K + b * BLOCK), _MM_HINT_T1);  \
+                        _mm_prefetch((const char *)Q8_BLOCK_AT(w + ahead + r * step, b, chunk), _MM_HINT_T1);   \
                 for (int r = 0; r < Q8_WROWS; r++) {                                                            \
-                    __m256i wv = _mm256_loadu_si256((const __m256i *)(w + r * K + b * BLOCK));                  \
+                    __m256i wv = _mm256_loadu_si256((const __m256i *)Q8_BLOCK_AT(w + r * step, b, chunk));      \
                     __m256i sums = DOT(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(x, wv));                      \
                     group[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), d, group[r]);                          \
                 }                                                                                               \
@@ -482,7 +488,9 @@ TILE8(tile8_vnni, VNNI_TARGET, rows8_vnni)
  * the int32 sums are vpsignb's. Without the prefetch a 32000 x 1024 head read cold took 3.7 ms
  * against 1.25 ms for the 256-bit path; with it 1.16 ms (AMD EPYC Zen 4, one thread). */
 #define Q8_PREFETCH_PAIRS 4
-__attribute__((target(ZMM_TARGET))) static void q8_row_pairs_zmm(const int8_t *w0, const int8_t *w1,
+/* w0, w1: two rows of one layout (`chunk`), `ahead` the bytes from a row to the one 8 rows on */
+__attribute__((target(ZMM_TARGET))) static void q8_row_pairs_zmm(const int8_t *w0, const int8_t *w1, int64_t chunk,
+                                                                 int64_t ahead,
                                                                  const uint16_t *s0, const uint16_t *s1, int fp16,
                                                                  int64_t blocks, int64_t per_group, const int8_t *xq,
                                                                  const float *dx, float *out0, float *out1) {
@@ -496,12 +504,12 @@ __attribute__((target(ZMM_TARGET))) static void q8_row_pairs_zmm(const int8_t *w
         __m512 group = _mm512_setzero_ps();
         for (int64_t b = g * per_group; b < (g + 1) * per_group; b++) {
             if (!(b & 1)) {  /* the pairs ahead, into L2: two interleaved rows outrun the hardware prefetcher */
-                _mm_prefetch((const char *)(w0 + Q8_PREFETCH_PAIRS * 2 * (w1 - w0) + b * BLOCK), _MM_HINT_T1);
-                _mm_prefetch((const char *)(w1 + Q8_PREFETCH_PAIRS * 2 * (w1 - w0) + b * BLOCK), _MM_HINT_T1);
+                _mm_prefetch((const char *)Q8_BLOCK_AT(w0 + ahead, b, chunk), _MM_HINT_T1);
+                _mm_prefetch((const char *)Q8_BLOCK_AT(w1 + ahead, b, chunk), _MM_HINT_T1);
             }
-            __m256i low_row = _mm256_loadu_si256((const __m256i *)(w0 + b * BLOCK));
+            __m256i low_row = _mm256_loadu_si256((const __m256i *)Q8_BLOCK_AT(w0, b, chunk));
             __m512i wv = _mm512_inserti64x4(_mm512_castsi256_si512(low_row),
-                                            _mm256_loadu_si256((const __m256i *)(w1 + b * BLOCK)), 1);
+                                            _mm256_loadu_si256((const __m256i *)Q8_BLOCK_AT(w1, b, chunk)), 1);
             __m512i x = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(xq + b * BLOCK)));
             __m512i signed_x = _mm512_mask_sub_epi8(x, _mm512_movepi8_mask(wv), zero, x);
             __m512i sums = _mm512_dpbusd_epi32(zero, _mm512_abs_epi8(wv), signed_x);
@@ -518,8 +526,12 @@ __attribute__((target(ZMM_TARGET))) static void q8_row_pairs_zmm(const int8_t *w
 /* y [M, N] f32 = x [M, K] @ w[N, K].T for q8 weights w (int8 [N, K], scales [N, K/G]): blocks of
  * 16 weight rows in parallel, activation rows 4 at a time over each block (weights read once). */
 int colibri_q8w_matmul(const int8_t *xq, const float *dx, int64_t M, int64_t K, const int8_t *weights,
-                       const uint16_t *scales, int fp16, int64_t N, int64_t G, float *y, int threads, int level) {
-    if (K % BLOCK || G % BLOCK || K % G) return -1;
+                       const uint16_t *scales, int flags, int64_t N, int64_t G, float *y, int threads, int level) {
+    const row_layout layout = {K, (flags & ROW_TILES) != 0};
+    const int fp16 = flags & 1;
+    const int64_t chunk = row_chunk(layout);
+    if (K % BLOCK || G % BLOCK || K % G || (layout.tiled && !tileable(N, K))) return -1;
+#define Q8_ROW(n) ((const int8_t *)tiled_row((const uint8_t *)weights, (n), layout))
     int64_t blocks = K / BLOCK, per_group = G / BLOCK, groups = K / G;
 #ifndef COLIBRI_X86
     level = 0;
@@ -537,34 +549,35 @@ int colibri_q8w_matmul(const int8_t *xq, const float *dx, int64_t M, int64_t K, 
 #ifdef COLIBRI_X86
             if (R == 1 && level >= 2 && zmm_ok())
                 for (; n + 2 <= n1; n += 2)
-                    q8_row_pairs_zmm(weights + n * K, weights + (n + 1) * K, scales + n * groups,
+                    q8_row_pairs_zmm(Q8_ROW(n), Q8_ROW(n + 1), chunk, Q8_PREFETCH_PAIRS * 2 * K, scales + n * groups,
                                      scales + (n + 1) * groups, fp16, blocks, per_group, q[0], d[0], y + m * N + n,
                                      y + m * N + n + 1);
             if (R == 1 && level >= 1)
                 for (; n + Q8_WROWS <= n1; n += Q8_WROWS) {
                     if (level >= 2)
-                        q8_weight_rows_vnni(weights + n * K, K, scales + n * groups, fp16, blocks, per_group, q[0],
+                        q8_weight_rows_vnni(Q8_ROW(n), layout, scales + n * groups, fp16, blocks, per_group, q[0],
                                             d[0], y + m * N + n);
                     else
-                        q8_weight_rows_avx2(weights + n * K, K, scales + n * groups, fp16, blocks, per_group, q[0],
+                        q8_weight_rows_avx2(Q8_ROW(n), layout, scales + n * groups, fp16, blocks, per_group, q[0],
                                             d[0], y + m * N + n);
                 }
 #endif
             for (; n < n1; n++) {
-                const int8_t *w = weights + n * K;
+                const int8_t *w = Q8_ROW(n);
                 const uint16_t *s = scales + n * groups;
                 float *out[4];
                 for (int r = 0; r < R; r++) out[r] = y + (m + r) * N + n;
 #ifdef COLIBRI_X86
-                if (level >= 2) { tile8_vnni(w, s, fp16, blocks, per_group, R, q, d, out); continue; }
-                if (level >= 1) { tile8_avx2(w, s, fp16, blocks, per_group, R, q, d, out); continue; }
+                if (level >= 2) { tile8_vnni(w, chunk, s, fp16, blocks, per_group, R, q, d, out); continue; }
+                if (level >= 1) { tile8_avx2(w, chunk, s, fp16, blocks, per_group, R, q, d, out); continue; }
 #endif
-                for (int r = 0; r < R; r++) *out[r] = row8_scalar(w, s, fp16, blocks, per_group, q[r], d[r]);
+                for (int r = 0; r < R; r++) *out[r] = row8_scalar(w, chunk, s, fp16, blocks, per_group, q[r], d[r]);
             }
         }
     }
     return 0;
 }
+#undef Q8_ROW
 
 #ifdef COLIBRI_X86
 
@@ -736,10 +749,10 @@ TILE_DOTS(tile_dots_vnni, VNNI_TARGET, rows_pairs_vnni)
 #define PREFETCH_ROWS 16
 #define WEIGHT_ROWS_PAIRS(NAME, TARGET, PAIR_DOT)                                                              \
     __attribute__((target(TARGET), always_inline)) static inline void NAME##_body(                            \
-        const uint8_t *p, q4_layout layout, const uint16_t *s, const uint16_t *z, int fp16, int64_t blocks,   \
+        const uint8_t *p, row_layout layout, const uint16_t *s, const uint16_t *z, int fp16, int64_t blocks,   \
         const int64_t per_group, const int8_t *pairs, const float *pair_scales, const float *offset,            \
         float *out) {                                                                                           \
-        const int64_t step = q4_row_step(layout), chunk = q4_chunk(layout), ahead = PREFETCH_ROWS * layout.row_bytes; \
+        const int64_t step = row_step(layout), chunk = row_chunk(layout), ahead = PREFETCH_ROWS * layout.row_bytes; \
         const __m256i low = _mm256_set1_epi8(15);                                                               \
         const __m256i ones = _mm256_set1_epi16(1);                                                              \
         (void)ones;                                                                                             \
@@ -796,7 +809,7 @@ TILE_DOTS(tile_dots_vnni, VNNI_TARGET, rows_pairs_vnni)
         }                                                                                                       \
     }                                                                                                           \
     __attribute__((target(TARGET))) static void NAME(                                                          \
-        const uint8_t *p, q4_layout layout, const uint16_t *s, const uint16_t *z, int fp16, int64_t blocks,   \
+        const uint8_t *p, row_layout layout, const uint16_t *s, const uint16_t *z, int fp16, int64_t blocks,   \
         int64_t per_group, const int8_t *pairs, const float *pair_scales, const float *offset, float *out) {    \
         WITH_PER_GROUP(per_group, NAME##_body(p, layout, s, z, fp16, blocks, pg, pairs, pair_scales, offset,    \
                                               out))                                                             \
@@ -864,12 +877,12 @@ __attribute__((target("avx2,fma,f16c"))) static void zmm_row_scales(const uint16
 }
 
 __attribute__((target(ZMM_TARGET), always_inline)) static inline void weight_rows_zmm_body(
-    const uint8_t *p, q4_layout layout, const float *scales, const float *coef_t, int64_t blocks,
+    const uint8_t *p, row_layout layout, const float *scales, const float *coef_t, int64_t blocks,
     int64_t per_group, const int8_t *const *pairs, const float *const *pair_scales, const float *const *offset,
     float *const *out, const int R, const int prefetch) {
     const uint8_t *row[ZROWS];
-    for (int r = 0; r < ZROWS; r++) row[r] = q4_row(p, r, layout);
-    const int64_t chunk = q4_chunk(layout), ahead = PREFETCH_ROWS * layout.row_bytes;
+    for (int r = 0; r < ZROWS; r++) row[r] = tiled_row(p, r, layout);
+    const int64_t chunk = row_chunk(layout), ahead = PREFETCH_ROWS * layout.row_bytes;
     const __m512i low = _mm512_set1_epi8(15);
     /* a step's scales: lanes 0-7 group g0's, 8-15 group g1's (g0 or the next); in groups of 32,
      * lanes 4k..4k+3 block b + k's */
@@ -942,7 +955,7 @@ __attribute__((target(ZMM_TARGET), always_inline)) static inline void weight_row
     }
 }
 __attribute__((target(ZMM_TARGET))) static void weight_rows_zmm(
-    const uint8_t *p, q4_layout layout, const uint16_t *s, const uint16_t *z, int fp16, int64_t blocks,
+    const uint8_t *p, row_layout layout, const uint16_t *s, const uint16_t *z, int fp16, int64_t blocks,
     int64_t per_group, const int8_t *pairs, const float *pair_scales, const float *offset, float *out) {
     int64_t groups = blocks / per_group;
     float scales[ZROWS * groups + 16], coef_t[ZROWS * groups];
@@ -979,7 +992,7 @@ static void act_row_init(act_row *a, const int8_t *xq, const float *dx, const in
 
 #ifdef COLIBRI_X86
 __attribute__((target(ZMM_TARGET))) static void weight_rows_zmm_acts(
-    const uint8_t *p, q4_layout layout, const float *s, const float *coef_t, int64_t blocks, int64_t per_group,
+    const uint8_t *p, row_layout layout, const float *s, const float *coef_t, int64_t blocks, int64_t per_group,
     const act_row *const *acts, int R, float *const *out) {
     const int8_t *pairs[ZACTS];
     const float *pair_scales[ZACTS], *offset[ZACTS];
@@ -1036,7 +1049,7 @@ static void q4_tile(const act_row *const *acts, int R, const uint8_t *p, int64_t
  * (`epilogue_lanes`: each lane runs the scalar loop's operations in its order, so the same bits as
  * `tile_pairs_*`). The scalar epilogue, per weight row and activation tile, had been a quarter of
  * this path's time. Needs a full block. */
-static void block_rows(const uint8_t *p, q4_layout layout, const uint16_t *s, const uint16_t *z, int fp16,
+static void block_rows(const uint8_t *p, row_layout layout, const uint16_t *s, const uint16_t *z, int fp16,
                        int64_t blocks, int64_t per_group, const act_row *acts, const int64_t *rows, int64_t count,
                        float *y, int64_t N, int level) {
     int64_t groups = blocks / per_group, size = ROW_BLOCK * groups;
@@ -1056,10 +1069,10 @@ static void block_rows(const uint8_t *p, q4_layout layout, const uint16_t *s, co
         for (int64_t n = 0; n < ROW_BLOCK; n++) {
             float *out[TILE];
             for (int r = 0; r < R; r++) out[r] = y + (i + r) * N + n;
-            const uint8_t *row = q4_row(p, n, layout);
-            if (level >= 2) tile_dots_vnni(row, q4_chunk(layout), scales + n * groups, blocks, per_group, R, pairs,
+            const uint8_t *row = tiled_row(p, n, layout);
+            if (level >= 2) tile_dots_vnni(row, row_chunk(layout), scales + n * groups, blocks, per_group, R, pairs,
                                            pair_scales, out);
-            else tile_dots_avx2(row, q4_chunk(layout), scales + n * groups, blocks, per_group, R, pairs, pair_scales,
+            else tile_dots_avx2(row, row_chunk(layout), scales + n * groups, blocks, per_group, R, pairs, pair_scales,
                                 out);
         }
         for (int r = 0; r < R; r++) {
@@ -1095,9 +1108,9 @@ static int q4_products(const int8_t *xq, const float *dx, const int32_t *xs, con
                        const float *pair_scales, int64_t M, int64_t K, int64_t E, const uint8_t *const *packed,
                        const uint16_t *const *scales, const uint16_t *const *zeros, const int64_t *act_rows,
                        const int64_t *row_start, int flags, int64_t N, int64_t G, float *y, int threads, int level) {
-    const q4_layout layout = {K / 2, (flags & Q4_TILED) != 0};
+    const row_layout layout = {K / 2, (flags & ROW_TILES) != 0};
     const int fp16 = flags & 1;
-    if (K % BLOCK || G % BLOCK || K % G || (layout.tiled && !q4_tileable(N, K))) return -1;
+    if (K % BLOCK || G % BLOCK || K % G || (layout.tiled && !tileable(N, K / 2))) return -1;
     int64_t blocks = K / BLOCK, per_group = G / BLOCK, groups = K / G;
 #ifndef COLIBRI_X86
     level = 0;
@@ -1143,7 +1156,7 @@ static int q4_products(const int8_t *xq, const float *dx, const int32_t *xs, con
                         tile[r] = &acts[act_rows[i + r]];
                         out[r] = y + (i + r) * N + n;
                     }
-                    weight_rows_zmm_acts(q4_row(packed[e], n, layout), layout, row_scales, coef_t, blocks, per_group, tile,
+                    weight_rows_zmm_acts(tiled_row(packed[e], n, layout), layout, row_scales, coef_t, blocks, per_group, tile,
                                          R, out);
                 }
             }
@@ -1151,7 +1164,7 @@ static int q4_products(const int8_t *xq, const float *dx, const int32_t *xs, con
         }
         if (level >= 1 && row_start[e + 1] - row_start[e] > 1 && n1 - n0 == ROW_BLOCK && PAIRED_GROUPS(per_group)
             && acts[0].pairs) {
-            block_rows(q4_row(packed[e], n0, layout), layout, scales[e] + n0 * groups, zeros[e] ? zeros[e] + n0 * groups : 0,
+            block_rows(tiled_row(packed[e], n0, layout), layout, scales[e] + n0 * groups, zeros[e] ? zeros[e] + n0 * groups : 0,
                        fp16, blocks, per_group, acts, act_rows + row_start[e], row_start[e + 1] - row_start[e],
                        y + row_start[e] * N + n0, N, level);
             continue;
@@ -1167,16 +1180,16 @@ static int q4_products(const int8_t *xq, const float *dx, const int32_t *xs, con
                 const act_row *a = tile[0];
                 if (level >= 2 && blocks % 2 == 0 && zmm_ok())
                     for (; n + ZROWS <= n1; n += ZROWS)
-                        weight_rows_zmm(q4_row(packed[e], n, layout), layout, scales[e] + n * groups,
+                        weight_rows_zmm(tiled_row(packed[e], n, layout), layout, scales[e] + n * groups,
                                         zeros[e] ? zeros[e] + n * groups : 0, fp16, blocks, per_group, a->pairs,
                                         a->pair_scales, a->offset, y + i * N + n);
                 for (; n + WROWS <= n1; n += WROWS) {
                     const uint16_t *z = zeros[e] ? zeros[e] + n * groups : 0;
                     if (level >= 2)
-                        weight_rows_vnni(q4_row(packed[e], n, layout), layout, scales[e] + n * groups, z, fp16, blocks,
+                        weight_rows_vnni(tiled_row(packed[e], n, layout), layout, scales[e] + n * groups, z, fp16, blocks,
                                          per_group, a->pairs, a->pair_scales, a->offset, y + i * N + n);
                     else
-                        weight_rows_avx2(q4_row(packed[e], n, layout), layout, scales[e] + n * groups, z, fp16, blocks,
+                        weight_rows_avx2(tiled_row(packed[e], n, layout), layout, scales[e] + n * groups, z, fp16, blocks,
                                          per_group, a->pairs, a->pair_scales, a->offset, y + i * N + n);
                 }
             }
@@ -1184,7 +1197,7 @@ static int q4_products(const int8_t *xq, const float *dx, const int32_t *xs, con
             for (; n < n1; n++) {
                 float *out[TILE];
                 for (int r = 0; r < R; r++) out[r] = y + (i + r) * N + n;
-                q4_tile(tile, R, q4_row(packed[e], n, layout), q4_chunk(layout), scales[e] + n * groups, zeros[e] ? zeros[e] + n * groups : 0,
+                q4_tile(tile, R, tiled_row(packed[e], n, layout), row_chunk(layout), scales[e] + n * groups, zeros[e] ? zeros[e] + n * groups : 0,
                         fp16, blocks, per_group, out, level);
             }
         }
@@ -1655,9 +1668,11 @@ int colibri_q4_cpu_level(void) {
 enum { DEQUANTIZE_Q4 = 0, DEQUANTIZE_Q8 = 1, DEQUANTIZE_Q6 = 2 };
 int colibri_dequantize_rows(const void *weights, int kind, const uint16_t *scales, const uint16_t *zeros, int flags,
                             int64_t K, int64_t G, int64_t start, int64_t stop, float *out) {
-    const q4_layout layout = {K / 2, kind == DEQUANTIZE_Q4 && (flags & Q4_TILED)};
+    const row_layout layout = {kind == DEQUANTIZE_Q8 ? K : K / 2, kind != DEQUANTIZE_Q6 && (flags & ROW_TILES)};
     const int fp16 = flags & 1;
-    if (K % G || (kind == DEQUANTIZE_Q6 && K % 64) || (layout.tiled && (K % 128 || start % 4 || stop % 4))) return -1;
+    if (K % G || (kind == DEQUANTIZE_Q6 && K % 64) || (layout.tiled && (layout.row_bytes % 64 || start % 4 || stop % 4)))
+        return -1;
+    const int64_t chunk = row_chunk(layout);
     int q8 = kind == DEQUANTIZE_Q8;
     int64_t groups = K / G;
     for (int64_t n = start; n < stop; n++) {
@@ -1670,11 +1685,13 @@ int colibri_dequantize_rows(const void *weights, int kind, const uint16_t *scale
                 const uint8_t *row = (const uint8_t *)weights + n * (K / 4 * 3);
                 for (int64_t i = 0; i < G; i++) dst[i] = (float)(q6_code(row, K, g * G + i) - 32) * s;
             } else if (q8) {
-                const int8_t *w = (const int8_t *)weights + n * K + g * G;
-                for (int64_t i = 0; i < G; i++) dst[i] = (float)w[i] * s;
+                const int8_t *w = (const int8_t *)tiled_row((const uint8_t *)weights, n, layout);
+                for (int64_t i = 0; i < G; i++) {
+                    int64_t at = g * G + i;  /* the byte's place in the row; 64 a chunk */
+                    dst[i] = (float)w[(at >> 6) * chunk + (at & 63)] * s;
+                }
             } else {
-                const uint8_t *p = q4_row((const uint8_t *)weights, n, layout);
-                int64_t chunk = q4_chunk(layout);
+                const uint8_t *p = tiled_row((const uint8_t *)weights, n, layout);
                 for (int64_t j = 0; j < G / 2; j++) {
                     int64_t at = g * G / 2 + j;  /* the byte's place in the row; 64 a chunk */
                     uint8_t byte = p[(at >> 6) * chunk + (at & 63)];
