@@ -1,4 +1,4 @@
-"""q4 and q8 matrices in row tiles (native_kernel.tile_rows): the layout's bytes as its
+"""q4, q8 and q6 matrices in row tiles (native_kernel.tile_rows): the layout's bytes as its
 definition says, and every kernel path that reads such a matrix gives a tiled one's results bit
 for bit as the row-major one's, at each CPU level, for one row and many, alone and grouped, on one
 thread and two; the engine holds its resident projections and experts tiled and decodes the same
@@ -17,6 +17,7 @@ from colibri_stream.compute.native_kernel import (
     QuantizedActivations,
     q4_grouped,
     q4_matmul,
+    q6_matmul,
     q8_matmul,
     tile_rows,
     tileable,
@@ -24,6 +25,7 @@ from colibri_stream.compute.native_kernel import (
 
 from .test_expert_compute import make_blob
 from .test_native_kernel import LEVELS, _random_q4
+from .test_native_q6 import random_q6
 
 
 def _tiled_by_definition(packed: np.ndarray) -> np.ndarray:
@@ -120,6 +122,48 @@ def test_a_tiled_q8_matrix_gives_the_row_major_bits(level, group, fp16, rows):
                        native_kernel.dense_matmul(dense, weights, scales, None, group, "q8", fp16))
 
 
+def _q6_tiled_by_definition(data: np.ndarray) -> np.ndarray:
+    """Chunk c of row 4t + r (its 64 low bytes, then its 32 top-bit bytes) at
+    4t * row_bytes + c * 384 + r * 96."""
+    rows, row_bytes = data.shape
+    lows = row_bytes // 3 * 2  # K / 2
+    out = np.empty(rows * row_bytes, dtype=np.uint8)
+    for n in range(rows):
+        t, r = divmod(n, 4)
+        for c in range(row_bytes // 96):
+            start = 4 * t * row_bytes + c * 384 + r * 96
+            out[start : start + 64] = data[n, 64 * c : 64 * (c + 1)]
+            out[start + 64 : start + 96] = data[n, lows + 32 * c : lows + 32 * (c + 1)]
+    return out.reshape(rows, row_bytes)
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize(("group", "fp16"), [(32, False), (64, True)])
+@pytest.mark.parametrize("rows", [1, 5, 40])
+def test_a_tiled_q6_matrix_gives_the_row_major_bits(level, group, fp16, rows):
+    rng = np.random.default_rng(group + rows)
+    cols, out_rows = 384, 52
+    data, scales, _ = random_q6(out_rows, cols, group, rng, fp16)
+    tiled = tile_rows(data, torch.empty_like(data), q6=True)
+    assert np.array_equal(tiled.numpy(), _q6_tiled_by_definition(data.numpy()))
+    assert torch.equal(tile_rows(tiled.clone(), untile=True, q6=True), data)
+    x = QuantizedActivations(torch.from_numpy(rng.normal(0, 1, (rows, cols)).astype(np.float32)))
+    threads = torch.get_num_threads()
+    try:
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            expected = q6_matmul(x, data, scales, group, fp16, level)
+            assert torch.equal(q6_matmul(x, tiled, scales, group, fp16, level, tiled=True), expected)
+    finally:
+        torch.set_num_threads(threads)
+    dense = torch.randn(3, cols)
+    assert torch.equal(native_kernel.dense_matmul(dense, tiled, scales, None, group, "q6", fp16, tiled=True),
+                       native_kernel.dense_matmul(dense, data, scales, None, group, "q6", fp16))
+    with pytest.raises(ValueError, match=r"or 52 x 320 in row tiles"):  # 320 columns: 2.5 chunks
+        q6_matmul(QuantizedActivations(torch.randn(1, 320)), torch.zeros(52, 240, dtype=torch.uint8),
+                  torch.zeros(52, 10, dtype=torch.int16), 32, tiled=True)
+
+
 @pytest.mark.parametrize("encoding_zeros", [False, True])
 def test_dequantized_rows_of_a_tiled_matrix_are_the_row_major_ones(monkeypatch, encoding_zeros):
     rng = np.random.default_rng(7)
@@ -147,7 +191,7 @@ def test_experts_are_held_tiled_and_a_tokens_experts_give_the_row_major_bits(gro
         return [kind(blob, DequantExpert(blob, torch.float32).glu) for blob in blobs]
 
     tiled = experts()
-    monkeypatch.setattr(native_expert, "tileable", lambda rows, cols: False)
+    monkeypatch.setattr(native_expert, "tileable", lambda *shape, **kind: False)
     row_major = experts()
     assert all(e.tiled for e in tiled) and not any(e.tiled for e in row_major)
     assert not torch.equal(tiled[0].gate_up, row_major[0].gate_up)
@@ -165,9 +209,9 @@ def test_experts_are_held_tiled_and_a_tokens_experts_give_the_row_major_bits(gro
     assert torch.equal(kind.forward_each(tiled, each), kind.forward_each(row_major, each))
 
 
-@pytest.mark.parametrize("resident_dtype", ["int4", "int8"])
+@pytest.mark.parametrize(("resident_dtype", "embed_dtype"), [("int4", "bf16"), ("int8", "int8"), ("int4", "int6")])
 def test_the_engine_holds_projections_and_experts_in_tiles_and_decodes_the_same_tokens(tmp_path, monkeypatch,
-                                                                                     resident_dtype):
+                                                                                     resident_dtype, embed_dtype):
     """A model whose resident q4 projections and experts have whole tiles (the shared expert's
     down projection, 64 columns, has not): the engine holds what it can tiled, and its logits,
     prefill and one token at a time, are the bits of the same engine holding everything row-major."""
@@ -175,24 +219,29 @@ def test_the_engine_holds_projections_and_experts_in_tiles_and_decodes_the_same_
 
     from .conftest import build_container
 
-    container, _ = build_container(tmp_path, QuantScheme(group_size=64, resident_dtype=resident_dtype), seed=3,
+    container, _ = build_container(tmp_path, QuantScheme(group_size=64, resident_dtype=resident_dtype,
+                                                         embed_dtype=embed_dtype), seed=3,
                                    d_model=256, n_heads=8, expert_dim=256)
     ids = torch.arange(5, 29)
 
     def run():
         with Engine.open(container, ram_budget="200MB", compute="native", prefill_chunk=8) as eng:
             linears = [m for m in eng.model.modules() if isinstance(m, native_linear.NativeLinear)]
-            tiles = {m.tiled for m in linears if m.encoding in ("q4", "q8")}
+            tiles = {m.tiled for m in linears if m.encoding in ("q4", "q8", "q6")}
+            head = eng.model.lm_head
+            assert head.encoding == {"bf16": "bf16", "int8": "q8", "int6": "q6"}[embed_dtype]
+            tiles.add(("head", getattr(head, "tiled", False)))
             logits = eng.logits(ids)
             session = eng.session()
             steps = torch.stack([session.append([int(t)]).reshape(-1) for t in ids[:8]])
         return tiles, logits, steps
 
     tiles, logits, steps = run()
-    assert tiles == ({True, False} if resident_dtype == "int4" else {True})  # q8 rows of 64 bytes: whole chunks
-    monkeypatch.setattr(native_linear, "tileable", lambda rows, cols: False)
-    monkeypatch.setattr(native_expert, "tileable", lambda rows, cols: False)
+    head = {("head", embed_dtype != "bf16")}
+    assert tiles == ({True, False} if resident_dtype == "int4" else {True}) | head  # q8 rows of 64 bytes: whole chunks
+    monkeypatch.setattr(native_linear, "tileable", lambda *shape, **kind: False)
+    monkeypatch.setattr(native_expert, "tileable", lambda *shape, **kind: False)
     row_major, expected_logits, expected_steps = run()
-    assert row_major == {False}
+    assert row_major == {False, ("head", False)}
     assert torch.equal(logits, expected_logits)
     assert torch.equal(steps, expected_steps)

@@ -95,6 +95,8 @@ def _library() -> ctypes.CDLL:
     library.colibri_dequantize_rows.restype = i32
     library.colibri_tile_rows.argtypes = [pointer, pointer, i64, i64, i32]
     library.colibri_tile_rows.restype = i32
+    library.colibri_tile_q6_rows.argtypes = [pointer, pointer, i64, i64, i32]
+    library.colibri_tile_q6_rows.restype = i32
     library.colibri_q8_quantize.restype = library.colibri_q4_matmul.restype = i32
     library.colibri_q8w_matmul.restype = i32
     library.colibri_q4_cpu_level.restype = i32
@@ -238,27 +240,34 @@ def kernel_flags(fp16_scales: bool, tiled: bool = False) -> int:
     return (FP16_SCALES if fp16_scales else 0) | (ROW_TILES if tiled else 0)
 
 
-def tileable(rows: int, row_bytes: int) -> bool:
-    """Whether a q4 or q8 matrix of `rows` rows of `row_bytes` (q4: K/2, q8: K) can be held in row
-    tiles (`tile_rows`)."""
-    return row_bytes % 64 == 0 and rows % 4 == 0
+def tileable(rows: int, row_bytes: int, q6: bool = False) -> bool:
+    """Whether a q4, q8 or q6 matrix of `rows` rows of `row_bytes` (q4: K/2, q8: K, q6: 3K/4) can
+    be held in row tiles (`tile_rows`)."""
+    return row_bytes % (96 if q6 else 64) == 0 and rows % 4 == 0
 
 
-def tile_rows(matrix: torch.Tensor, out: torch.Tensor | None = None, untile: bool = False) -> torch.Tensor:
-    """A q4 or q8 matrix (uint8 [N, K/2] or int8 [N, K], contiguous, row-major as colibri-int4 stores
-    it) in row tiles: 4 rows at a time with their 64-byte chunks (q4: 128 columns, q8: 64)
-    interleaved, so a one-token product that reads 4 rows side by side reads one sequential stream
-    (q4_matvec.c); into `out` (the same shape and dtype; `matrix` itself tiles in place), or back to
-    row-major with `untile`. Needs `tileable`. The kernel takes such a matrix with `tiled=True`:
-    the same results, bit for bit."""
+def tile_rows(matrix: torch.Tensor, out: torch.Tensor | None = None, untile: bool = False,
+              q6: bool = False) -> torch.Tensor:
+    """A q4, q8 or q6 matrix (uint8 [N, K/2], int8 [N, K], uint8 [N, 3K/4] with `q6`; contiguous,
+    row-major as colibri-int4 stores it) in row tiles: 4 rows at a time with their chunks of 128
+    columns (q8: 64) interleaved, so a one-token product that reads 4 rows side by side reads one
+    sequential stream (q4_matvec.c); into `out` (the same shape and dtype; `matrix` itself tiles in
+    place), or back to row-major with `untile`. Needs `tileable`. The kernel takes such a matrix
+    with `tiled=True`: the same results, bit for bit."""
     rows, row_bytes = matrix.shape[0], matrix.shape[-1]
     out = matrix if out is None else out
     if (matrix.dim() != 2 or matrix.dtype not in (torch.uint8, torch.int8) or out.dtype != matrix.dtype
             or out.shape != matrix.shape or not matrix.is_contiguous() or not out.is_contiguous()
-            or not tileable(rows, row_bytes)):
+            or not tileable(rows, row_bytes, q6)):
         raise ValueError(f"tile_rows needs a contiguous uint8 or int8 [N, row bytes] with N % 4 == 0 and row bytes "
-                         f"% 64 == 0, got {matrix.dtype} {tuple(matrix.shape)} into {out.dtype} {tuple(out.shape)}")
-    if _library().colibri_tile_rows(matrix.data_ptr(), out.data_ptr(), rows, row_bytes, int(untile)) != 0:
+                         f"% {96 if q6 else 64} == 0, got {matrix.dtype} {tuple(matrix.shape)} into {out.dtype} "
+                         f"{tuple(out.shape)}")
+    library = _library()
+    if q6:
+        status = library.colibri_tile_q6_rows(matrix.data_ptr(), out.data_ptr(), rows, row_bytes // 3 * 4, int(untile))
+    else:
+        status = library.colibri_tile_rows(matrix.data_ptr(), out.data_ptr(), rows, row_bytes, int(untile))
+    if status != 0:
         raise MemoryError("tile_rows: no room for a tile's copy")
     return out
 
@@ -358,20 +367,22 @@ def q8_matmul(x: QuantizedActivations, weights: torch.Tensor, scales: torch.Tens
 
 
 def q6_matmul(x: QuantizedActivations, data: torch.Tensor, scales: torch.Tensor, group: int,
-              fp16_scales: bool = False, level: int | None = None) -> torch.Tensor:
+              fp16_scales: bool = False, level: int | None = None, tiled: bool = False) -> torch.Tensor:
     """x [M, K] @ W.T -> [M, N] f32, W the q6 matrix of `data` (uint8 [N, K * 3 / 4]: each row's
     lows then highs, colibri-int4 FORMAT.md) and `scales` (int16 bits of bf16/fp16, [N, K/group]);
-    K a multiple of 64. Each result row is what it gets alone, at any M and thread count."""
+    K a multiple of 64; row tiles where `tiled`. Each result row is what it gets alone, at any M and
+    thread count."""
     rows = data.shape[0]
     if x.cols % 64 or data.shape[1] * 4 != x.cols * 3 or scales.shape != (rows, x.cols // group):
         raise ValueError(f"q6 matrix {tuple(data.shape)} / scales {tuple(scales.shape)} do not fit "
                          f"{x.cols} columns (a multiple of 64) in groups of {group}")
     out = torch.empty(x.rows, rows, dtype=torch.float32)
     status = _library().colibri_q6w_matmul(
-        *_activation_pointers(x), data.data_ptr(), scales.data_ptr(), int(fp16_scales), rows, group, out.data_ptr(),
-        torch.get_num_threads(), cpu_level() if level is None else level)
+        *_activation_pointers(x), data.data_ptr(), scales.data_ptr(), kernel_flags(fp16_scales, tiled), rows, group,
+        out.data_ptr(), torch.get_num_threads(), cpu_level() if level is None else level)
     if status != 0:
-        raise ValueError(f"the native kernel refused {x.cols} columns in groups of {group} (multiples of {BLOCK})")
+        raise ValueError(f"the native kernel refused {x.cols} columns in groups of {group} (multiples of {BLOCK})"
+                         + (f", or {rows} x {x.cols} in row tiles" if tiled else ""))
     return out
 
 
@@ -405,8 +416,8 @@ DEQUANT_BLOCK_WEIGHTS = 1 << 18  # weights dequantized at a time (1 MB of f32): 
 def matmul(x: torch.Tensor | QuantizedActivations, weights: torch.Tensor, scales: torch.Tensor,
            zeros: torch.Tensor | None, group: int, encoding: str, fp16_scales: bool = False,
            tiled: bool = False) -> torch.Tensor:
-    """x [M, K] @ W.T -> [M, N] f32 for a q4, q6 or q8 matrix W (a q4 one in row tiles where
-    `tiled`, q4 or q8): the int8 kernel (activation rows four at a time, each bitwise what it gets alone), or,
+    """x [M, K] @ W.T -> [M, N] f32 for a q4, q6 or q8 matrix W (in row tiles where `tiled`): the
+    int8 kernel (activation rows four at a time, each bitwise what it gets alone), or,
     from `DENSE_FROM_ROWS` rows on where that is set, blocks of dequantized rows and a dense matmul."""
     if isinstance(x, torch.Tensor) and DENSE_FROM_ROWS is not None and x.shape[0] >= DENSE_FROM_ROWS:
         return dense_matmul(x, weights, scales, zeros, group, encoding, fp16_scales, tiled)
@@ -415,7 +426,7 @@ def matmul(x: torch.Tensor | QuantizedActivations, weights: torch.Tensor, scales
     if encoding == "q8":
         return q8_matmul(x, weights, scales, group, fp16_scales, tiled=tiled)
     if encoding == "q6":
-        return q6_matmul(x, weights, scales, group, fp16_scales)
+        return q6_matmul(x, weights, scales, group, fp16_scales, tiled=tiled)
     return q4_matmul(x, weights, scales, zeros, group, fp16_scales, tiled=tiled)
 
 
@@ -424,7 +435,7 @@ DEQUANTIZE_KINDS = {"q4": 0, "q8": 1, "q6": 2}  # colibri_dequantize_rows' `kind
 
 def dense_matmul(x: torch.Tensor, weights: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None,
                  group: int, encoding: str, fp16_scales: bool = False, tiled: bool = False) -> torch.Tensor:
-    """x [M, K] f32 @ W.T with W (`encoding` q4, q6 or q8; a q4 or q8 one in row tiles where `tiled`)
+    """x [M, K] f32 @ W.T with W (`encoding` q4, q6 or q8; in row tiles where `tiled`)
     dequantized `DEQUANT_BLOCK_WEIGHTS` at a time (exact weights)."""
     kind = DEQUANTIZE_KINDS[encoding]
     x = x.detach().to(torch.float32).contiguous()

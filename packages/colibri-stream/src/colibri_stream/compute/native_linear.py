@@ -77,11 +77,12 @@ class NativeLinear(nn.Module):
         self.register_buffer("data", held.pop(0), persistent=False)
         self.register_buffer("scales", held.pop(0) if raw.scales is not None else None, persistent=False)
         self.register_buffer("zeros", held.pop(0) if raw.zeros is not None else None, persistent=False)
-        # q4 and q8 in row tiles where the shape allows: a token's product streams each in one
+        # q4, q8 and q6 in row tiles where the shape allows: a token's product streams each in one
         # sequential read (native_kernel.tile_rows)
-        self.tiled = raw.encoding in ("q4", "q8") and tileable(*self.data.shape)
+        q6 = raw.encoding == "q6"
+        self.tiled = raw.encoding in ("q4", "q8", "q6") and tileable(*self.data.shape, q6=q6)
         if self.tiled:
-            tile_rows(self.data)
+            tile_rows(self.data, q6=q6)
         self.bias = nn.Parameter(torch.empty(self.out_features, device="meta")) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

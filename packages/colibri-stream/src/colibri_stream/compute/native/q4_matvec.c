@@ -1236,21 +1236,68 @@ int colibri_q4_matmul(const int8_t *xq, const float *dx, const int32_t *xs, cons
  * every int16 sum of vpmaddubsw (2 x 2 x 63 x 127 = 32004) below 2^15. The -32 is q4's -8 epilogue
  * times 4 (an exact factor), so a row costs q4's arithmetic plus the highs' 16 bytes a step. */
 
-static inline int32_t q6_code(const uint8_t *row, int64_t K, int64_t k) {
-    int64_t span = k / 64, column = k % 64;
-    int low = (row[k / 2] >> (4 * (k & 1))) & 15;
-    int top = (row[K / 2 + 16 * span + (column % 32) / 2] >> (2 * (k & 1) + 4 * (column >= 32))) & 3;
+/* A q6 row's 128-column chunk is 64 bytes of low nibbles and 32 of top bits. Row-major (as
+ * stored), a row holds all its lows then all its highs; in row tiles (the q4 / q8 layout's idea),
+ * 4 rows at a time with their chunks interleaved, lows then highs: chunk c of row 4t + r at
+ * 4t * row_bytes + c * 384 + r * 96. Needs K % 128 == 0 and N % 4 == 0. */
+typedef struct {
+    int64_t row_bytes, lows_step, highs_base, highs_step;
+    int tiled;
+} q6_layout;
+static inline q6_layout q6_layout_of(int64_t K, int tiled) {
+    q6_layout layout = {K / 4 * 3, tiled ? 384 : 64, tiled ? 64 : K / 2, tiled ? 384 : 32, tiled};
+    return layout;
+}
+static inline const uint8_t *q6_row(const uint8_t *p, int64_t n, q6_layout layout) {
+    return layout.tiled ? p + (n >> 2) * 4 * layout.row_bytes + (n & 3) * 96 : p + n * layout.row_bytes;
+}
+/* the 16 low bytes and 8 top-bit bytes of block b of a row */
+#define Q6_LOWS_AT(row, b, layout) ((row) + ((b) >> 2) * (layout).lows_step + ((b) & 3) * 16)
+#define Q6_HIGHS_AT(row, b, layout) ((row) + (layout).highs_base + ((b) >> 2) * (layout).highs_step + ((b) & 3) * 8)
+
+int colibri_tile_q6_rows(const uint8_t *src, uint8_t *dst, int64_t N, int64_t K, int untile) {
+    if (K % 128 || N % 4) return -1;
+    q6_layout rowwise = q6_layout_of(K, 0), tiled = q6_layout_of(K, 1);
+    int64_t tile_bytes = 4 * rowwise.row_bytes;
+    uint8_t *copy = src == dst ? (uint8_t *)malloc((size_t)tile_bytes) : 0;
+    if (src == dst && !copy) return -2;
+    for (int64_t t = 0; t < N / 4; t++) {
+        const uint8_t *from = src + t * tile_bytes;
+        uint8_t *to = dst + t * tile_bytes;
+        if (copy) {
+            memcpy(copy, from, (size_t)tile_bytes);
+            from = copy;
+        }
+        q6_layout in = untile ? tiled : rowwise, out = untile ? rowwise : tiled;
+        for (int64_t r = 0; r < 4; r++) {
+            const uint8_t *a = q6_row(from, r, in);
+            uint8_t *b = (uint8_t *)q6_row(to, r, out);
+            for (int64_t block = 0; block < K / BLOCK; block += 4) {
+                memcpy((uint8_t *)Q6_LOWS_AT(b, block, out), Q6_LOWS_AT(a, block, in), 64);
+                memcpy((uint8_t *)Q6_HIGHS_AT(b, block, out), Q6_HIGHS_AT(a, block, in), 32);
+            }
+        }
+    }
+    free(copy);
+    return 0;
+}
+
+static inline int32_t q6_code(const uint8_t *row, q6_layout layout, int64_t k) {
+    int64_t b = k / BLOCK, column = k % 64;
+    int low = (Q6_LOWS_AT(row, b, layout)[(k % BLOCK) / 2] >> (4 * (k & 1))) & 15;
+    /* a block pair's 16 top-bit bytes hold both blocks (columns c and c + 32 of a span of 64) */
+    int top = (Q6_HIGHS_AT(row, b & ~1, layout)[(column % 32) / 2] >> (2 * (k & 1) + 4 * (column >= 32))) & 3;
     return low | top << 4;
 }
 
-static float row6_scalar(const uint8_t *row, int64_t K, const uint16_t *s, int fp16, int64_t per_group,
-                         const int8_t *xq, const float *dx, const int32_t *xs) {
+static float row6_scalar(const uint8_t *row, q6_layout layout, int64_t K, const uint16_t *s, int fp16,
+                         int64_t per_group, const int8_t *xq, const float *dx, const int32_t *xs) {
     float total = 0.f;
     for (int64_t g = 0; g * per_group * BLOCK < K; g++) {
         float acc = 0.f;
         for (int64_t b = g * per_group; b < (g + 1) * per_group; b++) {
             int32_t dot = 0;
-            for (int64_t i = 0; i < BLOCK; i++) dot += q6_code(row, K, b * BLOCK + i) * xq[b * BLOCK + i];
+            for (int64_t i = 0; i < BLOCK; i++) dot += q6_code(row, layout, b * BLOCK + i) * xq[b * BLOCK + i];
             acc += dx[b] * (float)(dot - 32 * xs[b]);
         }
         total += acc * half_to_f32(s[g], fp16);
@@ -1273,11 +1320,13 @@ static float row6_scalar(const uint8_t *row, int64_t K, const uint16_t *s, int f
  * The rows ahead are prefetched into L2, as there. Level 2 runs it too (the same bits). */
 #define Q6_PREFETCH_ROWS 8
 __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void q6_rows_body(
-    const uint8_t *p, int64_t K, const uint16_t *s, int fp16, int64_t blocks, const int64_t per_group,
+    const uint8_t *p, q6_layout layout, const uint16_t *s, int fp16, int64_t blocks, const int64_t per_group,
     const int8_t *pairs, const float *pair_scales, const float *offset, float *out, const int WR) {
     const __m256i low = _mm256_set1_epi8(15), three = _mm256_set1_epi8(3), twelve = _mm256_set1_epi8(12);
     const __m256i ones = _mm256_set1_epi16(1);
-    const int64_t row_bytes = K / 4 * 3, groups = blocks / per_group;
+    const int64_t groups = blocks / per_group, ahead = Q6_PREFETCH_ROWS * layout.row_bytes;
+    const uint8_t *row[4];
+    for (int r = 0; r < WR; r++) row[r] = q6_row(p, r, layout);
     float scales[4 * groups], coef[4 * groups];
     row_scales_avx2(s, WR * groups, fp16, scales); /* the rows' scales are consecutive */
     for (int64_t i = 0; i < WR * groups; i++) coef[i] = 4.f * scales[i]; /* the -32: q4's -8 epilogue x 4 */
@@ -1288,11 +1337,11 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void q6_ro
         __m256 ps0 = _mm256_loadu_ps(pair_scales + (b / 2) * 8), ps1 = _mm256_loadu_ps(pair_scales + (b / 2) * 8 + 8);
         const int64_t g0 = b / per_group, g1 = (b + 2) / per_group;
         for (int r = 0; r < WR; r++) {
-            _mm_prefetch((const char *)(p + (r + Q6_PREFETCH_ROWS) * row_bytes + b * 16), _MM_HINT_T1);
-            _mm_prefetch((const char *)(p + (r + Q6_PREFETCH_ROWS) * row_bytes + K / 2 + b * 8), _MM_HINT_T1);
+            _mm_prefetch((const char *)Q6_LOWS_AT(row[r] + ahead, b, layout), _MM_HINT_T1);
+            _mm_prefetch((const char *)Q6_HIGHS_AT(row[r] + ahead, b, layout), _MM_HINT_T1);
         }
         for (int r = 0; r < WR; r++) {
-            const uint8_t *w = p + r * row_bytes + b * 16, *h = p + r * row_bytes + K / 2 + b * 8;
+            const uint8_t *w = Q6_LOWS_AT(row[r], b, layout), *h = Q6_HIGHS_AT(row[r], b, layout);
             __m256i raw0 = _mm256_loadu_si256((const __m256i *)w);
             SPLIT_NIBBLES(raw0, even0, odd0);
             ADD_TOP_BITS(h, even0, odd0);
@@ -1312,9 +1361,9 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void q6_ro
     if (b < blocks) { /* a last step of two blocks (b % 4 == 0: acc0's) */
         __m256 ps0 = _mm256_loadu_ps(pair_scales + (b / 2) * 8);
         for (int r = 0; r < WR; r++) {
-            __m256i raw = _mm256_loadu_si256((const __m256i *)(p + r * row_bytes + b * 16));
+            __m256i raw = _mm256_loadu_si256((const __m256i *)Q6_LOWS_AT(row[r], b, layout));
             SPLIT_NIBBLES(raw, even, odd);
-            ADD_TOP_BITS(p + r * row_bytes + K / 2 + b * 8, even, odd);
+            ADD_TOP_BITS(Q6_HIGHS_AT(row[r], b, layout), even, odd);
             __m256 d = _mm256_mul_ps(ps0, PAIR_SCALE(scales + r * groups, b / per_group, per_group));
             PAIR_STEP(PAIR_DOT_AVX2, even, odd, _mm256_loadu_si256((const __m256i *)(pairs + b * BLOCK)),
                       _mm256_loadu_si256((const __m256i *)(pairs + b * BLOCK + 32)), d, b, acc0[r], acc1[r]);
@@ -1334,10 +1383,11 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void q6_ro
 }
 
 __attribute__((target("avx2,fma,f16c"))) static void q6_rows_avx2(
-    const uint8_t *p, int64_t K, const uint16_t *s, int fp16, int64_t blocks, int64_t per_group,
+    const uint8_t *p, q6_layout layout, const uint16_t *s, int fp16, int64_t blocks, int64_t per_group,
     const int8_t *pairs, const float *pair_scales, const float *offset, float *out, int WR) {
-    if (WR == 4) WITH_PER_GROUP(per_group, q6_rows_body(p, K, s, fp16, blocks, pg, pairs, pair_scales, offset, out, 4))
-    else WITH_PER_GROUP(per_group, q6_rows_body(p, K, s, fp16, blocks, pg, pairs, pair_scales, offset, out, 1))
+    if (WR == 4)
+        WITH_PER_GROUP(per_group, q6_rows_body(p, layout, s, fp16, blocks, pg, pairs, pair_scales, offset, out, 4))
+    else WITH_PER_GROUP(per_group, q6_rows_body(p, layout, s, fp16, blocks, pg, pairs, pair_scales, offset, out, 1))
 }
 #endif
 
@@ -1347,9 +1397,11 @@ __attribute__((target("avx2,fma,f16c"))) static void q6_rows_avx2(
  * rows stay in L1 between activation rows): a row's result never depends on M or the threads. */
 int colibri_q6w_matmul(const int8_t *xq, const float *dx, const int32_t *xs, const int8_t *pairs,
                        const float *pair_scales, int64_t M, int64_t K, const uint8_t *data, const uint16_t *scales,
-                       int fp16, int64_t N, int64_t G, float *y, int threads, int level) {
-    if (K % 64 || G % BLOCK || K % G) return -1;
-    int64_t blocks = K / BLOCK, per_group = G / BLOCK, groups = K / G, row_bytes = K / 4 * 3;
+                       int flags, int64_t N, int64_t G, float *y, int threads, int level) {
+    const q6_layout layout = q6_layout_of(K, (flags & ROW_TILES) != 0);
+    const int fp16 = flags & 1;
+    if (K % 64 || G % BLOCK || K % G || (layout.tiled && (K % 128 || N % 4))) return -1;
+    int64_t blocks = K / BLOCK, per_group = G / BLOCK, groups = K / G;
 #ifndef COLIBRI_X86
     level = 0;
 #endif
@@ -1369,14 +1421,14 @@ int colibri_q6w_matmul(const int8_t *xq, const float *dx, const int32_t *xs, con
                 const act_row *a = &acts[m];
 #ifdef COLIBRI_X86
                 if (vector) {
-                    q6_rows_avx2(data + n * row_bytes, K, scales + n * groups, fp16, blocks, per_group, a->pairs,
+                    q6_rows_avx2(q6_row(data, n, layout), layout, scales + n * groups, fp16, blocks, per_group, a->pairs,
                                  a->pair_scales, a->offset, y + m * N + n, WR);
                     continue;
                 }
 #endif
                 for (int r = 0; r < WR; r++)
-                    y[m * N + n + r] = row6_scalar(data + (n + r) * row_bytes, K, scales + (n + r) * groups, fp16,
-                                                   per_group, a->q, a->dx, a->xs);
+                    y[m * N + n + r] = row6_scalar(q6_row(data, n + r, layout), layout, K, scales + (n + r) * groups,
+                                                   fp16, per_group, a->q, a->dx, a->xs);
             }
             n += WR;
         }
@@ -1668,9 +1720,11 @@ int colibri_q4_cpu_level(void) {
 enum { DEQUANTIZE_Q4 = 0, DEQUANTIZE_Q8 = 1, DEQUANTIZE_Q6 = 2 };
 int colibri_dequantize_rows(const void *weights, int kind, const uint16_t *scales, const uint16_t *zeros, int flags,
                             int64_t K, int64_t G, int64_t start, int64_t stop, float *out) {
-    const row_layout layout = {kind == DEQUANTIZE_Q8 ? K : K / 2, kind != DEQUANTIZE_Q6 && (flags & ROW_TILES)};
+    const row_layout layout = {kind == DEQUANTIZE_Q8 ? K : K / 2, (flags & ROW_TILES) != 0};
     const int fp16 = flags & 1;
-    if (K % G || (kind == DEQUANTIZE_Q6 && K % 64) || (layout.tiled && (layout.row_bytes % 64 || start % 4 || stop % 4)))
+    /* tiles: whole 64-byte chunks (q4, q6: 128 columns; q8: 64) and whole tiles of rows */
+    int64_t chunk_columns = kind == DEQUANTIZE_Q8 ? 64 : 128;
+    if (K % G || (kind == DEQUANTIZE_Q6 && K % 64) || (layout.tiled && (K % chunk_columns || start % 4 || stop % 4)))
         return -1;
     const int64_t chunk = row_chunk(layout);
     int q8 = kind == DEQUANTIZE_Q8;
@@ -1682,8 +1736,9 @@ int colibri_dequantize_rows(const void *weights, int kind, const uint16_t *scale
             float z = zeros ? half_to_f32(zeros[n * groups + g], fp16) : 0.f;
             float *dst = row + g * G;
             if (kind == DEQUANTIZE_Q6) {
-                const uint8_t *row = (const uint8_t *)weights + n * (K / 4 * 3);
-                for (int64_t i = 0; i < G; i++) dst[i] = (float)(q6_code(row, K, g * G + i) - 32) * s;
+                const q6_layout q6 = q6_layout_of(K, layout.tiled);
+                const uint8_t *row = q6_row((const uint8_t *)weights, n, q6);
+                for (int64_t i = 0; i < G; i++) dst[i] = (float)(q6_code(row, q6, g * G + i) - 32) * s;
             } else if (q8) {
                 const int8_t *w = (const int8_t *)tiled_row((const uint8_t *)weights, n, layout);
                 for (int64_t i = 0; i < G; i++) {
