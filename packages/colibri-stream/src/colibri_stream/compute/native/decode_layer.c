@@ -18,9 +18,9 @@ int colibri_q8_quantize(const float *x, int64_t M, int64_t K, int8_t *xq, float 
                         float *pair_scales, int level);
 int colibri_q4_matmul(const int8_t *xq, const float *dx, const int32_t *xs, const int8_t *pairs,
                       const float *pair_scales, int64_t M, int64_t K, const uint8_t *packed, const uint16_t *scales,
-                      const uint16_t *zeros, int fp16, int64_t N, int64_t G, float *y, int threads, int level);
+                      const uint16_t *zeros, int flags, int64_t N, int64_t G, float *y, int threads, int level);
 int colibri_q8w_matmul(const int8_t *xq, const float *dx, int64_t M, int64_t K, const int8_t *weights,
-                       const uint16_t *scales, int fp16, int64_t N, int64_t G, float *y, int threads, int level);
+                       const uint16_t *scales, int flags, int64_t N, int64_t G, float *y, int threads, int level);
 int colibri_rms_norm(const float *x, int64_t D, const float *weight, float eps, float *out);
 int colibri_norm_rope(float *x, int64_t heads, int64_t D, const float *weight, float eps, const float *cos,
                       const float *sin);
@@ -152,9 +152,9 @@ typedef struct {
     float *q, *k, *v, *attended, *scores;
 } colibri_layer_front;
 
-int colibri_token_experts(const float *x, int64_t K, int64_t E, const void *const *experts, int fp16, int64_t F,
+int colibri_token_experts(const float *x, int64_t K, int64_t E, const void *const *experts, int flags, int64_t F,
                           int64_t G_gate_up, int64_t G_down, const float *weights, float *out, int threads, int level);
-int colibri_q8_token_experts(const float *x, int64_t K, int64_t E, const void *const *experts, int fp16, int64_t F,
+int colibri_q8_token_experts(const float *x, int64_t K, int64_t E, const void *const *experts, int flags, int64_t F,
                              int64_t G_gate_up, int64_t G_down, const float *weights, float *out, int threads,
                              int level);
 

@@ -1209,16 +1209,18 @@ static int q4_products(const int8_t *xq, const float *dx, const int32_t *xs, con
 }
 
 /* y [M, N] f32 = x [M, K] @ w[N, K].T, from colibri_q8_quantize's output. level: 0 scalar, 1 AVX2.
- * group: G (a multiple of 32 dividing K). zeros may be NULL. Returns 0, or -1 on bad shapes. */
+ * group: G (a multiple of 32 dividing K). zeros may be NULL. flags: bit 0 fp16 scales (else bf16),
+ * ROW_TILES the matrix in row tiles. Returns 0, or -1 on bad shapes. The entry points below take
+ * the same flags for their matrices. */
 int colibri_q4_matmul(const int8_t *xq, const float *dx, const int32_t *xs, const int8_t *pairs,
                       const float *pair_scales, int64_t M, int64_t K, const uint8_t *packed, const uint16_t *scales,
-                      const uint16_t *zeros, int fp16, int64_t N, int64_t G, float *y, int threads, int level) {
+                      const uint16_t *zeros, int flags, int64_t N, int64_t G, float *y, int threads, int level) {
     int64_t *rows = (int64_t *)malloc(sizeof(int64_t) * (size_t)(M > 0 ? M : 1));
     if (!rows) return -2;
     for (int64_t m = 0; m < M; m++) rows[m] = m;
     int64_t start[2] = {0, M};
     int status = q4_products(xq, dx, xs, pairs, pair_scales, M, K, 1, &packed, &scales, &zeros, rows, start,
-                             fp16, N, G, y, threads, level);
+                             flags, N, G, y, threads, level);
     free(rows);
     return status;
 }
@@ -1444,13 +1446,13 @@ int colibri_q6w_matmul(const int8_t *xq, const float *dx, const int32_t *xs, con
 int colibri_q4_experts(const int8_t *xq, const float *dx, const int32_t *xs, const int8_t *pairs,
                        const float *pair_scales, int64_t M, int64_t K, int64_t E, const uint8_t *const *packed,
                        const uint16_t *const *scales, const uint16_t *const *zeros, const int64_t *act_rows,
-                       const int64_t *row_start, int fp16, int64_t N, int64_t G, float *y, int threads, int level) {
+                       const int64_t *row_start, int flags, int64_t N, int64_t G, float *y, int threads, int level) {
     for (int64_t i = 0; i < row_start[E]; i++)
         if (act_rows[i] < 0 || act_rows[i] >= M) return -1;
     const uint16_t *none[E > 0 ? E : 1];
     for (int64_t e = 0; e < E; e++) none[e] = 0;
     return q4_products(xq, dx, xs, pairs, pair_scales, M, K, E, packed, scales, zeros ? zeros : none, act_rows,
-                       row_start, fp16, N, G, y, threads, level);
+                       row_start, flags, N, G, y, threads, level);
 }
 
 /* One decode token's routed experts in two calls, around the activation the caller applies
@@ -1460,7 +1462,7 @@ int colibri_q4_experts(const int8_t *xq, const float *dx, const int32_t *xs, con
  *
  * colibri_token_experts_in: x [K] quantized once, matrix e (of E, each [N, K]) times it -> y [E, N]. */
 int colibri_token_experts_in(const float *x, int64_t K, int64_t E, const uint8_t *const *packed,
-                             const uint16_t *const *scales, const uint16_t *const *zeros, int fp16, int64_t N,
+                             const uint16_t *const *scales, const uint16_t *const *zeros, int flags, int64_t N,
                              int64_t G, float *y, int threads, int level) {
     if (K % BLOCK || E < 1) return -1;
     int64_t blocks = K / BLOCK;
@@ -1477,7 +1479,7 @@ int colibri_token_experts_in(const float *x, int64_t K, int64_t E, const uint8_t
         for (int64_t e = 0; e < E; e++) { rows[e] = 0; rows[E + e] = e; }
         rows[2 * E] = E;
         status = q4_products(q, dx, xs, paired ? q + K : 0, paired ? pair_scales : 0, 1, K, E, packed, scales,
-                             zeros ? zeros : none, rows, rows + E, fp16, N, G, y, threads, level);
+                             zeros ? zeros : none, rows, rows + E, flags, N, G, y, threads, level);
     }
     free(q); free(words); free(rows); free(none);
     return status;
@@ -1488,7 +1490,7 @@ int colibri_add_weighted_rows(float *row, const float *rows, const float *weight
 /* colibri_token_experts_out: hidden [E, K] (each expert's activation), row e through matrix e ->
  * [E, N], then out [N] += row e * weights[e] for e = 0, 1, ... in that order. */
 int colibri_token_experts_out(const float *hidden, int64_t K, int64_t E, const uint8_t *const *packed,
-                              const uint16_t *const *scales, const uint16_t *const *zeros, int fp16, int64_t N,
+                              const uint16_t *const *scales, const uint16_t *const *zeros, int flags, int64_t N,
                               int64_t G, const float *weights, float *out, int threads, int level) {
     if (K % BLOCK || E < 1) return -1;
     int64_t blocks = K / BLOCK;
@@ -1506,7 +1508,7 @@ int colibri_token_experts_out(const float *hidden, int64_t K, int64_t E, const u
         for (int64_t e = 0; e < E; e++) { rows[e] = e; rows[E + e] = e; }
         rows[2 * E] = E;
         status = q4_products(q, dx, xs, paired ? q + E * K : 0, paired ? pair_scales : 0, E, K, E, packed, scales,
-                             zeros ? zeros : none, rows, rows + E, fp16, N, G, y, threads, level);
+                             zeros ? zeros : none, rows, rows + E, flags, N, G, y, threads, level);
         if (status == 0) colibri_add_weighted_rows(out, y, weights, E, N);
     }
     free(q); free(words); free(y); free(rows); free(none);
@@ -1563,7 +1565,7 @@ int colibri_swiglu_rows(const float *gate_up, int64_t M, int64_t F, float *hidde
  * (colibri_swiglu_rows) and colibri_token_experts_out in one call. experts [E * 6]: expert e's
  * gate|up packed, scales, zeros (or 0) then its down packed, scales, zeros (or 0); gate|up is
  * [2F, K] in groups of G_gate_up, down [K, F] in groups of G_down. */
-int colibri_token_experts(const float *x, int64_t K, int64_t E, const void *const *experts, int fp16, int64_t F,
+int colibri_token_experts(const float *x, int64_t K, int64_t E, const void *const *experts, int flags, int64_t F,
                           int64_t G_gate_up, int64_t G_down, const float *weights, float *out, int threads,
                           int level) {
     if (E < 1) return -1;
@@ -1577,13 +1579,13 @@ int colibri_token_experts(const float *x, int64_t K, int64_t E, const void *cons
         const uint8_t *const *packed = (const uint8_t *const *)roles;
         const uint16_t *const *scales = (const uint16_t *const *)(roles + E);
         const uint16_t *const *zeros = (const uint16_t *const *)(roles + 2 * E);
-        status = colibri_token_experts_in(x, K, E, packed, scales, zeros, fp16, 2 * F, G_gate_up, gate_up, threads,
+        status = colibri_token_experts_in(x, K, E, packed, scales, zeros, flags, 2 * F, G_gate_up, gate_up, threads,
                                           level);
         if (status == 0) status = colibri_swiglu_rows(gate_up, E, F, hidden, level);
         if (status == 0)
             status = colibri_token_experts_out(hidden, F, E, (const uint8_t *const *)(roles + 3 * E),
                                                (const uint16_t *const *)(roles + 4 * E),
-                                               (const uint16_t *const *)(roles + 5 * E), fp16, K, G_down, weights,
+                                               (const uint16_t *const *)(roles + 5 * E), flags, K, G_down, weights,
                                                out, threads, level);
     }
     free(roles); free(gate_up); free(hidden);
@@ -1594,7 +1596,7 @@ int colibri_token_experts(const float *x, int64_t K, int64_t E, const void *cons
  * address 0): experts [E * 6] as there. There is no grouped q8 product: each expert's gate|up and
  * down run as colibri_q8w_matmul of one row (what a q8 expert's own products run), the activation
  * as colibri_swiglu_rows, and the sum as colibri_add_weighted_rows, so the same bits. */
-int colibri_q8_token_experts(const float *x, int64_t K, int64_t E, const void *const *experts, int fp16, int64_t F,
+int colibri_q8_token_experts(const float *x, int64_t K, int64_t E, const void *const *experts, int flags, int64_t F,
                              int64_t G_gate_up, int64_t G_down, const float *weights, float *out, int threads,
                              int level) {
     if (E < 1 || K % BLOCK || F % BLOCK) return -1;
@@ -1610,13 +1612,13 @@ int colibri_q8_token_experts(const float *x, int64_t K, int64_t E, const void *c
         status = colibri_q8_quantize(x, 1, K, xq, xw, (int32_t *)(xw + kb), 0, 0, level);
         for (int64_t e = 0; e < E && status == 0; e++) {
             const void *const *a = experts + 6 * e;
-            status = colibri_q8w_matmul(xq, xw, 1, K, (const int8_t *)a[0], (const uint16_t *)a[1], fp16, 2 * F,
+            status = colibri_q8w_matmul(xq, xw, 1, K, (const int8_t *)a[0], (const uint16_t *)a[1], flags, 2 * F,
                                         G_gate_up, gate_up, threads, level);
             if (status == 0) status = colibri_swiglu_rows(gate_up, 1, F, hidden, level);
             if (status == 0)
                 status = colibri_q8_quantize(hidden, 1, F, hq, hw, (int32_t *)(hw + fb), 0, 0, level);
             if (status == 0)
-                status = colibri_q8w_matmul(hq, hw, 1, F, (const int8_t *)a[3], (const uint16_t *)a[4], fp16, K,
+                status = colibri_q8w_matmul(hq, hw, 1, F, (const int8_t *)a[3], (const uint16_t *)a[4], flags, K,
                                             G_down, y + e * K, threads, level);
         }
         if (status == 0) status = colibri_add_weighted_rows(out, y, weights, E, K);
