@@ -70,6 +70,18 @@ def test_shapes_without_whole_tiles_are_refused_by_name():
                                     tiled=True)
 
 
+def _same_bits_on_one_and_two_threads(product) -> None:
+    """product(tiled) on the row-major matrix (False) and the tiled one (True): equal bits, on one
+    thread and on two (the threads split the weight rows: no bit may move)."""
+    threads = torch.get_num_threads()
+    try:
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            assert torch.equal(product(True), product(False))
+    finally:
+        torch.set_num_threads(threads)
+
+
 @pytest.mark.parametrize("level", LEVELS)
 @pytest.mark.parametrize(("group", "zeros", "fp16"), [(32, False, False), (32, True, True), (64, False, False),
                                                       (64, True, False), (128, False, True)])
@@ -80,14 +92,8 @@ def test_a_tiled_matrix_gives_the_row_major_bits_on_every_path(level, group, zer
     packed, scales, zero, _ = _random_q4(out_rows, cols, group, rng, zeros, fp16)
     tiled = tile_rows(packed, torch.empty_like(packed))
     x = QuantizedActivations(torch.from_numpy(rng.normal(0, 1, (rows, cols)).astype(np.float32)))
-    threads = torch.get_num_threads()
-    try:
-        for count in (1, 2):
-            torch.set_num_threads(count)
-            expected = q4_matmul(x, packed, scales, zero, group, fp16, level)
-            assert torch.equal(q4_matmul(x, tiled, scales, zero, group, fp16, level, tiled=True), expected)
-    finally:
-        torch.set_num_threads(threads)
+    _same_bits_on_one_and_two_threads(
+        lambda tiles: q4_matmul(x, tiled if tiles else packed, scales, zero, group, fp16, level, tiled=tiles))
     # several matrices at once, each on its own rows (a decode step's experts; a prefill chunk's)
     other, other_scales, other_zero, _ = _random_q4(out_rows, cols, group, rng, zeros, fp16)
     picked = [list(range(rows)), [r for r in range(rows) if r % 2 == 0]]
@@ -109,14 +115,8 @@ def test_a_tiled_q8_matrix_gives_the_row_major_bits(level, group, fp16, rows):
     tiled = tile_rows(weights, torch.empty_like(weights))
     assert np.array_equal(tiled.view(torch.uint8).numpy(), _tiled_by_definition(weights.view(torch.uint8).numpy()))
     x = QuantizedActivations(torch.from_numpy(rng.normal(0, 1, (rows, cols)).astype(np.float32)))
-    threads = torch.get_num_threads()
-    try:
-        for count in (1, 2):
-            torch.set_num_threads(count)
-            expected = q8_matmul(x, weights, scales, group, fp16, level)
-            assert torch.equal(q8_matmul(x, tiled, scales, group, fp16, level, tiled=True), expected)
-    finally:
-        torch.set_num_threads(threads)
+    _same_bits_on_one_and_two_threads(
+        lambda tiles: q8_matmul(x, tiled if tiles else weights, scales, group, fp16, level, tiled=tiles))
     dense = torch.randn(3, cols)
     assert torch.equal(native_kernel.dense_matmul(dense, tiled, scales, None, group, "q8", fp16, tiled=True),
                        native_kernel.dense_matmul(dense, weights, scales, None, group, "q8", fp16))
@@ -148,14 +148,8 @@ def test_a_tiled_q6_matrix_gives_the_row_major_bits(level, group, fp16, rows):
     assert np.array_equal(tiled.numpy(), _q6_tiled_by_definition(data.numpy()))
     assert torch.equal(tile_rows(tiled.clone(), untile=True, q6=True), data)
     x = QuantizedActivations(torch.from_numpy(rng.normal(0, 1, (rows, cols)).astype(np.float32)))
-    threads = torch.get_num_threads()
-    try:
-        for count in (1, 2):
-            torch.set_num_threads(count)
-            expected = q6_matmul(x, data, scales, group, fp16, level)
-            assert torch.equal(q6_matmul(x, tiled, scales, group, fp16, level, tiled=True), expected)
-    finally:
-        torch.set_num_threads(threads)
+    _same_bits_on_one_and_two_threads(
+        lambda tiles: q6_matmul(x, tiled if tiles else data, scales, group, fp16, level, tiled=tiles))
     dense = torch.randn(3, cols)
     assert torch.equal(native_kernel.dense_matmul(dense, tiled, scales, None, group, "q6", fp16, tiled=True),
                        native_kernel.dense_matmul(dense, data, scales, None, group, "q6", fp16))
