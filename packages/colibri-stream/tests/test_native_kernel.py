@@ -253,7 +253,7 @@ class _OneSlotCache:
     def __init__(self, experts):
         self.experts, self.prefetcher = experts, None
 
-    def get(self, layer, expert, pinned=()):
+    def get(self, layer, expert, pinned=(), hold=()):
         return self.experts[expert]
 
 

@@ -125,10 +125,13 @@ class ExpertCache:
         self.stats.layer(layer).hits += hits
 
     # --- use -------------------------------------------------------------------------------
-    def get(self, layer: int, expert: int, pinned: Collection[ExpertKey] = ()) -> object:
+    def get(self, layer: int, expert: int, pinned: Collection[ExpertKey] = (),
+            hold: Collection[ExpertKey] = ()) -> object:
         """The prepared expert, from a slot (hit) or read from disk (miss). `pinned`: experts a
-        prefetched arrival must not evict (the current layer's); a demand miss may evict any
-        other expert, since experts are computed one at a time."""
+        prefetched arrival must not evict (the current layer's); `hold`: experts the caller got
+        before and still computes with, which this miss must not evict either (their slots would
+        be refilled under them); a demand miss may evict any other. LookupError, with the cache
+        as it was, when every cached expert is held (fewer slots than the caller holds at once)."""
         key = (layer, expert)
         counters = self.stats.layer(layer)
         if self.prefetcher is not None:
@@ -136,10 +139,10 @@ class ExpertCache:
             if key not in self._slots and self.prefetcher.is_needed(key):
                 # a miss whose read started early (prefetch.issue_needed): counted and inserted
                 # as the one-at-a-time path would, at this point of the access sequence
+                self._make_room(key, hold)
                 self.stats.misses += 1
                 counters.misses += 1
                 prepared = self.prefetcher.take_needed(key)
-                self._make_room(key, ())
                 self._insert(key, prepared)
                 return prepared
             if key not in self._slots and self.prefetcher.in_flight(key):
@@ -154,13 +157,17 @@ class ExpertCache:
             if self._hits_reach_policy:
                 self.policy.on_hit(key)
             return found
+        self._make_room(key, hold)  # (before counting: a LookupError leaves the counts as they were)
         self.stats.misses += 1
         counters.misses += 1
         return self._load(key, ())
 
     def get_layer(self, layer: int, experts: list[int], pinned: Collection[ExpertKey] = ()) -> list[object]:
-        """`[get(layer, e, pinned) for e in experts]`, in that order, with one lookup pass and
-        one count when all are cached and no prefetch is at work (a decode step at full RAM)."""
+        """`[get(layer, e, pinned) for e in experts]`, in that order, each miss holding the experts
+        got before it (all are used together), with one lookup pass and one count when all are
+        cached and no prefetch is at work (a decode step at full RAM). LookupError when the cache
+        cannot hold them all at once (a per-layer share smaller than `experts`): use them one at
+        a time then."""
         if self.prefetcher is None and not self._unused_prefetch:
             slots = self._slots
             found = [slots.get((layer, expert)) for expert in experts]
@@ -170,7 +177,11 @@ class ExpertCache:
                     for expert in experts:
                         self.policy.on_hit((layer, expert))
                 return found
-        return [self.get(layer, expert, pinned) for expert in experts]
+        got, held = [], []
+        for expert in experts:
+            got.append(self.get(layer, expert, pinned, held))
+            held.append((layer, expert))
+        return got
 
     def prefetch(self, keys: Iterable[ExpertKey], pinned: Collection[ExpertKey] = ()) -> int:
         """Load experts not yet cached (without counting hits or misses); returns how many."""

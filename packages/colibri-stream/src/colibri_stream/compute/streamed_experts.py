@@ -223,18 +223,30 @@ class StreamedExperts(ExpertBackend):
         width = len(rows[0])
         for first in range(0, len(keys), width):
             group = keys[first : first + width]
+            routed = [[t for t, _ in tokens_of[e]] for _, e in group]
             prepared = []
-            for i, (_, expert) in enumerate(group):
-                prepared.append(self.cache.get(self.layer_index, expert, pinned))  # pinned: all stay while used
-                if prefetcher is not None:
-                    prefetcher.issue_needed(keys[first + i + 1 :])
-            forward_grouped = getattr(type(prepared[0]), "forward_grouped", None)
-            if forward_grouped is None or any(type(p) is not type(prepared[0]) for p in prepared):
-                if first == 0:
-                    return False
-                raise TypeError("a layer's experts were prepared for different kernels")  # one engine, one kind
-            started = time.perf_counter()
-            outputs = forward_grouped(prepared, inputs, [[t for t, _ in tokens_of[e]] for _, e in group])
+            try:
+                for i, (_, expert) in enumerate(group):  # each miss holds the group's experts got before it
+                    prepared.append(self.cache.get(self.layer_index, expert, pinned, group[:i]))
+                    if prefetcher is not None:
+                        prefetcher.issue_needed(keys[first + i + 1 :])
+            except LookupError:  # fewer slots than a group: each expert run on its rows as soon as got
+                prepared = None
+            if prepared is None:
+                started = time.perf_counter()
+                outputs = []
+                for (_, expert), tokens in zip(group, routed):
+                    one = self.cache.get(self.layer_index, expert, pinned)
+                    outputs.append(one.forward(inputs[torch.tensor(tokens)]).float())
+                outputs = torch.cat(outputs)
+            else:
+                forward_grouped = getattr(type(prepared[0]), "forward_grouped", None)
+                if forward_grouped is None or any(type(p) is not type(prepared[0]) for p in prepared):
+                    if first == 0:
+                        return False
+                    raise TypeError("a layer's experts were prepared for different kernels")  # one engine, one kind
+                started = time.perf_counter()
+                outputs = forward_grouped(prepared, inputs, routed)
             mine: dict[int, tuple[list[int], list[float]]] = {}
             at = 0
             for _, expert in group:  # ascending experts: each token's rows in the order they add
@@ -251,21 +263,15 @@ class StreamedExperts(ExpertBackend):
     def _one_token(self, x: torch.Tensor, ids: list[int], weights: list[float], row: torch.Tensor, pinned, keys,
                    prefetcher) -> None:
         slot_of = {expert: slot for slot, expert in enumerate(ids)}
-        get_layer = getattr(self.cache, "get_layer", None)  # (a stand-in cache may have only `get`)
-        if prefetcher is None and get_layer is not None:  # ascending, as the batched path; pinned: all stay
-            ascending = [expert for _, expert in keys]
-            prepared = get_layer(self.layer_index, ascending, pinned)
-            self._remember(ascending, prepared)
-        else:
-            prepared = []
-            for i, (_, expert) in enumerate(keys):
-                prepared.append(self.cache.get(self.layer_index, expert, pinned))
-                if prefetcher is not None:
-                    prefetcher.issue_needed(keys[i + 1 :])
+        ordered = [weights[slot_of[expert]] for _, expert in keys]  # accumulated in ascending order
+        try:
+            prepared = self._held_together(keys, pinned, prefetcher)
+        except LookupError:  # fewer slots than the token's experts (a per-layer share): one at a time
+            self._one_at_a_time(x, keys, ordered, row, pinned, prefetcher)
+            return
         started = time.perf_counter()
         kind = type(prepared[0])
         same_kind = all(type(p) is kind for p in prepared)
-        ordered = [weights[slot_of[expert]] for _, expert in keys]  # accumulated in ascending order
         forward_token = getattr(kind, "forward_token", None)
         if same_kind and forward_token is not None and x.dtype == torch.float32 \
                 and forward_token(prepared, x[0].contiguous(), ordered, row):
@@ -280,6 +286,46 @@ class StreamedExperts(ExpertBackend):
             outputs = [p.forward(inputs)[0] for p in prepared]
             for (_, expert), y in zip(keys, outputs):  # accumulated in ascending order, as the batched path
                 row += y.float() * weights[slot_of[expert]]
+        self.stats.compute_seconds += time.perf_counter() - started
+
+    def _held_together(self, keys: list[tuple[int, int]], pinned, prefetcher) -> list:
+        """The prepared experts of `keys` (ascending), all cached at once: each miss holds the ones
+        got before it, whose slots it must not refill while they are used (`ExpertCache.get`'s
+        `hold`). LookupError where the cache cannot hold them all."""
+        get_layer = getattr(self.cache, "get_layer", None)  # (a stand-in cache may have only `get`)
+        if prefetcher is None and get_layer is not None:  # ascending, as the batched path
+            ascending = [expert for _, expert in keys]
+            prepared = get_layer(self.layer_index, ascending, pinned)
+            self._remember(ascending, prepared)
+            return prepared
+        prepared = []
+        for i, (_, expert) in enumerate(keys):
+            prepared.append(self.cache.get(self.layer_index, expert, pinned, keys[:i]))
+            if prefetcher is not None:
+                prefetcher.issue_needed(keys[i + 1 :])
+        return prepared
+
+    def _one_at_a_time(self, x: torch.Tensor, keys: list[tuple[int, int]], ordered: list[float], row: torch.Tensor,
+                       pinned, prefetcher) -> None:
+        """`_one_token` where the cache cannot hold the token's experts at once: each computed as
+        soon as it is got (its slot may be refilled by the next miss), then their outputs added in
+        ascending order as the other paths add them (each output is what `forward_each` gives its
+        row: the same bits)."""
+        inputs = x if self.quantize is None else self.quantize(x)
+        outputs = []
+        for i, (_, expert) in enumerate(keys):
+            prepared = self.cache.get(self.layer_index, expert, pinned)
+            if prefetcher is not None:
+                prefetcher.issue_needed(keys[i + 1 :])
+            started = time.perf_counter()
+            outputs.append(prepared.forward(inputs).float())
+            self.stats.compute_seconds += time.perf_counter() - started
+        started = time.perf_counter()
+        if self.quantize is not None:
+            add_weighted_rows(row, torch.cat(outputs), ordered)
+        else:
+            for y, weight in zip(outputs, ordered):
+                row += y[0] * weight
         self.stats.compute_seconds += time.perf_counter() - started
 
     def reference_forward(
