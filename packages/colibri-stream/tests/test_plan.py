@@ -51,16 +51,18 @@ def test_unset_defaults_step_down_to_fit_and_explicit_ones_do_not(tiny):
     with Engine.open(tiny[0], ram_budget=plan.smallest_budget) as eng:  # as far as they go
         assert eng.opened_plan.degraded == ["dtype f32 -> bf16", "prefill_chunk 128 -> 32"]
         assert eng.prefill_chunk == 32 and eng.max_context == 256  # the tiny config's 256 is the floor
+    # (map_weights="off": every projection held, as the budgets above hold them; mapped ones: test_mapped_weights.py)
     with pytest.raises(BudgetError) as info:  # asked for f32 at 256 x 128: refused, nothing steps down
-        Engine.open(tiny[0], ram_budget=bf16.min_budget, dtype="f32", max_context=256, prefill_chunk=128)
+        Engine.open(tiny[0], ram_budget=bf16.min_budget, dtype="f32", max_context=256, prefill_chunk=128,
+                    map_weights="off")
     assert "too small" in str(info.value) and "stepped down" not in str(info.value)
     only_f32 = Engine.plan(tiny[0], dtype="f32")  # the chunk may still step down, the dtype not
     assert plan.smallest_budget < only_f32.smallest_budget < only_f32.min_budget
     with pytest.raises(BudgetError) as info:
-        Engine.open(tiny[0], ram_budget=only_f32.smallest_budget - 1, dtype="f32")
+        Engine.open(tiny[0], ram_budget=only_f32.smallest_budget - 1, dtype="f32", map_weights="off")
     assert "stepped down" in str(info.value) and info.value.minimum_bytes == only_f32.smallest_budget
     with pytest.raises(BudgetError) as info:
-        Engine.open(tiny[0], ram_budget=plan.smallest_budget - 1)
+        Engine.open(tiny[0], ram_budget=plan.smallest_budget - 1, map_weights="off")
     assert info.value.minimum_bytes == plan.smallest_budget and str(plan.smallest_budget) in str(info.value)
 
 

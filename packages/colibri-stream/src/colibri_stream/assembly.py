@@ -123,7 +123,8 @@ def assemble(container: Container, plan: Plan, opts: EngineOptions) -> Assembled
                                quantize=QuantizedActivations if f.compute == "native" else None)
             for i in range(config.n_dense_layers, config.n_layers)
         }
-        model = build_model(container, config, backends, f.dtype, opts.device, native_linears=f.compute == "native")
+        model = build_model(container, config, backends, f.dtype, opts.device, native_linears=f.compute == "native",
+                            mapped_projections=frozenset(f.mapped_projections))
         model.limit_positions(f.max_context)  # rotary tables for the KV cache's positions, not max_seq_len's
         if f.top_k != config.top_k_infer:
             model.set_top_k(f.top_k)

@@ -97,10 +97,15 @@ class Engine:
         (default: the container's, else colibri-model's bundled one); `batch_sessions` (default
         True: sessions generating on several threads at once have their decode steps run as one
         pass, step_combiner.py; with the native kernels each row of a step of up to 16 keeps the
-        bits it gets alone).
+        bits it gets alone); `map_weights` "auto" | "off" | "all" (native kernels: compute
+        projections on a read-only map of the container instead of holding a copy; "auto" maps
+        the fewest, from the last layer down, only where the budget cannot hold them all with
+        every unset default stepped down: they are read through the page cache every token,
+        from the disk again where memory is short; "all": every one, as llama.cpp's mmap).
 
         Raises `BudgetError` (naming the minimum) when `ram_budget` cannot hold the resident
-        part plus one layer's working set, `colibri_int4.ContainerError` for a damaged file.
+        part (less what `map_weights` may map) plus one layer's working set,
+        `colibri_int4.ContainerError` for a damaged file.
         """
         budget = parse_budget(ram_budget)
         opts = EngineOptions(**options)

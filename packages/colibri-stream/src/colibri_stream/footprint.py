@@ -1,7 +1,8 @@
 """The sizes of one configuration (`Footprint`) and the split of a budget (`Budget`).
 
     budget = resident weights        (every non-routed tensor, materialised in the engine dtype,
-                                      but an untied embedding: mapped from the container file)
+                                      but an untied embedding and `mapped_projections`: mapped
+                                      from the container file)
            + KV cache                (batch 1, `max_context` positions, all layers)
            + workspace               (activations of one prefill chunk, logits included; estimate)
            + staging buffers         (page-aligned blob buffers that misses are read into)
@@ -109,7 +110,8 @@ class Footprint:
     slot_bytes: int
     n_experts: int
     total_experts: int
-    mapped_bytes: int = 0  # an untied embedding, mapped from the container (page cache, not in the budget)
+    mapped_bytes: int = 0  # mapped from the container (page cache, not in the budget): the embedding, `mapped_projections`
+    mapped_projections: tuple[str, ...] = ()  # native projections computed on the map rather than held (Sizing.mappable)
 
     @property
     def expert_dtype(self) -> torch.dtype:
@@ -265,7 +267,10 @@ class Sizing:
     def compute(self, dtype: torch.dtype) -> str:
         return self.routes.route(dtype)
 
-    def footprint(self, dtype: torch.dtype, max_context: int, chunk: int, threads: int) -> Footprint:
+    def footprint(self, dtype: torch.dtype, max_context: int, chunk: int, threads: int,
+                  mapped: tuple[str, ...] = ()) -> Footprint:
+        """The sizes with these knobs; `mapped`: names from `mappable(dtype)` computed on the
+        container's map instead of held in the budget."""
         config, opts, layout = self.config, self.opts, self.layout
         compute = self.compute(dtype)
         expert_compute_dtype = {"int4": opts.kernel_dtype, "native": torch.float32}.get(compute, dtype)
@@ -276,26 +281,28 @@ class Sizing:
             slot = native_nbytes(layout, config.d_model, config.expert_dim)
         else:
             slot = prepared_nbytes(layout, config.d_model, config.expert_dim, compute, expert_compute_dtype)
-        by_dtype = self.resident_by_dtype(dtype)
+        by_dtype = self.resident_by_dtype(dtype, frozenset(mapped))
         blob = layout.blob_length if layout else 0
         f = Footprint(
             dtype, compute, expert_compute_dtype, max_context, min(chunk, max_context), self.top_k, threads, by_dtype,
             kv_cache_bytes(config, max_context, elem, min(chunk, max_context)),
             workspace_bytes(config, min(chunk, max_context), max_context, elem),
             0, TOKENIZER_BYTES_PER_TOKEN * config.vocab_size, heap_slack_bytes(blob, compute),
-            slot, config.n_experts, config.n_moe_layers * config.n_experts, self.mapped_bytes(dtype),
+            slot, config.n_experts, config.n_moe_layers * config.n_experts, self.mapped_bytes(dtype, frozenset(mapped)),
+            tuple(mapped),
         )
         return replace(f, staging_bytes=self.staging(f, threads))
 
-    def resident_by_dtype(self, dtype: torch.dtype) -> dict[str, int]:
+    def resident_by_dtype(self, dtype: torch.dtype, mapped: frozenset[str] = frozenset()) -> dict[str, int]:
         """Bytes of the materialised resident model by held dtype, with `dtype` as engine dtype
         ("q4"/"q8", and "q6" for a 6-bit head, for the projections a native engine keeps as stored,
-        compute/native_linear.py)."""
+        compute/native_linear.py), but the projections `mapped`."""
         by_dtype: dict[str, int] = {}
         native = self.compute(dtype) == "native"
-        group = self.container.scheme.group_size
         for t in self.container.header.tensors:
-            in_arena = native and (native_linear_name(t.name, t.encoding, t.shape, group) or self._tied_head(t, native))
+            if t.name in mapped:
+                continue
+            in_arena = native and self._native_projection(t)
             if in_arena:  # weights + scales (+ zeros) as stored, in the model's huge-page arena
                 by_dtype[t.encoding] = by_dtype.get(t.encoding, 0) + aligned(t.length)
             if in_arena or self._mapped(t, native):
@@ -307,10 +314,29 @@ class Sizing:
         by_dtype["f32"] = by_dtype.get("f32", 0) + 4 * self.config.n_moe_layers * self.config.n_experts
         return by_dtype
 
-    def mapped_bytes(self, dtype: torch.dtype) -> int:
-        """Stored bytes of the resident tensors the engine maps from the container (stored_embedding.py)."""
+    def mapped_bytes(self, dtype: torch.dtype, mapped: frozenset[str] = frozenset()) -> int:
+        """Stored bytes of the resident tensors the engine maps from the container: the embedding
+        (stored_embedding.py) and the projections `mapped` (a tied head's are the embedding's, once)."""
         native = self.compute(dtype) == "native"
-        return sum(t.length for t in self.container.header.tensors if self._mapped(t, native))
+        return sum(t.length for t in self.container.header.tensors if self._mapped(t, native) or t.name in mapped)
+
+    def mappable(self, dtype: torch.dtype) -> list[tuple[str, int]]:
+        """(name, bytes the budget holds) of the projections a native engine can compute on the
+        container's map instead of holding (compute/native_linear.py), in the order a budget too
+        small for them maps them: the layers' from the last layer down, then the LM head. Each is
+        read whole by every token, so mapping one moves its bytes from the budget to the page
+        cache; where that is short too, they are read from the file again every token."""
+        if self.compute(dtype) != "native":
+            return []
+        found = [t for t in self.container.header.tensors if self._native_projection(t)]
+        layers = [t for t in found if t.name.startswith("layers.")]
+        rest = [t for t in found if not t.name.startswith("layers.")]
+        return [(t.name, aligned(t.length)) for t in layers[::-1] + rest]
+
+    def _native_projection(self, t) -> bool:
+        """Whether a native engine holds `t` as stored, in its arena: a projection, or a tied head."""
+        group = self.container.scheme.group_size
+        return native_linear_name(t.name, t.encoding, t.shape, group) or self._tied_head(t, True)
 
     def _tied_head(self, t, native: bool) -> bool:
         """Whether `t` is a tied embedding whose head a native engine holds as stored (native_linear.py)."""

@@ -28,6 +28,8 @@ DTYPES = {
     "bfloat16": torch.bfloat16,
 }
 
+MAP_WEIGHTS = ("auto", "off", "all")
+
 
 def resolve_dtype(dtype: str | torch.dtype, what: str = "dtype") -> torch.dtype:
     if isinstance(dtype, torch.dtype):
@@ -60,6 +62,7 @@ class EngineOptions:
     slab: bool = True  # int4 experts in one allocation made at open (cache/slab.py)
     tokenizer: str | os.PathLike | Tokenizer | None = None
     batch_sessions: bool = True  # concurrent sessions' decode steps in one pass (step_combiner.py)
+    map_weights: Literal["auto", "off", "all"] = "auto"  # native projections computed on the container's map (plan.py)
 
     def __post_init__(self):
         if self.compute not in COMPUTE_CHOICES:
@@ -68,6 +71,8 @@ class EngineOptions:
             raise ValueError(f"prefill_chunk must be >= 1, got {self.prefill_chunk}")
         if self.prefetch not in ("auto", "off", "predict", "on"):
             raise ValueError(f"prefetch must be auto, off, predict or on, got {self.prefetch!r}")
+        if self.map_weights not in MAP_WEIGHTS:
+            raise ValueError(f"map_weights must be one of {', '.join(MAP_WEIGHTS)}, got {self.map_weights!r}")
         if self.prefetch_threads < 1:
             raise ValueError(f"prefetch_threads must be >= 1, got {self.prefetch_threads}")
         if self.max_context is not None and self.max_context < 1:

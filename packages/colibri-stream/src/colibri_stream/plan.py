@@ -18,8 +18,13 @@ Defaults that fit a stated budget: a knob the caller leaves unset (`dtype`, `pre
 `max_context`) starts at its preferred value and is degraded one step at a time, in this order, until the minimum fits: dtype f32 -> bf16;
 prefill_chunk 128 -> 64 -> 32; max_context halved down to 256 tokens. A budget that fits the
 preferred values gets exactly them (so results at every budget that worked before are
-unchanged); a knob set explicitly is never changed, and a budget below every candidate is
-refused with `BudgetError` naming both minimums.
+unchanged); a knob set explicitly is never changed. Last, with `map_weights="auto"` (native
+kernels): where even the most stepped-down candidate does not fit, the fewest projections that
+bring it within the budget are computed on the container's map instead of held
+(`footprint.Sizing.mappable`: from the last layer down, the LM head last; read through the page
+cache every token, so mapped only where nothing else fits). A budget below every candidate is
+refused with `BudgetError` naming the minimums (`smallest_mapped_budget` too: every projection
+mapped).
 
 The preferred values: 128-token chunks; dtype f32, unless the resident weights alone (a mapped
 embedding included) would take more than `F32_RESIDENT_LIMIT` (2 GiB) in f32, then bf16 (Qwen3-30B-A3B's 1.5B-parameter
@@ -48,7 +53,7 @@ from .sizes import format_size
 
 __all__ = ["PLAN_VERSION", "Budget", "ComputeRoutes", "Footprint", "Plan", "make_plan", "plan_dtypes"]
 
-PLAN_VERSION = "1.2"  # of `plan --json` (PLAN.md): a new minor may add keys, a new major changes them
+PLAN_VERSION = "1.3"  # of `plan --json` (PLAN.md): a new minor may add keys, a new major changes them
 
 PREFERRED_PREFILL_CHUNK = 128
 AUTO_PREFILL_CHUNKS = (128, 64, 32)
@@ -97,6 +102,7 @@ class Plan:
     defaults: list[str] = field(default_factory=list)  # preferred values a size limit set (module doc)
     max_seq_len: int = 0  # the config's; `max_context` may be shorter
     sliding_kv: SlidingKV | None = None  # sliding-window layers, which keep only their window (footprint.SlidingKV)
+    smallest_mapped_budget: int | None = None  # the least budget with every projection mapped (map_weights not "off")
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -167,6 +173,8 @@ class Plan:
             "full_budget": self.full_budget,
             "smallest_budget": self.smallest_budget,
             "smallest_choice": self.smallest_choice,
+            "mapped_projections": len(f.mapped_projections),
+            "smallest_mapped_budget": self.smallest_mapped_budget,
         }
         if self.budget is not None:
             b = self.budget
@@ -217,19 +225,35 @@ def make_plan(container: Container, opts: EngineOptions, ram_budget: int | None 
     f32_resident = (sum(sizes.resident_by_dtype(torch.float32).values()) + sizes.mapped_bytes(torch.float32)
                     if opts.dtype is None else 0)
     knobs, defaults = _candidate_knobs(opts, config, f32_resident)
-    candidates = [sizes.footprint(*k, counted_threads) for k in knobs]
+
+    def every_mappable(dtype: torch.dtype) -> tuple[str, ...]:
+        return tuple(name for name, _ in sizes.mappable(dtype))
+
+    candidates = [sizes.footprint(*k, counted_threads, every_mappable(k[0]) if opts.map_weights == "all" else ())
+                  for k in knobs]
     chosen = candidates[0]
     least = min(candidates, key=lambda c: c.min_budget)
     smallest = least.min_budget
+    floor = sizes.footprint(least.dtype, least.max_context, least.prefill_chunk, counted_threads,
+                            every_mappable(least.dtype))
+    smallest_mapped = floor.min_budget if opts.map_weights != "off" and floor.mapped_projections else None
     budget = None
     if ram_budget is not None:
         fitting = [c for c in candidates if c.min_budget <= ram_budget]
+        if not fitting and opts.map_weights == "auto":
+            fitting = _mapped_to_fit(sizes, least, ram_budget, counted_threads)
         if not fitting:
             message = chosen.too_small(ram_budget)
             if len(candidates) > 1:
                 message += (f"; with the unset defaults stepped down as far as they go "
                             f"({candidates[-1].describe()}) it is {format_size(smallest)} ({smallest} bytes)")
-            raise BudgetError(message, smallest)
+            if smallest_mapped is not None:
+                message += (f"; with every projection mapped from the container (map_weights) it is "
+                            f"{format_size(smallest_mapped)} ({smallest_mapped} bytes)")
+            elif opts.map_weights == "off" and floor.mapped_projections:
+                message += (f"; map_weights='auto' would run it from {format_size(floor.min_budget)}, computing "
+                            "projections on the container's map")
+            raise BudgetError(message, smallest if smallest_mapped is None else smallest_mapped)
         chosen = fitting[0]
     if prefetch == "auto":
         prefetch = "off"
@@ -244,7 +268,23 @@ def make_plan(container: Container, opts: EngineOptions, ram_budget: int | None 
     return Plan(str(container.path), chosen, smallest, prefetch, container.expert_bytes, budget, degraded,
                 smallest_choice=least.describe(), defaults=defaults, max_seq_len=config.max_seq_len,
                 sliding_kv=SlidingKV.of(config, torch.empty((), dtype=chosen.dtype).element_size(),
-                                        chosen.prefill_chunk))
+                                        chosen.prefill_chunk),
+                smallest_mapped_budget=smallest_mapped)
+
+
+def _mapped_to_fit(sizes: Sizing, least: Footprint, ram_budget: int, threads: int) -> list[Footprint]:
+    """`least` (every unset default stepped down) with the fewest projections mapped from the
+    container (`Sizing.mappable`'s order) that bring it within `ram_budget`; [] when even all do not."""
+    short, freed, names = least.min_budget - ram_budget, 0, []
+    for name, held in sizes.mappable(least.dtype):
+        if freed >= short:
+            break
+        names.append(name)
+        freed += held
+    if not names or freed < short:
+        return []
+    mapped = sizes.footprint(least.dtype, least.max_context, least.prefill_chunk, threads, tuple(names))
+    return [mapped] if mapped.min_budget <= ram_budget else []
 
 
 def _candidate_knobs(opts: EngineOptions, config: ColibriConfig,
@@ -303,4 +343,8 @@ def _degraded(preferred: Footprint, chosen: Footprint) -> list[str]:
                        ("max_context", lambda f: f.max_context)):
         if get(preferred) != get(chosen):
             steps.append(f"{label} {get(preferred)} -> {get(chosen)}")
+    extra = len(chosen.mapped_projections) - len(preferred.mapped_projections)
+    if extra > 0:
+        steps.append(f"{extra} projections mapped from the container ({format_size(chosen.mapped_bytes - preferred.mapped_bytes)}"
+                     ", read through the page cache every token)")
     return steps

@@ -51,13 +51,15 @@ def build_model(
     dtype: torch.dtype,
     device: torch.device,
     native_linears: bool = False,
+    mapped_projections: frozenset[str] = frozenset(),
 ) -> ColibriForCausalLM:
     """An eval-mode model whose resident weights come from `container` and routed experts from
     `backends` (one per MoE layer). `native_linears`: the q4 projections stay q4 and run on the
     native kernel (compute/native_linear.py), and a decode token's attention runs in C
     (compute/native_decode.py); a tied model's head then runs on the embedding's stored bytes
     (`native_tied_head`). An untied embedding, or one whose tied head is held so, is mapped from
-    the file as stored (stored_embedding.py)."""
+    the file as stored (stored_embedding.py). `mapped_projections` (native only): projections the
+    kernel computes on the file's map instead of a copy (the plan's, footprint.Sizing.mappable)."""
     with torch.device("meta"):
         model = ColibriForCausalLM(config, expert_backends=backends)
     state = {}
@@ -69,22 +71,29 @@ def build_model(
     mapped = {t.name for t in container.header.tensors
               if stored_embedding_name(t.name, tied, head_apart=t.name in tied_head)}
     # every native projection's bytes in one buffer on huge pages (io/huge_pages.py), the LM head too
+    if mapped_projections and not native_linears:
+        raise ValueError("mapped projections are computed by the native kernel: native_linears=True")
     arena = HugePageArena(sum(aligned(t.length) for t in container.header.tensors
-                              if native_linear_name(t.name, t.encoding, t.shape, group) or t.name in tied_head)
+                              if (native_linear_name(t.name, t.encoding, t.shape, group) or t.name in tied_head)
+                              and t.name not in mapped_projections)
                           ) if native_linears else None
+
+    def held_in(name: str) -> HugePageArena | None:
+        return None if name in mapped_projections else arena
+
     for name in mapped:  # the embedding: views of the file as stored, not read into RAM
         raw = container.map_resident(name)
         model.embed = StoredEmbedding(raw, held_dtype(raw.shape, dtype, raw.name), device)
         expected.discard(name)
-        if name in tied_head:  # its head: the stored bytes copied once into the arena
-            model.lm_head = NativeLinear(raw, bias=False, arena=arena, shared_input=shared_input)
+        if name in tied_head:  # its head: the stored bytes copied once into the arena (or computed on the map)
+            model.lm_head = NativeLinear(raw, bias=False, arena=held_in(name), shared_input=shared_input)
     native = [t.name for t in container.header.tensors
               if native_linears and t.name not in mapped and native_linear_name(t.name, t.encoding, t.shape, group)]
     for name in native:
         # copied into the arena from a map of the file: a read buffer would hold a second,
         # anonymous copy of the tensor while it is copied (the LM head's 52 MB at a 49k vocabulary),
         # over the budget the plan counts; the map's pages are clean page cache, reclaimable
-        install(model, name, container.map_resident(name), arena, shared_input)
+        install(model, name, container.map_resident(name), held_in(name), shared_input)
         expected.discard(name)
     for raw in container.iter_resident(skip=mapped | set(native)):
         state[raw.name] = _materialise(raw, held_dtype(raw.shape, dtype, raw.name), device)

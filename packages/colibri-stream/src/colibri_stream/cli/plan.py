@@ -91,7 +91,8 @@ def describe_plan(p, process_bytes: int, runtime_file_bytes: int) -> list[str]:
         f"({size(p.expert_bytes_on_disk)} on disk); {f.describe()}, top_k {f.top_k}, prefetch {p.prefetch}",
         f"fixed part {size(f.fixed_bytes)}: resident {size(f.resident_bytes)} ("
         + ", ".join(f"{k} {size(v)}" for k, v in sorted(f.resident_by_dtype.items()))
-        + (f"; embedding mapped from the container {size(f.mapped_bytes)}" if f.mapped_bytes else "")
+        + (f"; mapped from the container {size(f.mapped_bytes)}" if f.mapped_bytes else "")
+        + (f", {len(f.mapped_projections)} projections among it" if f.mapped_projections else "")
         + f"), KV cache {size(f.kv_cache_bytes)}, workspace {size(f.workspace_bytes)}, staging "
         f"{size(f.staging_bytes)}, tokenizer {size(f.tokenizer_bytes)}, heap slack {size(f.heap_slack_bytes)}",
         f"minimum budget  {size(p.min_budget):>10} ({p.min_budget} bytes): one layer's working set "
@@ -107,9 +108,13 @@ def describe_plan(p, process_bytes: int, runtime_file_bytes: int) -> list[str]:
                      + ", ".join(f"{n} tokens {size(p.full_kv_cache_at(n))}" for n in _kv_contexts(p)))
     if p.defaults:
         lines.append("defaults for a model this size: " + "; ".join(p.defaults))
-    if p.smallest_budget < p.min_budget:
+    if p.smallest_budget != p.min_budget:
         lines.append(f"smallest budget {size(p.smallest_budget):>10} ({p.smallest_budget} bytes): with the unset "
                      f"defaults stepped down ({p.smallest_choice})")
+    if p.smallest_mapped_budget is not None:
+        lines.append(f"mapped budget   {size(p.smallest_mapped_budget):>10} ({p.smallest_mapped_budget} bytes): with "
+                     "every projection computed on the container's map (--map-weights auto maps the fewest a "
+                     "budget needs; they are read through the page cache every token)")
     if p.target is not None:
         t = p.target
         if t.reachable:

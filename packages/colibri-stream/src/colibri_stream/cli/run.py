@@ -66,6 +66,12 @@ def engine_options(required_budget: bool):
                          "to 256 where --ram-budget needs)."),
             click.option("--prefill-chunk", type=click.IntRange(min=1), default=None,
                          help="Tokens per forward pass (default: 128, down to 32 where --ram-budget needs)."),
+            click.option("--map-weights", type=click.Choice(["auto", "off", "all"]), default="auto",
+                         show_default=True,
+                         help="Native kernels: compute projections on a read-only map of the container instead "
+                         "of a copy in the budget (read through the page cache every token, from disk again "
+                         "where memory is short); auto: the fewest, only where --ram-budget cannot hold them "
+                         "all; all: every one (as llama.cpp's mmap); off: refuse such budgets."),
             click.option("--no-direct-io", is_flag=True, help="Buffered reads instead of O_DIRECT."),
             click.option("--cache-policy", type=click.Choice(serving_policy_names()), default=None,
                          help="Expert-cache eviction policy (default: next-use, the best on real routing; "

@@ -10,6 +10,11 @@ as stored is half of f32 (152k x 2048: 0.62 GB instead of 1.24 GB), each product
 sums in f32 (compute/native/q4_matvec.c, `colibri_bf16w_matmul`). Embeddings,
 norms, routers and biases stay as they are (a lookup, or a few KB).
 
+A projection may also be computed on the container's map itself (`arena=None`; the plan's
+`mapped_projections`, where a budget cannot hold them all): no copy and no tiles, the page
+cache's read-only bytes in the row-major layout they are stored in, which every kernel path takes
+with the same results as the tiled copy.
+
 `native_linear_name` is the one rule for which tensors go this way; the footprint and the model
 builder both read it, so the plan counts exactly what the engine holds. A tied model's embedding
 doubles as its head: `native_tied_head` says when the head is held the same way, from the
@@ -24,6 +29,8 @@ forward never changes a projection's input in place between two projections, and
 """
 
 from __future__ import annotations
+
+import warnings
 
 import numpy as np
 import torch
@@ -61,28 +68,39 @@ class NativeLinear(nn.Module):
     """y = x W^T (+ b) with W as stored (q4, q8, or q6 and bf16 for the LM head); in and out in the
     caller's dtype, f32 inside."""
 
-    def __init__(self, raw, bias: bool, arena: HugePageArena, shared_input: SharedInput | None = None):
+    def __init__(self, raw, bias: bool, arena: HugePageArena | None, shared_input: SharedInput | None = None):
         """`raw`: colibri-int4's RawTensor of the weight (q4, q6, q8, bf16); `arena`: where its stored
-        bytes go (`sizes.aligned` of the tensor's stored length); `shared_input`: the model's memo
-        of its last quantized input (one per model; a new one if None)."""
+        bytes go (`sizes.aligned` of the tensor's stored length), or None to compute on `raw`'s own
+        bytes, a map of the container (`Container.map_resident`: `mapped`); `shared_input`: the
+        model's memo of its last quantized input (one per model; a new one if None)."""
         super().__init__()
         self.shared_input = shared_input or SharedInput()
         self.out_features, self.in_features = raw.shape
         self.encoding, self.group, self.fp16_scales = raw.encoding, raw.group_size, raw.scale_dtype == "fp16"
-        # a copy in torch's memory (the read buffer is not kept), on huge pages: a decode token
-        # streams it whole (io/huge_pages.py); not persistent: the container's bytes, not a state_dict entry
         parts = [raw.data.view(np.int16) if raw.encoding == "bf16" else raw.data]
         parts += [p.view(np.int16) for p in (raw.scales, raw.zeros) if p is not None]
-        held = list(arena.copy(*parts))
-        self.register_buffer("data", held.pop(0), persistent=False)
-        self.register_buffer("scales", held.pop(0) if raw.scales is not None else None, persistent=False)
-        self.register_buffer("zeros", held.pop(0) if raw.zeros is not None else None, persistent=False)
-        # q4, q8 and q6 in row tiles where the shape allows: a token's product streams each in one
-        # sequential read (native_kernel.tile_rows)
-        q6 = raw.encoding == "q6"
-        self.tiled = raw.encoding in ("q4", "q8", "q6") and tileable(*self.data.shape, q6=q6)
-        if self.tiled:
-            tile_rows(self.data, q6=q6)
+        self.mapped = arena is None
+        if self.mapped:
+            # the page cache's bytes, read in place by every product and never written (so kept
+            # row-major, as stored) and not buffers: nothing counts them as the budget's
+            held = [_read_only_tensor(p) for p in parts]
+            self.data = held.pop(0)
+            self.scales = held.pop(0) if raw.scales is not None else None
+            self.zeros = held.pop(0) if raw.zeros is not None else None
+            self.tiled = False
+        else:
+            # a copy in torch's memory (the read buffer is not kept), on huge pages: a decode token
+            # streams it whole (io/huge_pages.py); not persistent: the container's bytes, not a state_dict entry
+            held = list(arena.copy(*parts))
+            self.register_buffer("data", held.pop(0), persistent=False)
+            self.register_buffer("scales", held.pop(0) if raw.scales is not None else None, persistent=False)
+            self.register_buffer("zeros", held.pop(0) if raw.zeros is not None else None, persistent=False)
+            # q4, q8 and q6 in row tiles where the shape allows: a token's product streams each in one
+            # sequential read (native_kernel.tile_rows)
+            q6 = raw.encoding == "q6"
+            self.tiled = raw.encoding in ("q4", "q8", "q6") and tileable(*self.data.shape, q6=q6)
+            if self.tiled:
+                tile_rows(self.data, q6=q6)
         self.bias = nn.Parameter(torch.empty(self.out_features, device="meta")) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -96,8 +114,16 @@ class NativeLinear(nn.Module):
         return out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
-        tiles = ", row tiles" if self.tiled else ""
-        return f"in_features={self.in_features}, out_features={self.out_features}, {self.encoding} group {self.group}{tiles}"
+        held = ", row tiles" if self.tiled else ", mapped from the container" if self.mapped else ""
+        return f"in_features={self.in_features}, out_features={self.out_features}, {self.encoding} group {self.group}{held}"
+
+
+def _read_only_tensor(array: np.ndarray) -> torch.Tensor:
+    """A tensor over a read-only array's memory (a map of the container), without torch's warning
+    that it cannot enforce read-only: nothing here writes a projection's weights."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return torch.from_numpy(array)
 
 
 class SharedInput:
@@ -122,10 +148,11 @@ class SharedInput:
         return quantized
 
 
-def install(model: nn.Module, name: str, raw, arena: HugePageArena, shared_input: SharedInput | None = None) -> None:
+def install(model: nn.Module, name: str, raw, arena: HugePageArena | None,
+            shared_input: SharedInput | None = None) -> None:
     """Replace the nn.Linear whose weight is `name` with a NativeLinear of `raw` (pass one
-    `arena` for all of a model's projections' bytes, and one `shared_input`, so those reading one
-    tensor share its quantization)."""
+    `arena` for all of a model's projections' bytes, or None for one computed on `raw`'s mapped
+    bytes, and one `shared_input`, so those reading one tensor share its quantization)."""
     path = name.rpartition(".")[0]
     parent_path, _, attr = path.rpartition(".")
     parent = model.get_submodule(parent_path) if parent_path else model
