@@ -387,7 +387,8 @@ def colibri_child(container: str, mode: str, threads: int, prompt: int, tokens: 
         vocab = engine.config.vocab_size
         ids = lambda n: [rng.randrange(vocab) for _ in range(n)]  # noqa: E731 (llama-bench feeds random ids too)
         row = {"ram_budget": engine.budget.ram_budget, "cache_slots": engine.budget.slots,
-               "total_experts": engine.budget.total_experts}
+               "total_experts": engine.budget.total_experts,
+               "mapped_projections": len(engine.opened_plan.footprint.mapped_projections)}
         if mode in ("full", "profile"):
             engine.session().append(ids(prompt))  # warm-up: every expert read once
             session = engine.session()
@@ -559,7 +560,7 @@ def summary(engine: str, quant: str, setting: str, threads: int, runs: list[dict
         row["max_rss_mb"] = round(max(r.get("max_rss", 0) for r in ok) / 1e6)
         if any(r.get("anon_huge_mb") is not None for r in ok):
             row["anon_huge_mb"] = [r.get("anon_huge_mb") for r in ok]
-        for key in ("ram_budget", "cache_slots", "prefetch", "compute"):
+        for key in ("ram_budget", "cache_slots", "prefetch", "compute", "mapped_projections"):
             if key in ok[0]:
                 row[key] = ok[0][key]
     if len(ok) < len(runs):
@@ -612,7 +613,9 @@ def table(rows: list[dict]) -> str:
         if r["engine"] == "colibri" and r.get("os_bytes_per_token") is not None:
             note = (f"/proc {r['os_bytes_per_token'] / 1e6:.1f} MB/token, hit rate {r.get('hit_rate')}, "
                     f"budget {r.get('ram_budget', 0) / 1e6:.0f} MB, {r.get('cache_slots')} slots, "
-                    f"prefetch {r.get('prefetch')}" + (f"; {note}" if note else ""))
+                    f"prefetch {r.get('prefetch')}"
+                    + (f", {r['mapped_projections']} projections mapped" if r.get("mapped_projections") else "")
+                    + (f"; {note}" if note else ""))
         lines.append(f"| {r['engine']} | {r['quant']} | {r['setting']} | {r['threads']} | "
                      f"{fmt(r.get('prefill_tok_s'))} | {fmt(r.get('decode_tok_s'))} | "
                      f"{'' if mb is None else f'{mb / 1e6:.1f}'} | {r['ok_runs']}/{r['runs']} | {note} |")
