@@ -68,9 +68,9 @@ def teacher_forced(engine: Engine) -> list[torch.Tensor]:
     return out
 
 
-def _open(container, budget, policy, compute, dtype="f32"):
+def _open(container, budget, policy, compute, dtype="f32", prefetch="off"):
     return Engine.open(container, ram_budget=budget, cache_policy=policy, compute=compute, dtype=dtype,
-                       max_context=64, prefill_chunk=8, prefetch="off")
+                       max_context=64, prefill_chunk=8, prefetch=prefetch)
 
 
 @pytest.mark.parametrize("compute", ["native", "int4"])
@@ -132,3 +132,30 @@ def test_a_decode_step_of_several_rows_at_the_smallest_cache_gives_the_full_cach
         with _open(top2, budget, policy, "native") as eng:
             outs.append(eng.model.layers[2].moe.experts(x, ids, gates))
     assert torch.equal(outs[1], outs[0]) and torch.equal(outs[2], outs[0])
+
+
+@pytest.mark.parametrize("policy", ["lru", "newest-first"])
+def test_prefetched_arrivals_at_the_smallest_cache_keep_the_full_cache_bits(top2, policy):
+    """With the read-ahead workers on (needed reads started early, guesses of the next layer), at
+    the smallest cache: the same bits."""
+    with _open(top2, "400MB", None, "native") as full:
+        expected = teacher_forced(full)
+    plan = Engine.plan(top2, compute="native", dtype="f32", max_context=64, prefill_chunk=8, prefetch="on")
+    chosen = NewestFirst() if policy == "newest-first" else policy
+    with _open(top2, plan.min_budget, chosen, "native", prefetch="on") as small:
+        assert small.opened_plan.prefetch == "on" and small.budget.slots == 2
+        got = teacher_forced(small)
+        assert small.stats.prefetch_issued + small.stats.misses > 0
+    assert all(torch.equal(a, b) for a, b in zip(got, expected))
+
+
+def test_a_prefetched_arrival_never_evicts_an_expert_the_caller_holds(top2):
+    plan = Engine.plan(top2, compute="native", dtype="f32", max_context=64, prefill_chunk=8, prefetch="on")
+    with _open(top2, plan.min_budget, NewestFirst(), "native", prefetch="on") as eng:
+        cache = eng.cache
+        cache.clear()
+        cache.get(2, 0)
+        held = cache.get(1, 3)  # the newest: the victim the policy would choose
+        assert cache.prefetcher.issue([(1, 7)]) == 1  # a guessed read, in flight or done
+        cache.get(1, 7, hold=[(1, 3)])  # stored on arrival, then used
+        assert set(cache.keys()) == {(1, 3), (1, 7)} and cache.get(1, 3) is held

@@ -135,7 +135,9 @@ class ExpertCache:
         key = (layer, expert)
         counters = self.stats.layer(layer)
         if self.prefetcher is not None:
-            self.prefetcher.collect(pinned)  # store finished prefetches first
+            # a prefetched arrival evicts neither the layer's experts nor the ones held
+            protected = pinned if not hold else {*pinned, *hold}
+            self.prefetcher.collect(protected)  # store finished prefetches first
             if key not in self._slots and self.prefetcher.is_needed(key):
                 # a miss whose read started early (prefetch.issue_needed): counted and inserted
                 # as the one-at-a-time path would, at this point of the access sequence
@@ -146,7 +148,7 @@ class ExpertCache:
                 self._insert(key, prepared)
                 return prepared
             if key not in self._slots and self.prefetcher.in_flight(key):
-                self.prefetcher.take(key)  # needed now: wait for the read issued ahead
+                self.prefetcher.take(key, protected)  # needed now: wait for the read issued ahead
         found = self._slots.get(key)
         if found is not None:
             self.stats.hits += 1
