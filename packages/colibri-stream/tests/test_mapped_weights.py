@@ -111,3 +111,12 @@ def test_the_cli_plan_shows_the_mapped_floor_and_what_a_budget_maps(tiny):
     data = json.loads(out.output)
     assert data["mapped_projections"] > 0 and data["smallest_mapped_budget"] == plan.smallest_mapped_budget
     assert data["min_budget"] <= plan.min_budget - 4096
+
+
+def test_generate_says_what_a_budget_mapped(tiny):
+    plan = Engine.plan(tiny[0], **NATIVE)
+    result = CliRunner().invoke(main, ["generate", str(tiny[0]), "--prompt", "Hello", "--max-new-tokens", "2",
+                                       "--ram-budget", str(plan.min_budget - 4096), "--compute", "native",
+                                       "--dtype", "f32", "--max-context", "64", "--prefill-chunk", "8"])
+    assert result.exit_code == 0, result.output
+    assert "[to fit the budget: " in result.output and "projections mapped from the container" in result.output

@@ -267,3 +267,5 @@ def _print_summary(engine, result) -> None:
         f"cache {format_size(s.cache_bytes)} of {format_size(s.cache_capacity_bytes)}; {s.io_mode} I/O]",
         err=True,
     )
+    if engine.opened_plan.degraded:  # what the budget cost (a shorter context, projections read from the file)
+        click.echo(f"[to fit the budget: {', '.join(engine.opened_plan.degraded)}]", err=True)
