@@ -63,6 +63,21 @@ def test_all_maps_every_projection_with_the_same_bits(tiny):
     assert all(torch.equal(a, b) for a, b in zip(got, expected))
 
 
+def test_a_tied_head_computes_on_the_mapped_embedding_with_the_same_bits(tmp_path):
+    from colibri_int4 import QuantScheme
+
+    from .conftest import build_container
+
+    container, _ = build_container(tmp_path, QuantScheme(group_size=32), tie_embeddings=True)
+    with Engine.open(container, "400MB", **NATIVE) as held:
+        expected = _logits(held)
+    with Engine.open(container, "400MB", map_weights="all", **NATIVE) as mapped:
+        assert "embed.weight" in mapped.opened_plan.footprint.mapped_projections  # the tied head's bytes
+        assert mapped.model.lm_head.mapped
+        got = _logits(mapped)
+    assert all(torch.equal(a, b) for a, b in zip(got, expected))
+
+
 def test_off_refuses_and_names_the_floor_auto_would_run_from(tiny):
     plan = Engine.plan(tiny[0], **NATIVE)
     with pytest.raises(BudgetError) as info:

@@ -264,7 +264,7 @@ def make_plan(container: Container, opts: EngineOptions, ram_budget: int | None 
                 prefetch, chosen = "on", with_workers
     if ram_budget is not None:
         budget = chosen.split(ram_budget)
-    degraded = _degraded(candidates[0], chosen)
+    degraded = _degraded(candidates[0], chosen, sizes)
     return Plan(str(container.path), chosen, smallest, prefetch, container.expert_bytes, budget, degraded,
                 smallest_choice=least.describe(), defaults=defaults, max_seq_len=config.max_seq_len,
                 sliding_kv=SlidingKV.of(config, torch.empty((), dtype=chosen.dtype).element_size(),
@@ -337,14 +337,15 @@ def _spare_cpus(device: torch.device) -> int:
     return available if device.type != "cpu" else available - torch.get_num_threads()
 
 
-def _degraded(preferred: Footprint, chosen: Footprint) -> list[str]:
+def _degraded(preferred: Footprint, chosen: Footprint, sizes: Sizing) -> list[str]:
     steps = []
     for label, get in (("dtype", lambda f: dtype_name(f.dtype)), ("prefill_chunk", lambda f: f.prefill_chunk),
                        ("max_context", lambda f: f.max_context)):
         if get(preferred) != get(chosen):
             steps.append(f"{label} {get(preferred)} -> {get(chosen)}")
-    extra = len(chosen.mapped_projections) - len(preferred.mapped_projections)
-    if extra > 0:
-        steps.append(f"{extra} projections mapped from the container ({format_size(chosen.mapped_bytes - preferred.mapped_bytes)}"
-                     ", read through the page cache every token)")
+    extra = set(chosen.mapped_projections) - set(preferred.mapped_projections)
+    if extra:
+        moved = sum(held for name, held in sizes.mappable(chosen.dtype) if name in extra)
+        steps.append(f"{len(extra)} projections mapped from the container ({format_size(moved)}, read through the "
+                     "page cache every token)")
     return steps
