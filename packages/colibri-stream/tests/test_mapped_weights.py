@@ -135,3 +135,27 @@ def test_generate_says_what_a_budget_mapped(tiny):
                                        "--dtype", "f32", "--max-context", "64", "--prefill-chunk", "8"])
     assert result.exit_code == 0, result.output
     assert "[to fit the budget: " in result.output and "projections mapped from the container" in result.output
+
+
+def test_auto_prefetch_maps_a_few_projections_for_its_workers_where_the_budget_is_short(tiny, monkeypatch):
+    import colibri_stream.plan as plan_module
+
+    monkeypatch.setattr(plan_module, "PREFETCH_AUTO_MIN_BLOB", 1)  # the tiny experts count as large
+    monkeypatch.setattr(plan_module, "_spare_cpus", lambda device: 1)
+    opts = dict(compute="native", dtype="f32", max_context=64, prefill_chunk=8)  # prefetch "auto"
+    budget = Engine.plan(tiny[0], prefetch="off", **opts).min_budget - 4096  # projections must be mapped
+    without = Engine.plan(tiny[0], budget, prefetch="off", **opts)
+    auto = Engine.plan(tiny[0], budget, **opts)
+    assert auto.prefetch == "on" and auto.footprint.prefetch_threads == 2
+    assert len(auto.footprint.mapped_projections) > len(without.footprint.mapped_projections) > 0
+    assert auto.min_budget <= budget and auto.budget.staging_bytes > without.budget.staging_bytes
+    # a budget that holds every projection but not the workers' buffers: a few mapped for them
+    exact = Engine.plan(tiny[0], prefetch="off", **opts).min_budget
+    fitted = Engine.plan(tiny[0], exact, **opts)
+    assert fitted.prefetch == "on" and fitted.footprint.mapped_projections
+    assert fitted.footprint.max_context == 64 and fitted.footprint.dtype == torch.float32
+    held = Engine.plan(tiny[0], exact, map_weights="off", **opts)  # nothing may be mapped: no workers
+    assert held.prefetch == "off" and held.footprint.mapped_projections == ()
+    # with room for the buffers nothing is mapped
+    roomy = Engine.plan(tiny[0], Engine.plan(tiny[0], prefetch="on", **opts).min_budget, **opts)
+    assert roomy.prefetch == "on" and roomy.footprint.mapped_projections == ()

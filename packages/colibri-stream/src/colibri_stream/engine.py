@@ -100,8 +100,9 @@ class Engine:
         bits it gets alone); `map_weights` "auto" | "off" | "all" (native kernels: compute
         projections on a read-only map of the container instead of holding a copy; "auto" maps
         the fewest, from the last layer down, only where the budget cannot hold them all with
-        every unset default stepped down: they are read through the page cache every token,
-        from the disk again where memory is short; "all": every one, as llama.cpp's mmap).
+        every unset default stepped down, or the few that make room for "auto" prefetch's
+        buffers: they are read through the page cache every token, from the disk again where
+        memory is short; "all": every one, as llama.cpp's mmap).
 
         Raises `BudgetError` (naming the minimum) when `ram_budget` cannot hold the resident
         part (less what `map_weights` may map) plus one layer's working set,

@@ -260,6 +260,13 @@ def make_plan(container: Container, opts: EngineOptions, ram_budget: int | None 
         if ram_budget is not None:
             with_workers = replace(chosen, prefetch_threads=opts.prefetch_threads,
                                    staging_bytes=sizes.staging(chosen, opts.prefetch_threads))
+            if with_workers.min_budget > ram_budget and opts.map_weights == "auto":
+                # a few mapped projections buy the workers' buffers: the reads they overlap are worth
+                # far more than reading those projections again (at the 25% cap of a 24 x 64 model:
+                # 5 more, 3.4 MB, for 2.9-3.2 tok/s instead of 2.4-2.6; bench/RESULTS.md)
+                unmapped = sizes.footprint(chosen.dtype, chosen.max_context, chosen.prefill_chunk,
+                                           opts.prefetch_threads)
+                with_workers = (_mapped_to_fit(sizes, unmapped, ram_budget, opts.prefetch_threads) or [with_workers])[0]
             if _prefetch_pays(with_workers, chosen, ram_budget, layout, opts.device):
                 prefetch, chosen = "on", with_workers
     if ram_budget is not None:
@@ -318,8 +325,9 @@ def _candidate_knobs(opts: EngineOptions, config: ColibriConfig,
 
 def _prefetch_pays(with_workers: Footprint, without: Footprint, ram_budget: int, layout, device) -> bool:
     """"auto" prefetch: on only for large experts, with a CPU to spare for the workers, when the
-    budget also holds the workers' buffers, and when the cache cannot hold every expert without
-    them (then there is nothing left to read ahead)."""
+    budget also holds the workers' buffers (with `map_weights="auto"`, after mapping the fewest
+    projections that make room for them: `make_plan`), and when the cache cannot hold every
+    expert without them (then there is nothing left to read ahead)."""
     if layout is None or layout.blob_length < PREFETCH_AUTO_MIN_BLOB or _spare_cpus(device) < 1:
         return False
     if ram_budget >= without.full_budget or ram_budget < with_workers.min_budget:
