@@ -78,6 +78,7 @@ def test_every_policy_at_its_smallest_cache_gives_the_full_cache_bits(top2, comp
     with _open(top2, "400MB", None, compute) as full:
         expected = teacher_forced(full)
         slot = full.budget.slot_bytes
+        uses = full.stats.hits + full.stats.misses
     plan = Engine.plan(top2, compute=compute, dtype="f32", max_context=64, prefill_chunk=8, prefetch="off")
     for policy in serving_policy_names() + [NewestFirst()]:
         name = getattr(policy, "name", policy)
@@ -88,6 +89,7 @@ def test_every_policy_at_its_smallest_cache_gives_the_full_cache_bits(top2, comp
             assert small.budget.slots == slots
             got = teacher_forced(small)
             assert small.stats.evictions > 0
+            assert small.stats.hits + small.stats.misses == uses, name  # each use counted once, either way
         for step, (a, b) in enumerate(zip(got, expected)):
             assert torch.equal(a, b), (name, step, float((a - b).abs().max()))
 

@@ -119,6 +119,11 @@ class ExpertCache:
         then count its hits with `count_hits` instead of calling `get`."""
         return not self._hits_reach_policy and self.prefetcher is None and not self._unused_prefetch
 
+    def slots_for_layer(self, layer: int) -> int:
+        """How many experts of `layer` can be cached at once (a per-layer policy: its share): a
+        caller using more of them together must take them one at a time."""
+        return self.policy.slots_for_layer(layer, self.capacity)
+
     def count_hits(self, layer: int, hits: int) -> None:
         """`hits` cached experts of `layer` used without `get` (see `hits_are_plain`)."""
         self.stats.hits += hits
@@ -168,8 +173,7 @@ class ExpertCache:
         """`[get(layer, e, pinned) for e in experts]`, in that order, each miss holding the experts
         got before it (all are used together), with one lookup pass and one count when all are
         cached and no prefetch is at work (a decode step at full RAM). LookupError when the cache
-        cannot hold them all at once (a per-layer share smaller than `experts`): use them one at
-        a time then."""
+        cannot hold them all at once (more than `slots_for_layer`): use them one at a time then."""
         if self.prefetcher is None and not self._unused_prefetch:
             slots = self._slots
             found = [slots.get((layer, expert)) for expert in experts]

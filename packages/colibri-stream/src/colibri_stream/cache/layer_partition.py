@@ -68,6 +68,9 @@ class LayerPartitionedPolicy(CachePolicy):
         layer = self._layer(incoming)
         return self._held[layer] >= self.shares[layer] or cached >= capacity
 
+    def slots_for_layer(self, layer: int, capacity: int) -> int:
+        return self.shares[layer]
+
     def on_insert(self, key: ExpertKey) -> None:
         layer = self._layer(key)
         self._held[layer] += 1

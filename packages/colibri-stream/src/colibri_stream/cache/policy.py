@@ -10,6 +10,7 @@ when a new one needs a slot. The cache tells the policy about every event:
     on_hit(key)                   a cached expert was used again
     on_remove(key)                an expert left the cache (evicted or invalidated)
     needs_room(incoming, cached)  must something be evicted before `incoming` is stored?
+    slots_for_layer(layer, cap)   how many of one layer's experts fit at once (a partition: its share)
     victim_for(incoming, pinned)  the expert to evict for `incoming`, never one in `pinned`;
                                   by default `victim(pinned)`, which is all most policies define
 
@@ -50,6 +51,11 @@ class CachePolicy(ABC):
         """Whether a victim must go before `incoming` (not cached) is stored; a global cache
         evicts only when full."""
         return cached >= capacity
+
+    def slots_for_layer(self, layer: int, capacity: int) -> int:
+        """How many experts of `layer` the cache can hold at once: all its slots for a global
+        policy (a partitioned one: the layer's share)."""
+        return capacity
 
     @abstractmethod
     def on_insert(self, key: ExpertKey) -> None: ...

@@ -221,18 +221,11 @@ class StreamedExperts(ExpertBackend):
                 tokens_of.setdefault(expert, []).append((token, weights[token][slot]))
         self.stats.compute_seconds += time.perf_counter() - started
         width = len(rows[0])
+        together = width <= self._slots_at_once()  # else (a per-layer share under top-k) one at a time
         for first in range(0, len(keys), width):
             group = keys[first : first + width]
             routed = [[t for t, _ in tokens_of[e]] for _, e in group]
-            prepared = []
-            try:
-                for i, (_, expert) in enumerate(group):  # each miss holds the group's experts got before it
-                    prepared.append(self.cache.get(self.layer_index, expert, pinned, group[:i]))
-                    if prefetcher is not None:
-                        prefetcher.issue_needed(keys[first + i + 1 :])
-            except LookupError:  # fewer slots than a group: each expert run on its rows as soon as got
-                prepared = None
-            if prepared is None:
+            if not together:  # each expert run on its rows as soon as it is got
                 started = time.perf_counter()
                 outputs = []
                 for (_, expert), tokens in zip(group, routed):
@@ -240,6 +233,11 @@ class StreamedExperts(ExpertBackend):
                     outputs.append(one.forward(inputs[torch.tensor(tokens)]).float())
                 outputs = torch.cat(outputs)
             else:
+                prepared = []
+                for i, (_, expert) in enumerate(group):  # each miss holds the group's experts got before it
+                    prepared.append(self.cache.get(self.layer_index, expert, pinned, group[:i]))
+                    if prefetcher is not None:
+                        prefetcher.issue_needed(keys[first + i + 1 :])
                 forward_grouped = getattr(type(prepared[0]), "forward_grouped", None)
                 if forward_grouped is None or any(type(p) is not type(prepared[0]) for p in prepared):
                     if first == 0:
@@ -264,11 +262,10 @@ class StreamedExperts(ExpertBackend):
                    prefetcher) -> None:
         slot_of = {expert: slot for slot, expert in enumerate(ids)}
         ordered = [weights[slot_of[expert]] for _, expert in keys]  # accumulated in ascending order
-        try:
-            prepared = self._held_together(keys, pinned, prefetcher)
-        except LookupError:  # fewer slots than the token's experts (a per-layer share): one at a time
+        if len(keys) > self._slots_at_once():  # a per-layer share under top-k: one at a time
             self._one_at_a_time(x, keys, ordered, row, pinned, prefetcher)
             return
+        prepared = self._held_together(keys, pinned, prefetcher)
         started = time.perf_counter()
         kind = type(prepared[0])
         same_kind = all(type(p) is kind for p in prepared)
@@ -288,10 +285,15 @@ class StreamedExperts(ExpertBackend):
                 row += y.float() * weights[slot_of[expert]]
         self.stats.compute_seconds += time.perf_counter() - started
 
+    def _slots_at_once(self) -> int:
+        """How many of this layer's experts the cache holds at once (`ExpertCache.slots_for_layer`)."""
+        slots_for_layer = getattr(self.cache, "slots_for_layer", None)  # (a stand-in cache may not say)
+        return self.n_experts if slots_for_layer is None else slots_for_layer(self.layer_index)
+
     def _held_together(self, keys: list[tuple[int, int]], pinned, prefetcher) -> list:
-        """The prepared experts of `keys` (ascending), all cached at once: each miss holds the ones
-        got before it, whose slots it must not refill while they are used (`ExpertCache.get`'s
-        `hold`). LookupError where the cache cannot hold them all."""
+        """The prepared experts of `keys` (ascending), all cached at once (no more than
+        `_slots_at_once`): each miss holds the ones got before it, whose slots it must not refill
+        while they are used (`ExpertCache.get`'s `hold`)."""
         get_layer = getattr(self.cache, "get_layer", None)  # (a stand-in cache may have only `get`)
         if prefetcher is None and get_layer is not None:  # ascending, as the batched path
             ascending = [expert for _, expert in keys]
