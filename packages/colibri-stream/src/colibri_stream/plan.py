@@ -241,7 +241,8 @@ def make_plan(container: Container, opts: EngineOptions, ram_budget: int | None 
     if ram_budget is not None:
         fitting = [c for c in candidates if c.min_budget <= ram_budget]
         if not fitting and opts.map_weights == "auto":
-            fitting = _mapped_to_fit(sizes, least, ram_budget, counted_threads)
+            mapped = _mapped_to_fit(sizes, least, ram_budget, counted_threads)
+            fitting = [mapped] if mapped is not None else []
         if not fitting:
             message = chosen.too_small(ram_budget)
             if len(candidates) > 1:
@@ -266,7 +267,7 @@ def make_plan(container: Container, opts: EngineOptions, ram_budget: int | None 
                 # 5 more, 3.4 MB, for 2.9-3.2 tok/s instead of 2.4-2.6; bench/RESULTS.md)
                 unmapped = sizes.footprint(chosen.dtype, chosen.max_context, chosen.prefill_chunk,
                                            opts.prefetch_threads)
-                with_workers = (_mapped_to_fit(sizes, unmapped, ram_budget, opts.prefetch_threads) or [with_workers])[0]
+                with_workers = _mapped_to_fit(sizes, unmapped, ram_budget, opts.prefetch_threads) or with_workers
             if _prefetch_pays(with_workers, chosen, ram_budget, layout, opts.device):
                 prefetch, chosen = "on", with_workers
     if ram_budget is not None:
@@ -279,9 +280,9 @@ def make_plan(container: Container, opts: EngineOptions, ram_budget: int | None 
                 smallest_mapped_budget=smallest_mapped)
 
 
-def _mapped_to_fit(sizes: Sizing, least: Footprint, ram_budget: int, threads: int) -> list[Footprint]:
+def _mapped_to_fit(sizes: Sizing, least: Footprint, ram_budget: int, threads: int) -> Footprint | None:
     """`least` (every unset default stepped down) with the fewest projections mapped from the
-    container (`Sizing.mappable`'s order) that bring it within `ram_budget`; [] when even all do not."""
+    container (`Sizing.mappable`'s order) that bring it within `ram_budget`; None when even all do not."""
     short, freed, names = least.min_budget - ram_budget, 0, []
     for name, held in sizes.mappable(least.dtype):
         if freed >= short:
@@ -289,9 +290,9 @@ def _mapped_to_fit(sizes: Sizing, least: Footprint, ram_budget: int, threads: in
         names.append(name)
         freed += held
     if not names or freed < short:
-        return []
+        return None
     mapped = sizes.footprint(least.dtype, least.max_context, least.prefill_chunk, threads, tuple(names))
-    return [mapped] if mapped.min_budget <= ram_budget else []
+    return mapped if mapped.min_budget <= ram_budget else None
 
 
 def _candidate_knobs(opts: EngineOptions, config: ColibriConfig,

@@ -226,11 +226,13 @@ class StreamedExperts(ExpertBackend):
             group = keys[first : first + width]
             routed = [[t for t, _ in tokens_of[e]] for _, e in group]
             if not together:  # each expert run on its rows as soon as it is got
-                started = time.perf_counter()
                 outputs = []
                 for (_, expert), tokens in zip(group, routed):
                     one = self.cache.get(self.layer_index, expert, pinned)
+                    started = time.perf_counter()  # (the read is I/O time, counted by the cache)
                     outputs.append(one.forward(inputs[torch.tensor(tokens)]).float())
+                    self.stats.compute_seconds += time.perf_counter() - started
+                started = time.perf_counter()
                 outputs = torch.cat(outputs)
             else:
                 prepared = []
